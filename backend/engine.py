@@ -1,0 +1,64 @@
+"""The engine protocol: what the service needs from any model backend.
+
+Every engine is job-based and owns its model from exactly one worker thread:
+`submit` and `cancel` are commands into that thread, and each request's events
+come back through the `EventSink` it was submitted with, called from the
+worker thread. The service never touches model objects itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from backend.types import Event, GenerationRequest
+
+EventSink = Callable[[Event], None]
+"""Receives one request's events on the engine thread; must not block."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_id: str
+    engine: str
+    context_length: int
+    vocab_size: int
+    max_batch_size: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    has_chat_template: bool
+    samplers: tuple[str, ...]
+    constraint_kinds: tuple[str, ...] = field(default_factory=tuple)
+
+
+class Engine(Protocol):
+    info: ModelInfo
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """Thread-safe; reads only the vocabulary."""
+        ...
+
+    def token_piece(self, token_id: int) -> bytes:
+        """The bytes a token decodes to (empty for control tokens)."""
+        ...
+
+    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        """Renders messages with the model's chat template and tokenizes them. Raises ValueError."""
+        ...
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> None:
+        """Queues a validated request; its events go to `sink`. Thread-safe, never blocks."""
+        ...
+
+    def cancel(self, request_id: str) -> None:
+        """Ends the request at the next step and frees its cache. Thread-safe, idempotent."""
+        ...
+
+    def close(self) -> None:
+        ...

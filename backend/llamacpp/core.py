@@ -1,0 +1,245 @@
+"""Continuous batching on llama.cpp's multi-sequence batch API.
+
+Each step builds one `llama_batch` holding the next token of every decoding
+sequence plus chunks of waiting prompts, runs one `llama_decode`, and samples
+every sequence that produced logits with its own sampler chain. A new request
+joins at the next step; a finished or cancelled one frees its cache at once.
+Only the engine thread calls into this class (see backend.worker).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import llama_cpp
+import numpy as np
+
+from backend.engine import EventSink
+from backend.llamacpp.model import GgufModel
+from backend.llamacpp.sampling import build_sampler_chain
+from backend.sequence import SequenceOutput
+from backend.types import ErrorEvent, Event, FinishReason, GeneratedToken, GenerationRequest, TopLogprob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LlamaCppConfig:
+    context_length: int = 2048
+    """Most tokens one sequence may hold (prompt and output)."""
+    max_batch_size: int = 8
+    """Sequences decoded together; each has its own slice of the KV cache."""
+    threads: int = 0
+    """CPU threads for llama.cpp; 0 means every core."""
+    batch_tokens: int = 512
+    """Most tokens in one llama_decode call (bounds a prefill chunk)."""
+    gpu_layers: int = 0
+
+
+class _Sequence:
+    def __init__(self, slot: int, request: GenerationRequest, sink: EventSink, sampler: llama_cpp.llama_sampler_p):
+        self.slot = slot
+        self.request = request
+        self.sink = sink
+        self.sampler = sampler
+        self.output = SequenceOutput(request)
+        self.cached = 0  # tokens of this sequence in the KV cache
+        self.next_token: int | None = None  # sampled, not yet fed to the model
+
+    @property
+    def prompt_left(self) -> tuple[int, ...]:
+        return self.request.prompt_token_ids[self.cached :]
+
+
+class LlamaCppCore:
+    def __init__(self, model: GgufModel, config: LlamaCppConfig) -> None:
+        if config.max_batch_size > config.batch_tokens:
+            raise ValueError("batch_tokens must be at least max_batch_size")
+        self.model = model
+        self.config = config
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = config.context_length * config.max_batch_size
+        params.n_batch = params.n_ubatch = config.batch_tokens
+        params.n_seq_max = config.max_batch_size
+        params.n_threads = params.n_threads_batch = config.threads or os.cpu_count() or 1
+        params.kv_unified = False  # each sequence owns context_length cells
+        params.no_perf = True
+        self.ctx = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context")
+        self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
+        self._memory = llama_cpp.llama_get_memory(self.ctx)
+        self._batch = llama_cpp.llama_batch_init(config.batch_tokens, 0, 1)
+        self._free_slots = list(range(config.max_batch_size - 1, -1, -1))
+        self._waiting: collections.deque[tuple[GenerationRequest, EventSink]] = collections.deque()
+        self._running: dict[str, _Sequence] = {}
+        self.steps = 0
+
+    # -- commands ------------------------------------------------------------
+
+    def add(self, request: GenerationRequest, sink: EventSink) -> None:
+        self._waiting.append((request, sink))
+
+    def cancel(self, request_id: str) -> None:
+        for i, (request, sink) in enumerate(self._waiting):
+            if request.request_id == request_id:
+                del self._waiting[i]
+                self._deliver(sink, SequenceOutput(request).end(FinishReason.CANCELLED))
+                return
+        seq = self._running.get(request_id)
+        if seq is not None:
+            self._end(seq, FinishReason.CANCELLED)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def cache_cells_used(self) -> int:
+        return sum(seq.cached for seq in self._running.values())
+
+    # -- one step --------------------------------------------------------------
+
+    def step(self) -> None:
+        self.steps += 1
+        self._admit()
+        scheduled = self._fill_batch()
+        if not scheduled:
+            return
+        rc = llama_cpp.llama_decode(self.ctx, self._batch)
+        if rc != 0:
+            for seq, _ in scheduled:
+                self._fail(seq, f"llama_decode failed with status {rc}")
+            return
+        now = time.monotonic()
+        for seq, logits_index in scheduled:
+            if seq.request.request_id not in self._running:
+                continue
+            if logits_index is not None:
+                try:
+                    self._sample(seq, logits_index)
+                except Exception as exc:  # one sequence's fault must not end the others
+                    log.exception("sampling failed for %s", seq.request.request_id)
+                    self._fail(seq, f"sampling failed: {exc}")
+                    continue
+            if seq.request.request_id in self._running and seq.output.deadline_passed(now):
+                self._end(seq, FinishReason.TIME_LIMIT)
+
+    def _admit(self) -> None:
+        while self._waiting and self._free_slots:
+            request, sink = self._waiting.popleft()
+            slot = self._free_slots.pop()
+            seq = _Sequence(slot, request, sink, build_sampler_chain(request.sampling, self.model.vocab_size))
+            if request.sampling.penalized:
+                for token in request.prompt_token_ids:
+                    llama_cpp.llama_sampler_accept(seq.sampler, token)
+            seq.output.mark_admitted()
+            self._running[request.request_id] = seq
+
+    def _fill_batch(self) -> list[tuple[_Sequence, int | None]]:
+        """Decoding sequences first (one token each), then prompt chunks in arrival order."""
+        batch = self._batch
+        n = 0
+        scheduled: list[tuple[_Sequence, int | None]] = []
+
+        def put(seq: _Sequence, token: int, wants_logits: bool) -> None:
+            nonlocal n
+            batch.token[n] = token
+            batch.pos[n] = seq.cached
+            batch.n_seq_id[n] = 1
+            batch.seq_id[n][0] = seq.slot
+            batch.logits[n] = wants_logits
+            seq.cached += 1
+            n += 1
+
+        for seq in self._running.values():
+            if seq.next_token is not None:
+                put(seq, seq.next_token, True)
+                seq.next_token = None
+                scheduled.append((seq, n - 1))
+        for seq in self._running.values():
+            budget = self.config.batch_tokens - n
+            if budget <= 0:
+                break
+            remaining = seq.prompt_left
+            if remaining:
+                completes = len(remaining) <= budget
+                for token in remaining[:budget]:
+                    put(seq, token, False)
+                batch.logits[n - 1] = completes  # logits only for a prompt's last token
+                scheduled.append((seq, n - 1 if completes else None))
+        batch.n_tokens = n
+        return scheduled
+
+    def _sample(self, seq: _Sequence, logits_index: int) -> None:
+        output = seq.output
+        logits = llama_cpp.llama_get_logits_ith(self.ctx, logits_index)
+        if not output.eos_allowed():
+            for token in self.model.eos_token_ids:
+                logits[token] = -math.inf
+        token = llama_cpp.llama_sampler_sample(seq.sampler, self.ctx, logits_index)
+        event = output.on_token(self._describe(token, logits, seq.request), token in self.model.eos_token_ids)
+        self._deliver(seq.sink, event)
+        if output.finished:
+            self._release(seq)
+        elif seq.cached >= self.context_length:
+            self._end(seq, FinishReason.CONTEXT_LIMIT)
+        else:
+            seq.next_token = token
+
+    def _describe(self, token: int, logits: ctypes.POINTER(ctypes.c_float), request: GenerationRequest) -> GeneratedToken:
+        piece = self.model.pieces[token]
+        wanted = request.output
+        if not wanted.return_logprobs and not wanted.top_logprobs:
+            return GeneratedToken(token, piece)
+        row = np.ctypeslib.as_array(logits, shape=(self.model.vocab_size,))
+        logprobs = row - np.logaddexp.reduce(row[np.isfinite(row)])
+        top = ()
+        if wanted.top_logprobs:
+            best = np.argpartition(-logprobs, wanted.top_logprobs)[: wanted.top_logprobs]
+            best = best[np.argsort(-logprobs[best])]
+            top = tuple(TopLogprob(int(t), self.model.pieces[t], float(logprobs[t])) for t in best)
+        return GeneratedToken(token, piece, float(logprobs[token]), top)
+
+    # -- endings -----------------------------------------------------------------
+
+    def _end(self, seq: _Sequence, reason: FinishReason) -> None:
+        self._deliver(seq.sink, seq.output.end(reason))
+        self._release(seq)
+
+    def _fail(self, seq: _Sequence, message: str) -> None:
+        self._deliver(seq.sink, ErrorEvent(message))
+        self._release(seq)
+
+    def _release(self, seq: _Sequence) -> None:
+        del self._running[seq.request.request_id]
+        llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+        llama_cpp.llama_sampler_free(seq.sampler)
+        self._free_slots.append(seq.slot)
+        seq.cached = 0
+
+    def _deliver(self, sink: EventSink, event: Event) -> None:
+        try:
+            sink(event)
+        except Exception:  # e.g. the caller's event loop is gone; the sequence ends anyway
+            log.exception("could not deliver an event")
+
+    def close(self) -> None:
+        for seq in list(self._running.values()):
+            self._end(seq, FinishReason.CANCELLED)
+        while self._waiting:
+            request, sink = self._waiting.popleft()
+            self._deliver(sink, SequenceOutput(request).end(FinishReason.CANCELLED))
+        if self.ctx:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None

@@ -1,0 +1,50 @@
+"""The llama.cpp engine: a GGUF model served by one worker thread."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Sequence
+
+from backend.engine import ChatMessage, EventSink, ModelInfo
+from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
+from backend.llamacpp.model import GgufModel
+from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
+from backend.types import GenerationRequest
+from backend.worker import EngineWorker
+
+
+class LlamaCppEngine:
+    def __init__(self, model_path: pathlib.Path, config: LlamaCppConfig = LlamaCppConfig(), model_id: str = "") -> None:
+        self.model = GgufModel(model_path, config.gpu_layers)
+        self.core = LlamaCppCore(self.model, config)
+        self.info = ModelInfo(
+            model_id=model_id or self.model.name,
+            engine="llama.cpp",
+            context_length=self.core.context_length,
+            vocab_size=self.model.vocab_size,
+            max_batch_size=config.max_batch_size,
+            bos_token_id=self.model.bos_token_id,
+            eos_token_ids=self.model.eos_token_ids,
+            has_chat_template=self.model.chat_template is not None,
+            samplers=SUPPORTED_SAMPLERS,
+        )
+        self._worker = EngineWorker(self.core, name="llama.cpp-engine")
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.model.tokenize(text, add_special=add_special)
+
+    def token_piece(self, token_id: int) -> bytes:
+        return self.model.pieces[token_id]
+
+    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        return self.model.render_chat(messages, add_generation_prompt)
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> None:
+        self._worker.submit(request, sink)
+
+    def cancel(self, request_id: str) -> None:
+        self._worker.cancel(request_id)
+
+    def close(self) -> None:
+        self._worker.close()
+        self.model.close()

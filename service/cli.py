@@ -1,0 +1,44 @@
+"""`tokenspout serve` and `tokenspout fetch-model`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from service.config import FIELDS, ServeConfig, load_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenspout", description="Streams LLM tokens over gRPC.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the gRPC server")
+    serve.add_argument("--config", help="TOML file with settings (also TOKENSPOUT_CONFIG)")
+    for name, field in FIELDS.items():
+        flag = "--" + name.replace("_", "-")
+        serve.add_argument(flag, dest=name, type=type(field.default), default=None, help=f"default: {field.default!r}")
+    commands.add_parser("fetch-model", help="fetch the embedded default model into the cache and print its path")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "fetch-model":
+        from backend.models import default_model_path
+
+        print(default_model_path())
+        return 0
+    try:
+        config: ServeConfig = load_config(vars(args), config_file=args.config)
+    except (OSError, ValueError) as exc:
+        print(f"tokenspout: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from service import server
+
+    return asyncio.run(server.run(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

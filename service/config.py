@@ -1,0 +1,73 @@
+"""Server settings, resolved once at start-up: flags > environment > config file > defaults.
+
+Environment variables are the field names upper-cased with a TOKENSPOUT_
+prefix (TOKENSPOUT_LISTEN, TOKENSPOUT_CONTEXT_LENGTH, ...). The config file is
+TOML with the same field names at the top level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+ENV_PREFIX = "TOKENSPOUT_"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    listen: str = "127.0.0.1:50051"
+    model: str = "default"
+    """A local GGUF path, or "default" for the embedded SmolLM2-135M-Instruct."""
+    model_id: str = ""
+    """The name callers use in `model`; defaults to the model's own name."""
+    context_length: int = 2048
+    max_batch_size: int = 8
+    threads: int = 0
+    batch_tokens: int = 512
+    gpu_layers: int = 0
+    grace_period_s: float = 30.0
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    """When set, clients must present a certificate signed by this CA (mTLS)."""
+    log_level: str = "INFO"
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(ServeConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = type(ServeConfig.__dataclass_fields__[name].default)
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: cannot use {value!r} as {kind.__name__}") from exc
+
+
+def load_config(
+    flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ, config_file: str | None = None
+) -> ServeConfig:
+    """Merges the sources; `flags` holds only the flags the user gave (None = not given)."""
+    values: dict[str, Any] = {}
+    path = config_file or environ.get(ENV_PREFIX + "CONFIG")
+    if path:
+        with open(pathlib.Path(path), "rb") as f:
+            from_file = tomllib.load(f)
+        unknown = set(from_file) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown settings in {path}: {', '.join(sorted(unknown))}")
+        values.update(from_file)
+    for name in FIELDS:
+        if ENV_PREFIX + name.upper() in environ:
+            values[name] = environ[ENV_PREFIX + name.upper()]
+    values.update({k: v for k, v in flags.items() if v is not None and k in FIELDS})
+    config = ServeConfig(**{name: _coerce(name, value) for name, value in values.items()})
+    if config.context_length < 16 or config.max_batch_size < 1 or config.batch_tokens < config.max_batch_size:
+        raise ValueError("need context_length >= 16, max_batch_size >= 1 and batch_tokens >= max_batch_size")
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise ValueError("tls_cert and tls_key go together")
+    return config

@@ -1,0 +1,85 @@
+"""The only place that turns engine events into protobuf messages."""
+
+from __future__ import annotations
+
+from backend.types import Finish, FinishReason, GeneratedToken, TokenEvent
+from tokenspout.v1 import generation_pb2 as pb
+
+_FINISH_REASONS = {reason: pb.FinishReason.Value(f"FINISH_REASON_{reason.name}") for reason in FinishReason}
+
+
+def _text_or_empty(piece: bytes) -> str:
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+
+
+def token_pb(token: GeneratedToken) -> pb.Token:
+    message = pb.Token(id=token.token_id, text=_text_or_empty(token.piece), bytes=token.piece)
+    if token.logprob is not None:
+        message.logprob = token.logprob
+    message.top_logprobs.extend(
+        pb.TopLogprob(id=top.token_id, text=_text_or_empty(top.piece), logprob=top.logprob)
+        for top in token.top_logprobs
+    )
+    return message
+
+
+def finish_pb(finish: Finish) -> pb.Finish:
+    usage, timings = finish.usage, finish.timings
+    # The first token comes from prefill; the rest are decode steps.
+    decode_tokens = max(usage.completion_tokens - 1, 0)
+    message = pb.Finish(
+        reason=_FINISH_REASONS[finish.reason],
+        seed=finish.seed,
+        usage=pb.Usage(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+        ),
+        timings=pb.Timings(
+            queue_ms=timings.queue_s * 1000,
+            time_to_first_token_ms=timings.time_to_first_token_s * 1000,
+            prefill_ms=timings.prefill_s * 1000,
+            decode_ms=timings.decode_s * 1000,
+            total_ms=timings.total_s * 1000,
+            tokens_per_second=decode_tokens / timings.decode_s if timings.decode_s > 0 else 0.0,
+        ),
+    )
+    if finish.stop_sequence is not None:
+        message.stop_sequence = finish.stop_sequence
+    elif finish.stop_token_id is not None:
+        message.stop_token_id = finish.stop_token_id
+    return message
+
+
+def stream_response(
+    request_id: str, events: list[TokenEvent], with_tokens: bool, input_tokens: int = 0
+) -> pb.GenerateStreamResponse:
+    """One response message for a batch of events (in order) of one request."""
+    last = events[-1]
+    message = pb.GenerateStreamResponse(
+        request_id=request_id,
+        text="".join(event.text for event in events),
+        generated_tokens=last.generated_tokens,
+        input_tokens=input_tokens,
+    )
+    if with_tokens:
+        message.tokens.extend(token_pb(token) for event in events for token in event.tokens)
+    if last.finish is not None:
+        message.finish.CopyFrom(finish_pb(last.finish))
+    return message
+
+
+def unary_response(messages: list[pb.GenerateStreamResponse]) -> pb.GenerateResponse:
+    last = messages[-1]
+    response = pb.GenerateResponse(
+        request_id=last.request_id,
+        text="".join(m.text for m in messages),
+        generated_tokens=last.generated_tokens,
+        input_tokens=messages[0].input_tokens,
+        finish=last.finish,
+    )
+    response.tokens.extend(token for m in messages for token in m.tokens)
+    return response

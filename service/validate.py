@@ -1,0 +1,197 @@
+"""Validation at the edge: a protobuf request in, a neutral GenerationRequest out.
+
+Everything is checked here so that the engine never sees a request it cannot
+serve. Field problems are collected and reported together as BadRequest
+violations; state-dependent ones (a prompt longer than the context) are
+OUT_OF_RANGE; a model this server does not serve is NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from backend.engine import ChatMessage, Engine
+from backend.types import GenerationRequest, OutputParams, SamplingParams, StopParams
+from service.errors import FieldViolation, ServiceError, invalid_argument, not_found_model, out_of_range, unimplemented
+from tokenspout.v1 import generation_pb2 as pb
+
+MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_stop_sequences: int = 16
+    max_stop_sequence_length: int = 256
+    max_top_logprobs: int = 20
+    max_logit_bias_entries: int = 1024
+    max_request_id_length: int = 128
+
+
+class RequestValidator:
+    def __init__(self, engine: Engine, limits: Limits = Limits(), model_names: tuple[str, ...] = ()) -> None:
+        self._engine = engine
+        self._info = engine.info
+        self.limits = limits
+        self._model_names = {"", "default", self._info.model_id, *model_names}
+
+    def check_model(self, model: str) -> None:
+        if model not in self._model_names:
+            raise not_found_model(model)
+
+    def generation_request(self, request: pb.GenerateStreamRequest) -> GenerationRequest:
+        """Raises ServiceError for anything the engine could not serve as asked."""
+        self.check_model(request.model)
+        if request.HasField("constraint"):
+            raise unimplemented("constraint", "constrained generation is not available on this server yet")
+        violations: list[FieldViolation] = []
+        if len(request.request_id) > self.limits.max_request_id_length:
+            violations.append(FieldViolation("request_id", f"at most {self.limits.max_request_id_length} characters"))
+        sampling = self._sampling(request.sampling, violations)
+        stopping = self._stopping(request.stopping, violations)
+        output = self._output(request.output, violations)
+        if request.WhichOneof("input") is None:
+            violations.append(FieldViolation("prompt", "set prompt or chat"))
+        elif request.HasField("prompt") and not request.prompt:
+            violations.append(FieldViolation("prompt", "must not be empty"))
+        elif request.HasField("chat"):
+            violations.extend(_chat_violations(request.chat))
+        if violations:
+            raise invalid_argument(violations)
+        prompt = self.prompt_tokens(request)
+        return GenerationRequest(
+            request_id=request.request_id or uuid.uuid4().hex,
+            prompt_token_ids=tuple(prompt),
+            sampling=sampling,
+            stopping=stopping,
+            output=output,
+        )
+
+    def prompt_tokens(self, request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> list[int]:
+        """Tokenizes the prompt or renders the chat, checking it fits the context."""
+        field_name = request.WhichOneof("input")
+        if field_name == "chat":
+            messages = [ChatMessage(m.role, m.content) for m in request.chat.messages]
+            add_prompt = request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
+            try:
+                tokens = self._engine.render_chat(messages, add_prompt)
+            except Exception as exc:  # template errors are the caller's input problem
+                raise invalid_argument([FieldViolation("chat", f"chat template failed: {exc}")]) from exc
+        else:
+            text = request.prompt if isinstance(request, pb.GenerateStreamRequest) else request.text
+            add_special = True
+            if isinstance(request, pb.TokenizeRequest) and request.HasField("add_special_tokens"):
+                add_special = request.add_special_tokens
+            tokens = self._engine.tokenize(text, add_special=add_special)
+        if isinstance(request, pb.GenerateStreamRequest) and not tokens:
+            raise invalid_argument([FieldViolation(field_name, "tokenizes to nothing")])
+        limit = self._info.context_length
+        if isinstance(request, pb.GenerateStreamRequest) and len(tokens) >= limit:
+            raise out_of_range(
+                field_name, f"{len(tokens)} prompt tokens leave no room in the {limit}-token context"
+            )
+        return tokens
+
+    def _sampling(self, s: pb.SamplingParams, violations: list[FieldViolation]) -> SamplingParams:
+        check = _RangeChecker("sampling", s, violations)
+        check.range("temperature", 0.0, 100.0)
+        check.range("top_k", 0, self._info.vocab_size)
+        check.range("top_p", 0.0, 1.0, low_open=True)
+        check.range("min_p", 0.0, 1.0)
+        check.range("typical_p", 0.0, 1.0, low_open=True)
+        check.range("repetition_penalty", 0.0, 10.0, low_open=True)
+        check.range("presence_penalty", -2.0, 2.0)
+        check.range("frequency_penalty", -2.0, 2.0)
+        check.range("penalty_last_n", 0, self._info.context_length)
+        check.range("seed", 0, MAX_SEED)
+        if len(s.logit_bias) > self.limits.max_logit_bias_entries:
+            violations.append(
+                FieldViolation("sampling.logit_bias", f"at most {self.limits.max_logit_bias_entries} entries")
+            )
+        for token, bias in s.logit_bias.items():
+            if not 0 <= token < self._info.vocab_size:
+                violations.append(FieldViolation(f"sampling.logit_bias[{token}]", "not a token id of this model"))
+            elif not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
+                violations.append(FieldViolation(f"sampling.logit_bias[{token}]", "bias must be in [-100, 100]"))
+        params = check.values()
+        temperature = params.get("temperature", 1.0)
+        if "seed" not in params:
+            params["seed"] = 0 if temperature == 0.0 else secrets.randbelow(MAX_SEED + 1)
+        return SamplingParams(**params, logit_bias=dict(s.logit_bias))
+
+    def _stopping(self, s: pb.StoppingCriteria, violations: list[FieldViolation]) -> StopParams:
+        check = _RangeChecker("stopping", s, violations)
+        check.range("max_new_tokens", 1, self._info.context_length)
+        check.range("min_new_tokens", 0, self._info.context_length)
+        params = check.values()
+        max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        if params.get("min_new_tokens", 0) > max_new:
+            violations.append(FieldViolation("stopping.min_new_tokens", "must be at most max_new_tokens"))
+        if len(s.stop_sequences) > self.limits.max_stop_sequences:
+            violations.append(FieldViolation("stopping.stop_sequences", f"at most {self.limits.max_stop_sequences}"))
+        for i, stop in enumerate(s.stop_sequences):
+            if not stop or len(stop) > self.limits.max_stop_sequence_length:
+                violations.append(
+                    FieldViolation(
+                        f"stopping.stop_sequences[{i}]",
+                        f"must have 1 to {self.limits.max_stop_sequence_length} characters",
+                    )
+                )
+        for i, token in enumerate(s.stop_token_ids):
+            if not 0 <= token < self._info.vocab_size:
+                violations.append(FieldViolation(f"stopping.stop_token_ids[{i}]", "not a token id of this model"))
+        return StopParams(
+            max_new_tokens=max_new,
+            min_new_tokens=params.get("min_new_tokens", 0),
+            stop_sequences=tuple(s.stop_sequences),
+            stop_token_ids=frozenset(s.stop_token_ids),
+            include_stop_sequence=s.include_stop_sequence,
+            ignore_eos=s.ignore_eos,
+            time_limit_s=s.time_limit_ms / 1000 if s.time_limit_ms else None,
+        )
+
+    def _output(self, o: pb.OutputOptions, violations: list[FieldViolation]) -> OutputParams:
+        if o.top_logprobs > self.limits.max_top_logprobs:
+            violations.append(FieldViolation("output.top_logprobs", f"at most {self.limits.max_top_logprobs}"))
+        return OutputParams(
+            return_tokens=o.return_token_ids or o.return_logprobs or o.top_logprobs > 0,
+            return_logprobs=o.return_logprobs,
+            top_logprobs=o.top_logprobs,
+        )
+
+
+class _RangeChecker:
+    """Checks the `optional` scalar fields of one message and collects the set ones."""
+
+    def __init__(self, prefix: str, message, violations: list[FieldViolation]) -> None:
+        self._prefix = prefix
+        self._message = message
+        self._violations = violations
+        self._values: dict[str, float | int] = {}
+
+    def range(self, name: str, low: float, high: float, low_open: bool = False) -> None:
+        if not self._message.HasField(name):
+            return
+        value = getattr(self._message, name)
+        in_range = (low < value if low_open else low <= value) and value <= high
+        if isinstance(value, float) and not math.isfinite(value) or not in_range:
+            bracket = "(" if low_open else "["
+            self._violations.append(FieldViolation(f"{self._prefix}.{name}", f"must be in {bracket}{low}, {high}]"))
+        else:
+            self._values[name] = value
+
+    def values(self) -> dict[str, float | int]:
+        return dict(self._values)
+
+
+def _chat_violations(chat: pb.Chat) -> list[FieldViolation]:
+    if not chat.messages:
+        return [FieldViolation("chat.messages", "must not be empty")]
+    return [
+        FieldViolation(f"chat.messages[{i}].role", "must not be empty")
+        for i, message in enumerate(chat.messages)
+        if not message.role
+    ]
