@@ -22,7 +22,10 @@ class Utf8Stream:
         return self._decoder.decode(data, final=False)
 
     def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
+        """Ends the stream. A code point cut off by the end of generation is dropped, not
+        sent as U+FFFD: its bytes are still in the tokens for callers that want them."""
+        self._decoder.reset()
+        return ""
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ class LlamaCppCore:
         self._deliver(seq.sink, event)
         if output.finished:
             self._release(seq)
-        elif seq.cached >= self.context_length:
+        elif seq.cached + 1 >= self.context_length:  # prompt + output now fill the context
             self._end(seq, FinishReason.CONTEXT_LIMIT)
         else:
             seq.next_token = token

@@ -1,0 +1,52 @@
+# tokenspout: `make run` serves the embedded model and streams an answer; `make test` runs the tests.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BUF := node_modules/.bin/buf
+LISTEN ?= 127.0.0.1:50051
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help venv tools model proto lint run test bench clean
+
+help:
+	@echo "make run    - create the environment, fetch the model, serve it and stream an answer"
+	@echo "make test   - run the test suite against a real server and model"
+	@echo "make proto  - regenerate the Python stubs from protos/"
+	@echo "make bench  - run the streaming benchmark"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip==25.3
+	# llama-cpp-python compiles llama.cpp (10-15 min once); pip's wheel cache makes later installs fast.
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+$(BUF): package.json
+	npm install --no-audit --no-fund --silent
+	touch $@
+
+tools: venv $(BUF)
+
+model: venv
+	$(PY) -m service.cli fetch-model
+
+proto: tools
+	$(BUF) generate
+
+lint: tools
+	$(BUF) lint
+
+run: venv model
+	LISTEN=$(LISTEN) tools/run_demo.sh
+
+test: tools model
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: venv model
+	$(PY) bench/streaming.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache

@@ -1,0 +1,60 @@
+"""Small helpers the end-to-end tests share."""
+
+from __future__ import annotations
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from tokenspout.v1 import generation_pb2 as pb
+
+
+def greedy(prompt: str, max_new_tokens: int = 24, **stopping) -> pb.GenerateStreamRequest:
+    return pb.GenerateStreamRequest(
+        prompt=prompt,
+        sampling=pb.SamplingParams(temperature=0.0),
+        stopping=pb.StoppingCriteria(max_new_tokens=max_new_tokens, **stopping),
+        output=pb.OutputOptions(return_token_ids=True),
+    )
+
+
+def stream(stub, request: pb.GenerateStreamRequest, timeout: float = 120) -> list[pb.GenerateStreamResponse]:
+    return list(stub.GenerateStream(request, timeout=timeout))
+
+
+def text_of(messages: list[pb.GenerateStreamResponse]) -> str:
+    return "".join(m.text for m in messages)
+
+
+def token_ids_of(messages: list[pb.GenerateStreamResponse]) -> list[int]:
+    return [t.id for m in messages for t in m.tokens]
+
+
+def rpc_error(call) -> grpc.RpcError:
+    """Runs `call` (which must fail) and returns its RpcError."""
+    try:
+        result = call()
+        if hasattr(result, "__iter__") and not hasattr(result, "ListFields"):
+            list(result)
+    except grpc.RpcError as error:
+        return error
+    raise AssertionError("the call succeeded")
+
+
+def bad_request_fields(error: grpc.RpcError) -> dict[str, str]:
+    """The BadRequest field violations of an error, field -> description."""
+    status = rpc_status.from_call(error)
+    assert status is not None, "no google.rpc.Status details"
+    fields = {}
+    reasons = []
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            fields.update({v.field: v.description for v in bad.field_violations})
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            reasons.append(info.reason)
+    assert reasons, "every error carries an ErrorInfo"
+    return fields
