@@ -1,0 +1,49 @@
+"""Settings: flags over environment over config file over defaults."""
+
+import pytest
+
+from service.cli import main
+from service.config import ServeConfig, load_config
+
+
+def test_defaults():
+    assert load_config({}, environ={}) == ServeConfig()
+
+
+def test_precedence_flags_env_file(tmp_path):
+    config_file = tmp_path / "tokenspout.toml"
+    config_file.write_text('listen = "0.0.0.0:7000"\ncontext_length = 4096\nthreads = 3\nmax_batch_size = 4\n')
+    environ = {"TOKENSPOUT_CONTEXT_LENGTH": "1024", "TOKENSPOUT_THREADS": "2"}
+    config = load_config({"threads": 1, "model": None}, environ=environ, config_file=str(config_file))
+    assert (config.listen, config.context_length, config.threads, config.max_batch_size) == ("0.0.0.0:7000", 1024, 1, 4)
+
+
+def test_config_file_from_environment(tmp_path):
+    config_file = tmp_path / "c.toml"
+    config_file.write_text("max_batch_size = 3\n")
+    assert load_config({}, environ={"TOKENSPOUT_CONFIG": str(config_file)}).max_batch_size == 3
+
+
+@pytest.mark.parametrize(
+    "flags, environ, message",
+    [
+        ({}, {"TOKENSPOUT_CONTEXT_LENGTH": "many"}, "context_length"),
+        ({"max_batch_size": 0}, {}, "max_batch_size"),
+        ({"tls_cert": "c.pem"}, {}, "tls_key"),
+    ],
+)
+def test_bad_settings_are_refused(flags, environ, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(flags, environ=environ)
+
+
+def test_unknown_keys_in_the_file_are_refused(tmp_path):
+    config_file = tmp_path / "c.toml"
+    config_file.write_text("contxt_length = 5\n")
+    with pytest.raises(ValueError, match="contxt_length"):
+        load_config({}, environ={}, config_file=str(config_file))
+
+
+def test_cli_reports_bad_settings_without_a_traceback(capsys):
+    assert main(["serve", "--max-batch-size", "0"]) == 2
+    assert "max_batch_size" in capsys.readouterr().err

@@ -1,0 +1,171 @@
+"""The llama.cpp batching core driven step by step, on the real model, without threads."""
+
+from __future__ import annotations
+
+import llama_cpp
+import pytest
+
+from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
+from backend.llamacpp.engine import LlamaCppEngine
+from backend.llamacpp.model import GgufModel
+from backend.models import default_model_path
+from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
+
+
+@pytest.fixture(scope="module")
+def model():
+    loaded = GgufModel(default_model_path())
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture
+def core(model):
+    engine_core = LlamaCppCore(model, LlamaCppConfig(context_length=256, max_batch_size=2, batch_tokens=64, threads=2))
+    yield engine_core
+    engine_core.close()
+
+
+class Recorder:
+    def __init__(self, core: LlamaCppCore) -> None:
+        self.core = core
+        self.events: list[tuple[int, object]] = []
+
+    def __call__(self, event) -> None:
+        self.events.append((self.core.steps, event))
+
+    @property
+    def finish(self):
+        last = self.events[-1][1]
+        return last.finish if isinstance(last, TokenEvent) else None
+
+    def first_token_step(self) -> int:
+        return next(step for step, event in self.events if isinstance(event, TokenEvent) and event.tokens)
+
+
+def request(model, request_id: str, prompt: str = "The sky is", max_new_tokens: int = 8) -> GenerationRequest:
+    return GenerationRequest(
+        request_id,
+        tuple(model.tokenize(prompt)),
+        SamplingParams(temperature=0.0),
+        StopParams(max_new_tokens=max_new_tokens, ignore_eos=True),
+    )
+
+
+def run_until_idle(core: LlamaCppCore, limit: int = 1000) -> None:
+    for _ in range(limit):
+        if not core.has_work():
+            return
+        core.step()
+    raise AssertionError("core did not finish")
+
+
+def cache_cells(core: LlamaCppCore, slot: int) -> int:
+    return llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(core.ctx), slot) + 1
+
+
+def test_a_new_request_joins_at_the_next_step(core, model):
+    a, b = Recorder(core), Recorder(core)
+    core.add(request(model, "a", max_new_tokens=20), a)
+    for _ in range(3):
+        core.step()
+    core.add(request(model, "b"), b)
+    core.step()
+    assert b.first_token_step() == 4  # prefilled and sampled in the very next step
+    assert core.running == 2
+    # Both sequences advance one token per step, in the same llama_decode.
+    core.step()
+    assert [step for step, _ in a.events][-1] == [step for step, _ in b.events][-1] == 5
+    run_until_idle(core)
+    assert a.finish.reason is b.finish.reason is FinishReason.MAX_TOKENS
+
+
+def test_a_finished_sequence_frees_its_cache_at_once(core, model):
+    rec = Recorder(core)
+    core.add(request(model, "a", max_new_tokens=5), rec)
+    core.step()
+    assert cache_cells(core, 0) > 0
+    run_until_idle(core)
+    assert rec.finish.usage.completion_tokens == 5
+    assert core.running == 0 and core.cache_cells_used == 0 and cache_cells(core, 0) == 0
+
+
+def test_cancel_ends_a_running_sequence_and_frees_its_cache(core, model):
+    rec = Recorder(core)
+    core.add(request(model, "a", max_new_tokens=100), rec)
+    for _ in range(4):
+        core.step()
+    core.cancel("a")
+    assert rec.finish.reason is FinishReason.CANCELLED
+    assert core.running == 0 and cache_cells(core, 0) == 0 and not core.has_work()
+
+
+def test_cancel_of_a_waiting_request(core, model):
+    recs = {rid: Recorder(core) for rid in "abc"}
+    for rid, rec in recs.items():
+        core.add(request(model, rid, max_new_tokens=50), rec)
+    core.step()
+    assert core.running == 2  # two slots; "c" waits
+    core.cancel("c")
+    assert recs["c"].finish.reason is FinishReason.CANCELLED and len(recs["c"].events) == 1
+    core.cancel("a")
+    core.cancel("b")
+    assert not core.has_work()
+
+
+def test_requests_beyond_the_slots_wait_for_a_free_one(core, model):
+    recs = {rid: Recorder(core) for rid in "abc"}
+    for rid, rec in recs.items():
+        core.add(request(model, rid, max_new_tokens=4), rec)
+    run_until_idle(core)
+    assert all(rec.finish.reason is FinishReason.MAX_TOKENS for rec in recs.values())
+    assert recs["c"].first_token_step() > recs["a"].events[-1][0]
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(core, model):
+    short, long_ = Recorder(core), Recorder(core)
+    core.add(request(model, "short", max_new_tokens=30), short)
+    core.step()
+    core.add(request(model, "long", prompt="word " * 150, max_new_tokens=2), long_)
+    before = len(short.events)
+    for _ in range(3):
+        core.step()
+    # 150 prompt tokens in chunks of at most 64 (minus the decoding token) take 3 steps,
+    # and the decoding sequence gets a token in each of them.
+    assert len(short.events) == before + 3
+    assert long_.first_token_step() == core.steps
+    run_until_idle(core)
+
+
+def test_a_fault_in_one_sequence_leaves_the_other_running(core, model, monkeypatch):
+    good, bad = Recorder(core), Recorder(core)
+    original = core._describe
+
+    def faulty(token, logits, req):
+        if req.request_id == "bad":
+            raise RuntimeError("injected")
+        return original(token, logits, req)
+
+    monkeypatch.setattr(core, "_describe", faulty)
+    core.add(request(model, "good"), good)
+    core.add(request(model, "bad"), bad)
+    run_until_idle(core)
+    assert isinstance(bad.events[-1][1], ErrorEvent) and "injected" in bad.events[-1][1].message
+    assert good.finish.reason is FinishReason.MAX_TOKENS and good.finish.usage.completion_tokens == 8
+    assert core.cache_cells_used == 0
+
+
+def test_the_threaded_engine_delivers_events_from_its_worker():
+    import queue
+
+    engine = LlamaCppEngine(default_model_path())
+    try:
+        events: queue.Queue = queue.Queue()
+        engine.submit(
+            GenerationRequest("x", tuple(engine.tokenize("Hi")), SamplingParams(temperature=0), StopParams(max_new_tokens=3, ignore_eos=True)),
+            events.put,
+        )
+        received = [events.get(timeout=30) for _ in range(3)]
+        assert received[-1].finish is not None and received[-1].generated_tokens == 3
+    finally:
+        engine.close()
