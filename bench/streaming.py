@@ -1,0 +1,196 @@
+"""Streaming benchmark on the embedded model, every figure from one run.
+
+Prints:
+  1. single-stream decode tokens/s through gRPC / the same engine driven in-process (target >= 0.97)
+  2. time to first token added by gRPC, median (target <= 5 ms)
+  3. aggregate tokens/s at 1, 2, 4 and 8 concurrent streams through gRPC
+  4. with --llama-server PATH: the same aggregate from llama.cpp's own C++ server on the same GGUF,
+     and our figure divided by it (target >= 1.0 at every concurrency)
+
+    python bench/streaming.py [--tokens 128] [--reps 5] [--llama-server PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import queue
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import grpc  # noqa: E402
+
+from backend.llamacpp.core import LlamaCppConfig  # noqa: E402
+from backend.llamacpp.engine import LlamaCppEngine  # noqa: E402
+from backend.models import default_model_path  # noqa: E402
+from backend.types import GenerationRequest, SamplingParams, StopParams  # noqa: E402
+from conftest import start_server, stop_server  # noqa: E402
+from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+
+PROMPTS = [
+    "The history of the printing press",
+    "How do volcanoes form?",
+    "Write a short poem about the sea.",
+    "Explain photosynthesis to a child.",
+    "The rules of chess are",
+    "A recipe for bread:",
+    "Why do cats purr?",
+    "The planets of the solar system",
+]
+CONTEXT, SLOTS, THREADS = 1024, 8, 2
+
+
+def engine_run(engine: LlamaCppEngine, prompt: str, tokens: int) -> tuple[float, float]:
+    """One greedy stream in-process: (seconds to first token, decode tokens/s)."""
+    events: queue.Queue = queue.Queue()
+    request = GenerationRequest(
+        f"bench-{time.monotonic_ns()}",
+        tuple(engine.tokenize(prompt)),
+        SamplingParams(temperature=0.0),
+        StopParams(max_new_tokens=tokens, ignore_eos=True),
+    )
+    start = time.perf_counter()
+    engine.submit(request, lambda event: events.put((time.perf_counter(), event)))
+    stamps = []
+    while True:
+        stamp, event = events.get()
+        stamps.append(stamp)
+        if event.finish is not None:
+            break
+    return stamps[0] - start, (tokens - 1) / (stamps[-1] - stamps[0])
+
+
+def grpc_run(stub, prompt: str, tokens: int) -> tuple[float, float]:
+    """One greedy stream through gRPC, timed by the caller: (seconds to first message, decode tokens/s)."""
+    request = pb.GenerateStreamRequest(
+        prompt=prompt,
+        sampling=pb.SamplingParams(temperature=0.0),
+        stopping=pb.StoppingCriteria(max_new_tokens=tokens, ignore_eos=True),
+    )
+    start = time.perf_counter()
+    first = last = None
+    received = 0
+    for message in stub.GenerateStream(request, timeout=300):
+        last = time.perf_counter()
+        first = first or last
+        received = message.generated_tokens
+    assert received == tokens
+    # Tokens after the first message, over the time they took to arrive.
+    return first - start, (tokens - 1) / (last - first)
+
+
+def grpc_aggregate(stub, streams: int, tokens: int) -> float:
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        list(pool.map(lambda p: grpc_run(stub, p, tokens), PROMPTS[:streams]))
+    return streams * tokens / (time.perf_counter() - start)
+
+
+def llama_server_aggregate(port: int, streams: int, tokens: int) -> float:
+    def one(prompt: str) -> None:
+        body = json.dumps(
+            {"prompt": prompt, "n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+        ).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as response:
+            assert json.load(response)["tokens_predicted"] == tokens
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        list(pool.map(one, PROMPTS[:streams]))
+    return streams * tokens / (time.perf_counter() - start)
+
+
+def start_llama_server(binary: str, model: pathlib.Path) -> tuple[subprocess.Popen, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen(
+        [binary, "-m", str(model), "-c", str(CONTEXT * SLOTS), "-np", str(SLOTS), "-t", str(THREADS),
+         "--port", str(port), "--host", "127.0.0.1", "--no-webui"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return process, port
+        except OSError:
+            time.sleep(0.5)
+    process.kill()
+    raise RuntimeError("llama-server did not start")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--ttft-reps", type=int, default=20)
+    parser.add_argument("--llama-server", help="path to llama.cpp's llama-server binary, for the reference")
+    args = parser.parse_args()
+    model = default_model_path()
+    print(f"model {model.name}, {THREADS} threads, {SLOTS} slots, {args.tokens} tokens per stream, {os.cpu_count()} cores")
+
+    tmp = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
+    server = start_server(tmp, "--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS), "--threads", str(THREADS))
+    engine = LlamaCppEngine(model, LlamaCppConfig(context_length=CONTEXT, max_batch_size=SLOTS, threads=THREADS))
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            grpc_run(stub, PROMPTS[0], 8)  # warm both paths
+            engine_run(engine, PROMPTS[0], 8)
+            # Alternate the two so that machine noise hits both alike.
+            direct, through_grpc = [], []
+            for _ in range(args.reps):
+                direct.append(engine_run(engine, PROMPTS[0], args.tokens)[1])
+                through_grpc.append(grpc_run(stub, PROMPTS[0], args.tokens)[1])
+            d, g = statistics.median(direct), statistics.median(through_grpc)
+            print(f"single stream decode: in-process {d:.1f} tok/s, gRPC {g:.1f} tok/s, ratio {g / d:.3f} (target >= 0.97)")
+
+            ttft_direct, ttft_grpc = [], []
+            for _ in range(args.ttft_reps):
+                ttft_direct.append(engine_run(engine, PROMPTS[1], 2)[0])
+                ttft_grpc.append(grpc_run(stub, PROMPTS[1], 2)[0])
+            added = (statistics.median(ttft_grpc) - statistics.median(ttft_direct)) * 1000
+            print(
+                f"time to first token: in-process {statistics.median(ttft_direct) * 1000:.1f} ms, "
+                f"gRPC {statistics.median(ttft_grpc) * 1000:.1f} ms, added {added:.2f} ms median (target <= 5)"
+            )
+
+            ours = {n: grpc_aggregate(stub, n, args.tokens) for n in (1, 2, 4, 8)}
+    finally:
+        engine.close()
+        stop_server(server)
+
+    reference = {}
+    if args.llama_server:
+        process, port = start_llama_server(args.llama_server, model)
+        try:
+            llama_server_aggregate(port, 1, 8)
+            reference = {n: llama_server_aggregate(port, n, args.tokens) for n in (1, 2, 4, 8)}
+        finally:
+            process.terminate()
+            process.wait()
+    print("aggregate tokens/s by concurrent streams:")
+    for n, value in ours.items():
+        line = f"  {n} streams: tokenspout {value:.1f}"
+        if reference:
+            line += f", llama-server {reference[n]:.1f}, ratio {value / reference[n]:.2f} (target >= 1.0)"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
