@@ -47,3 +47,10 @@ def test_unknown_keys_in_the_file_are_refused(tmp_path):
 def test_cli_reports_bad_settings_without_a_traceback(capsys):
     assert main(["serve", "--max-batch-size", "0"]) == 2
     assert "max_batch_size" in capsys.readouterr().err
+
+
+def test_the_example_config_file_loads():
+    from conftest import ROOT
+
+    config = load_config({}, environ={}, config_file=str(ROOT / "deploy" / "tokenspout.toml"))
+    assert config.listen == "0.0.0.0:50051" and config.max_batch_size == 8
