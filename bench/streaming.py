@@ -49,6 +49,7 @@ PROMPTS = [
     "The planets of the solar system",
 ]
 CONTEXT, SLOTS, THREADS = 1024, 8, 2
+CONCURRENCY = (1, 2, 4, 8)
 
 
 def engine_run(engine: LlamaCppEngine, prompt: str, tokens: int) -> tuple[float, float]:
@@ -98,13 +99,21 @@ def grpc_aggregate(stub, streams: int, tokens: int) -> float:
 
 
 def llama_server_aggregate(port: int, streams: int, tokens: int) -> float:
+    """The same workload through llama-server's streaming (SSE) completion endpoint."""
+
     def one(prompt: str) -> None:
         body = json.dumps(
-            {"prompt": prompt, "n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+            {"prompt": prompt, "n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
+             "stream": True}
         ).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"})
+        received = 0
         with urllib.request.urlopen(request, timeout=300) as response:
-            assert json.load(response)["tokens_predicted"] == tokens
+            for line in response:
+                if line.startswith(b"data: "):
+                    chunk = json.loads(line[6:])
+                    received = chunk.get("tokens_predicted", received + 1) if chunk.get("stop") else received + 1
+        assert received >= tokens, received
 
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
@@ -131,6 +140,21 @@ def start_llama_server(binary: str, model: pathlib.Path) -> tuple[subprocess.Pop
             time.sleep(0.5)
     process.kill()
     raise RuntimeError("llama-server did not start")
+
+
+def aggregate_comparison(stub, reference_server, args) -> tuple[dict[int, float], dict[int, float]]:
+    """Median aggregate tokens/s per concurrency, alternating the two servers so noise hits both alike."""
+    ours: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
+    reference: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
+    if reference_server is not None:
+        llama_server_aggregate(reference_server[1], 1, 8)  # warm-up
+    for _ in range(args.reps):
+        for n in CONCURRENCY:
+            ours[n].append(grpc_aggregate(stub, n, args.tokens))
+            if reference_server is not None:
+                reference[n].append(llama_server_aggregate(reference_server[1], n, args.tokens))
+    median = lambda runs: {n: statistics.median(v) for n, v in runs.items() if v}  # noqa: E731
+    return median(ours), median(reference)
 
 
 def main() -> int:
@@ -169,20 +193,17 @@ def main() -> int:
                 f"gRPC {statistics.median(ttft_grpc) * 1000:.1f} ms, added {added:.2f} ms median (target <= 5)"
             )
 
-            ours = {n: grpc_aggregate(stub, n, args.tokens) for n in (1, 2, 4, 8)}
+            reference_server = start_llama_server(args.llama_server, model) if args.llama_server else None
+            try:
+                ours, reference = aggregate_comparison(stub, reference_server, args)
+            finally:
+                if reference_server is not None:
+                    reference_server[0].terminate()
+                    reference_server[0].wait()
     finally:
         engine.close()
         stop_server(server)
 
-    reference = {}
-    if args.llama_server:
-        process, port = start_llama_server(args.llama_server, model)
-        try:
-            llama_server_aggregate(port, 1, 8)
-            reference = {n: llama_server_aggregate(port, n, args.tokens) for n in (1, 2, 4, 8)}
-        finally:
-            process.terminate()
-            process.wait()
     print("aggregate tokens/s by concurrent streams:")
     for n, value in ours.items():
         line = f"  {n} streams: tokenspout {value:.1f}"
