@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from backend.constraints import ConstraintCompiler
 from backend.types import Event, GenerationRequest
 
 EventSink = Callable[[Event], None]
@@ -37,8 +38,13 @@ class ModelInfo:
     constraint_kinds: tuple[str, ...] = field(default_factory=tuple)
 
 
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+
+
 class Engine(Protocol):
     info: ModelInfo
+    constraints: ConstraintCompiler
+    """Compiles constraints against this engine's own vocabulary."""
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """Thread-safe; reads only the vocabulary."""

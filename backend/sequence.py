@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import time
 
+from backend.constraints import ConstraintState
 from backend.text import StopSequenceFilter, Utf8Stream
 from backend.types import Finish, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings, Usage
+
+
+class ConstraintViolation(Exception):
+    """A sampled token the grammar rejects: a bug, since the mask should have prevented it."""
 
 
 class SequenceOutput:
@@ -25,6 +30,7 @@ class SequenceOutput:
         self.admitted_at: float | None = None
         self.prefill_done_at: float | None = None
         self.first_token_at: float | None = None
+        self.constraint = ConstraintState(request.constraint) if request.constraint is not None else None
 
     @property
     def finished(self) -> bool:
@@ -42,11 +48,25 @@ class SequenceOutput:
         return limit is not None and now - self.request.arrival_time >= limit
 
     def on_token(self, token: GeneratedToken, is_eos: bool) -> TokenEvent:
+        """Accounts for one generated token (sampled, or forced by the grammar).
+
+        Raises ConstraintViolation when the grammar rejects the token.
+        """
         now = time.monotonic()
         if self.first_token_at is None:
             self.first_token_at = now
             self.prefill_done_at = self.prefill_done_at or now
         self.generated += 1
+        constraint_done = False
+        if self.constraint is not None:
+            if is_eos:
+                # The mask allows EOS only where the grammar may end (or, sticky, after a matcher error).
+                if not self.constraint.satisfied:
+                    raise ConstraintViolation(f"end of generation before the constraint was complete {self.constraint.error}")
+                return self._finish_event((token,), "", FinishReason.CONSTRAINT_COMPLETE)
+            if not self.constraint.consume(token.token_id):
+                raise ConstraintViolation(f"token {token.token_id} rejected: {self.constraint.error}")
+            constraint_done = self.constraint.complete
         if is_eos and not self._stopping.ignore_eos:
             return self._finish_event((token,), "", FinishReason.EOS_TOKEN)
         if token.token_id in self._stopping.stop_token_ids:
@@ -55,6 +75,8 @@ class SequenceOutput:
         if self._stops.matched is not None:
             stop = self._stops.matched.stop_sequence
             return self._finish_event((token,), text, FinishReason.STOP_SEQUENCE, stop_sequence=stop)
+        if constraint_done:
+            return self._finish_event((token,), text, FinishReason.CONSTRAINT_COMPLETE)
         if self.generated >= self._stopping.max_new_tokens:
             return self._finish_event((token,), text, FinishReason.MAX_TOKENS)
         return TokenEvent(tokens=(token,), text=text, generated_tokens=self.generated)
@@ -85,6 +107,7 @@ class SequenceOutput:
             seed=self.request.sampling.seed,
             stop_sequence=stop_sequence,
             stop_token_id=stop_token_id,
+            constraint_satisfied=self.constraint.satisfied if self.constraint is not None else None,
         )
         return TokenEvent(tokens=tokens, text=text, generated_tokens=self.generated, finish=self.finish)
 
@@ -99,4 +122,10 @@ class SequenceOutput:
             prefill_s=(self.prefill_done_at or now) - admitted,
             decode_s=now - first,
             total_s=now - arrival,
+            constraint_compile_s=self._compile_s(),
+            constraint_mask_s=self.constraint.mask_s if self.constraint is not None else 0.0,
         )
+
+    def _compile_s(self) -> float:
+        compiled = self.request.constraint
+        return compiled.compile_s if compiled is not None and not compiled.cached else 0.0

@@ -9,6 +9,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backend.constraints import CompiledConstraint
 
 
 class FinishReason(enum.Enum):
@@ -68,6 +72,18 @@ class OutputParams:
 
 
 @dataclass(frozen=True)
+class ConstraintSpec:
+    """What the output must match; hashable, so it keys the compile cache."""
+
+    kind: str  # json_schema, json_object, regex, grammar or choice
+    value: str | tuple[str, ...] = ""
+    strict: bool = True
+    """Refuse what cannot be enforced exactly; when False, approximate it (and validate afterwards)."""
+    whitespace_flexible: bool = False
+    max_whitespace: int | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """A validated request: the engine may assume every field is in range."""
 
@@ -76,6 +92,7 @@ class GenerationRequest:
     sampling: SamplingParams = SamplingParams()
     stopping: StopParams = StopParams()
     output: OutputParams = OutputParams()
+    constraint: CompiledConstraint | None = None
     arrival_time: float = field(default_factory=time.monotonic)
 
 
@@ -108,6 +125,8 @@ class Timings:
     prefill_s: float
     decode_s: float
     total_s: float
+    constraint_compile_s: float = 0.0
+    constraint_mask_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,8 @@ class Finish:
     seed: int
     stop_sequence: str | None = None
     stop_token_id: int | None = None
+    constraint_satisfied: bool | None = None
+    """None without a constraint; False when the output was cut short of the grammar's end."""
 
 
 @dataclass(frozen=True)

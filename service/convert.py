@@ -45,8 +45,14 @@ def finish_pb(finish: Finish) -> pb.Finish:
             decode_ms=timings.decode_s * 1000,
             total_ms=timings.total_s * 1000,
             tokens_per_second=decode_tokens / timings.decode_s if timings.decode_s > 0 else 0.0,
+            constraint_compile_ms=timings.constraint_compile_s * 1000,
+            constraint_mask_ms=timings.constraint_mask_s * 1000,
         ),
     )
+    if finish.constraint_satisfied is not None:
+        message.constraint_satisfied = finish.constraint_satisfied
+        if not finish.constraint_satisfied:
+            message.constraint_message = "the output ended before the constraint was complete"
     if finish.stop_sequence is not None:
         message.stop_sequence = finish.stop_sequence
     elif finish.stop_token_id is not None:

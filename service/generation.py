@@ -17,10 +17,11 @@ from typing import AsyncIterator
 
 import grpc
 
+from backend.constraints.validation import json_output_problem
 from backend.engine import Engine, EventSink
 from backend.types import ErrorEvent, Event, GenerationRequest, TokenEvent
 from service import convert
-from service.errors import ServiceError, internal
+from service.errors import FieldViolation, ServiceError, internal, invalid_argument
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -123,8 +124,27 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             ),
         )
 
+    async def CompileConstraint(
+        self, request: pb.CompileConstraintRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CompileConstraintResponse:
+        try:
+            self._validator.check_model(request.model)
+            violations: list[FieldViolation] = []
+            spec = self._validator.constraint_spec(request.constraint, violations)
+            if violations:
+                raise invalid_argument(violations)
+            compiled = await asyncio.to_thread(self._validator.compile, spec)
+        except ServiceError as error:
+            await context.abort_with_status(error.to_status())
+        return pb.CompileConstraintResponse(
+            compile_ms=0.0 if compiled.cached else compiled.compile_s * 1000,
+            cached=compiled.cached,
+            warnings=compiled.warnings,
+        )
+
     async def _validate(self, request: pb.GenerateStreamRequest) -> GenerationRequest:
-        if len(request.prompt) > _INLINE_TOKENIZE_CHARS:
+        # Long prompts and constraint compiles run on a worker thread (both release the GIL).
+        if len(request.prompt) > _INLINE_TOKENIZE_CHARS or self._validator.needs_compiling(request):
             return await asyncio.to_thread(self._validator.generation_request, request)
         return self._validator.generation_request(request)
 
@@ -139,6 +159,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         finished = False
         input_tokens = len(request.prompt_token_ids)
         with_tokens = request.output.return_tokens
+        validate_afterwards = request.constraint is not None and not request.constraint.spec.strict
+        text: list[str] = []
         try:
             while not finished:
                 batch = await _next_batch(events, max_tokens_per_message)
@@ -147,11 +169,24 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     log.error("request %s failed in the engine: %s", request.request_id, batch.message)
                     raise internal(request.request_id, batch.message)
                 finished = batch[-1].finish is not None
-                yield convert.stream_response(request.request_id, batch, with_tokens, input_tokens)
+                message = convert.stream_response(request.request_id, batch, with_tokens, input_tokens)
+                if validate_afterwards:
+                    text.append(message.text)
+                    if finished:
+                        _report_validation(message.finish, request, "".join(text))
+                yield message
                 input_tokens = 0  # only on the first message
         finally:
             if not finished:  # the caller left early: free the sequence at the next step
                 self._engine.cancel(request.request_id)
+
+
+def _report_validation(finish: pb.Finish, request: GenerationRequest, text: str) -> None:
+    """Non-strict JSON constraints were approximated: say honestly whether the output complies."""
+    problem = json_output_problem(request.constraint.spec, text)
+    if problem:
+        finish.constraint_satisfied = False
+        finish.constraint_message = problem
 
 
 async def _next_batch(events: asyncio.Queue[Event], max_tokens: int) -> list[TokenEvent] | ErrorEvent:

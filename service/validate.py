@@ -13,9 +13,10 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
+from backend.constraints import CompiledConstraint, ConstraintError
 from backend.engine import ChatMessage, Engine
-from backend.types import GenerationRequest, OutputParams, SamplingParams, StopParams
-from service.errors import FieldViolation, ServiceError, invalid_argument, not_found_model, out_of_range, unimplemented
+from backend.types import ConstraintSpec, GenerationRequest, OutputParams, SamplingParams, StopParams
+from service.errors import FieldViolation, ServiceError, invalid_argument, not_found_model, out_of_range
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
@@ -29,6 +30,8 @@ class Limits:
     max_top_logprobs: int = 20
     max_logit_bias_entries: int = 1024
     max_request_id_length: int = 128
+    max_choices: int = 1024
+    max_constraint_chars: int = 1_000_000
 
 
 class RequestValidator:
@@ -43,11 +46,17 @@ class RequestValidator:
             raise not_found_model(model)
 
     def generation_request(self, request: pb.GenerateStreamRequest) -> GenerationRequest:
-        """Raises ServiceError for anything the engine could not serve as asked."""
+        """Raises ServiceError for anything the engine could not serve as asked.
+
+        Compiles the constraint when it is not cached (milliseconds; call from a worker thread).
+        """
         self.check_model(request.model)
-        if request.HasField("constraint"):
-            raise unimplemented("constraint", "constrained generation is not available on this server yet")
         violations: list[FieldViolation] = []
+        constraint = None
+        if request.HasField("constraint"):
+            if request.stopping.ignore_eos:
+                violations.append(FieldViolation("stopping.ignore_eos", "cannot be used with a constraint"))
+            constraint = self.constraint_spec(request.constraint, violations)
         if len(request.request_id) > self.limits.max_request_id_length:
             violations.append(FieldViolation("request_id", f"at most {self.limits.max_request_id_length} characters"))
         sampling = self._sampling(request.sampling, violations)
@@ -68,7 +77,53 @@ class RequestValidator:
             sampling=sampling,
             stopping=stopping,
             output=output,
+            constraint=self.compile(constraint) if constraint is not None else None,
         )
+
+    def constraint_spec(self, c: pb.Constraint, violations: list[FieldViolation]) -> ConstraintSpec | None:
+        """The neutral form of a constraint; shape problems are added to `violations`."""
+        kind = c.WhichOneof("kind")
+        value: str | tuple[str, ...] = ""
+        if kind is None:
+            violations.append(FieldViolation("constraint", "set one of json_schema, json_object, regex, grammar, choice"))
+            return None
+        if kind == "choice":
+            value = tuple(c.choice.values)
+            if not value or len(value) > self.limits.max_choices or not all(value):
+                violations.append(
+                    FieldViolation("constraint.choice.values", f"1 to {self.limits.max_choices} non-empty strings")
+                )
+        elif kind == "json_object":
+            if not c.json_object:
+                violations.append(FieldViolation("constraint.json_object", "must be true when set"))
+        else:
+            value = getattr(c, kind)
+            if not value:
+                violations.append(FieldViolation(f"constraint.{kind}", "must not be empty"))
+        if len(value) > self.limits.max_constraint_chars or sum(map(len, value)) > self.limits.max_constraint_chars:
+            violations.append(FieldViolation(f"constraint.{kind}", f"at most {self.limits.max_constraint_chars} characters"))
+        if (c.whitespace_flexible or c.HasField("max_whitespace")) and kind not in ("json_schema", "json_object"):
+            violations.append(FieldViolation("constraint.whitespace_flexible", "applies to JSON constraints only"))
+        return ConstraintSpec(
+            kind=kind,
+            value=value,
+            strict=c.strict if c.HasField("strict") else True,
+            whitespace_flexible=c.whitespace_flexible,
+            max_whitespace=c.max_whitespace if c.HasField("max_whitespace") else None,
+        )
+
+    def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
+        try:
+            return self._engine.constraints.compile(spec)
+        except ConstraintError as exc:
+            raise invalid_argument([FieldViolation(f"constraint.{spec.kind}", f"cannot be enforced: {exc}")]) from None
+
+    def needs_compiling(self, request: pb.GenerateStreamRequest) -> bool:
+        """Whether validating this request would compile a constraint (worth a worker thread)."""
+        if not request.HasField("constraint"):
+            return False
+        spec = self.constraint_spec(request.constraint, [])
+        return spec is not None and self._engine.constraints.cached(spec) is None
 
     def prompt_tokens(self, request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> list[int]:
         """Tokenizes the prompt or renders the chat, checking it fits the context."""

@@ -78,3 +78,15 @@ def channel(server: RunningServer) -> Iterator[grpc.Channel]:
 @pytest.fixture(scope="session")
 def stub(channel: grpc.Channel) -> pb_grpc.GenerationServiceStub:
     return pb_grpc.GenerationServiceStub(channel)
+
+
+SHARED_DATA = ROOT.parent / "shared" / "data"
+REPORT: list[str] = []
+"""Figures tests measure (counts, rates), printed in the summary of every run."""
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if REPORT:
+        terminalreporter.section("tokenspout measurements")
+        for line in REPORT:
+            terminalreporter.write_line(line)

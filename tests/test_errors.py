@@ -111,14 +111,6 @@ def test_the_served_model_can_be_named(stub):
     assert stream(stub, request)[-1].HasField("finish")
 
 
-def test_a_constraint_is_unimplemented_not_ignored(stub):
-    request = greedy("hi")
-    request.constraint.regex = "[0-9]+"
-    error = generate_error(stub, request)
-    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "constraint" in bad_request_fields(error)
-
-
 def test_bad_requests_do_not_disturb_a_running_stream(stub):
     call = stub.GenerateStream(greedy("The sky is", max_new_tokens=48, ignore_eos=True), timeout=60)
     first = next(call)

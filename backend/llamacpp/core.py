@@ -16,12 +16,16 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 import llama_cpp
+import llguidance
+import llguidance.numpy
 import numpy as np
 
 from backend.engine import EventSink
 from backend.llamacpp.model import GgufModel
+from backend.constraints import apply_bitmask
 from backend.llamacpp.sampling import build_sampler_chain
 from backend.sequence import SequenceOutput
 from backend.types import ErrorEvent, Event, FinishReason, GeneratedToken, GenerationRequest, TopLogprob
@@ -50,7 +54,7 @@ class _Sequence:
         self.sampler = sampler
         self.output = SequenceOutput(request)
         self.cached = 0  # tokens of this sequence in the KV cache
-        self.next_token: int | None = None  # sampled, not yet fed to the model
+        self.feed: list[int] = []  # generated (sampled or forced), not yet fed to the model
 
     @property
     def prompt_left(self) -> tuple[int, ...]:
@@ -80,6 +84,11 @@ class LlamaCppCore:
         self._waiting: collections.deque[tuple[GenerationRequest, EventSink]] = collections.deque()
         self._running: dict[str, _Sequence] = {}
         self.steps = 0
+        # One bitmask row per slot, filled for all constrained sequences in one parallel call.
+        self._bitmask = llguidance.numpy.allocate_token_bitmask(config.max_batch_size, model.vocab_size)
+        self._mask_executor: llguidance.LLExecutor | None = None
+        # Forced tokens are fed in one step; cap them so every sequence's feed fits a batch.
+        self._max_forced = max(0, min(16, config.batch_tokens // config.max_batch_size - 1))
 
     # -- commands ------------------------------------------------------------
 
@@ -120,6 +129,7 @@ class LlamaCppCore:
             for seq, _ in scheduled:
                 self._fail(seq, f"llama_decode failed with status {rc}")
             return
+        self._fill_constraint_masks(seq for seq, index in scheduled if index is not None)
         now = time.monotonic()
         for seq, logits_index in scheduled:
             if seq.request.request_id not in self._running:
@@ -162,9 +172,11 @@ class LlamaCppCore:
             n += 1
 
         for seq in self._running.values():
-            if seq.next_token is not None:
-                put(seq, seq.next_token, True)
-                seq.next_token = None
+            if seq.feed and n + len(seq.feed) <= self.config.batch_tokens:
+                for token in seq.feed:
+                    put(seq, token, False)
+                batch.logits[n - 1] = True
+                seq.feed = []
                 scheduled.append((seq, n - 1))
         for seq in self._running.values():
             budget = self.config.batch_tokens - n
@@ -180,21 +192,50 @@ class LlamaCppCore:
         batch.n_tokens = n
         return scheduled
 
+    def _fill_constraint_masks(self, sampling: Iterable[_Sequence]) -> None:
+        """Fills the bitmask row of every constrained sequence about to be sampled (GIL released)."""
+        rows = [(seq.output.constraint, seq.slot) for seq in sampling if seq.output.constraint is not None]
+        if not rows:
+            return
+        if self._mask_executor is None:
+            self._mask_executor = llguidance.LLExecutor()
+        start = time.perf_counter()
+        llguidance.numpy.fill_next_token_bitmask_par(
+            self._mask_executor, [(state.matcher, slot) for state, slot in rows], self._bitmask
+        )
+        share = (time.perf_counter() - start) / len(rows)
+        for state, _ in rows:
+            state.mask_s += share
+
     def _sample(self, seq: _Sequence, logits_index: int) -> None:
         output = seq.output
         logits = llama_cpp.llama_get_logits_ith(self.ctx, logits_index)
+        if output.constraint is not None:
+            start = time.perf_counter()
+            apply_bitmask(np.ctypeslib.as_array(logits, shape=(self.model.vocab_size,)), self._bitmask[seq.slot])
+            output.constraint.mask_s += time.perf_counter() - start
         if not output.eos_allowed():
             for token in self.model.eos_token_ids:
                 logits[token] = -math.inf
         token = llama_cpp.llama_sampler_sample(seq.sampler, self.ctx, logits_index)
-        event = output.on_token(self._describe(token, logits, seq.request), token in self.model.eos_token_ids)
-        self._deliver(seq.sink, event)
+        generated = [token]
+        self._deliver(seq.sink, output.on_token(self._describe(token, logits, seq.request), self._is_eos(token)))
+        if not output.finished and output.constraint is not None:
+            for forced in output.constraint.forced_tokens(self._max_forced):  # no choice left: skip sampling
+                generated.append(forced)
+                piece = GeneratedToken(forced, self.model.pieces[forced])
+                self._deliver(seq.sink, output.on_token(piece, self._is_eos(forced)))
+                if output.finished:
+                    break
         if output.finished:
             self._release(seq)
-        elif seq.cached + 1 >= self.context_length:  # prompt + output now fill the context
+        elif seq.cached + len(generated) >= self.context_length:  # prompt + output now fill the context
             self._end(seq, FinishReason.CONTEXT_LIMIT)
         else:
-            seq.next_token = token
+            seq.feed = generated
+
+    def _is_eos(self, token: int) -> bool:
+        return token in self.model.eos_token_set
 
     def _describe(self, token: int, logits: ctypes.POINTER(ctypes.c_float), request: GenerationRequest) -> GeneratedToken:
         piece = self.model.pieces[token]

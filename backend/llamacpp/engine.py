@@ -5,7 +5,8 @@ from __future__ import annotations
 import pathlib
 from typing import Sequence
 
-from backend.engine import ChatMessage, EventSink, ModelInfo
+from backend.constraints import ConstraintCompiler
+from backend.engine import CONSTRAINT_KINDS, ChatMessage, EventSink, ModelInfo
 from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
@@ -27,7 +28,9 @@ class LlamaCppEngine:
             eos_token_ids=self.model.eos_token_ids,
             has_chat_template=self.model.chat_template is not None,
             samplers=SUPPORTED_SAMPLERS,
+            constraint_kinds=CONSTRAINT_KINDS,
         )
+        self.constraints = ConstraintCompiler(self.model.constraint_tokenizer())
         self._worker = EngineWorker(self.core, name="llama.cpp-engine")
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

@@ -12,8 +12,10 @@ import pathlib
 from typing import Sequence
 
 import llama_cpp
+import llguidance
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from backend.constraints import build_tokenizer
 from backend.engine import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,10 @@ class GgufModel:
         bos = llama_cpp.llama_vocab_bos(self.vocab)
         self.bos_token_id: int | None = bos if bos >= 0 else None
         self.eos_token_ids = tuple(t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
+        self.eos_token_set = frozenset(self.eos_token_ids)
         # Decoded pieces for output text: control tokens render as nothing.
         self.pieces: list[bytes] = [self._piece(t, special=False) for t in range(self.vocab_size)]
+        self.special_token_ids = tuple(t for t in range(self.vocab_size) if self._is_special(t))
         self.chat_template = self.metadata("tokenizer.chat_template")
         # One formatter per add_generation_prompt value: formatters are not safe to mutate across threads.
         self._chat = (
@@ -84,7 +88,9 @@ class GgufModel:
         return buf.value.decode("utf-8", "replace")
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        data = text.encode("utf-8")
+        return self.tokenize_bytes(text.encode("utf-8"), add_special, parse_special)
+
+    def tokenize_bytes(self, data: bytes, add_special: bool = False, parse_special: bool = False) -> list[int]:
         capacity = len(data) + 8
         tokens = (llama_cpp.llama_token * capacity)()
         n = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, parse_special)
@@ -115,6 +121,24 @@ class GgufModel:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
+
+    def constraint_tokenizer(self) -> llguidance.LLTokenizer:
+        """The vocabulary as llguidance sees it (about a second to build)."""
+        return build_tokenizer(
+            [self._piece(t, special=True) for t in range(self.vocab_size)],
+            self.special_token_ids,
+            self.eos_token_ids,
+            self.bos_token_id,
+            self.tokenize_bytes,
+        )
+
+    def _is_special(self, token: int) -> bool:
+        attr = llama_cpp.llama_vocab_get_attr(self.vocab, token)
+        if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
+            return True
+        # User-defined tokens that look like control tokens (<|...|>, <tag>) are special too.
+        text = self._piece(token, special=True)
+        return bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED) and text.startswith(b"<") and text.endswith(b">")
 
     def _special_text(self, token: int | None) -> str:
         if token is None or token < 0:

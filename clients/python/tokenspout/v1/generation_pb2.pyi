@@ -136,18 +136,24 @@ class StoppingCriteria(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., stop_sequences: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_sequence: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., time_limit_ms: _Optional[int] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("json_schema", "json_object", "regex", "grammar", "choice")
+    __slots__ = ("json_schema", "json_object", "regex", "grammar", "choice", "strict", "whitespace_flexible", "max_whitespace")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    WHITESPACE_FLEXIBLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     json_schema: str
     json_object: bool
     regex: str
     grammar: str
     choice: Choices
-    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ...) -> None: ...
+    strict: bool
+    whitespace_flexible: bool
+    max_whitespace: int
+    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., strict: _Optional[bool] = ..., whitespace_flexible: _Optional[bool] = ..., max_whitespace: _Optional[int] = ...) -> None: ...
 
 class Choices(_message.Message):
     __slots__ = ("values",)
@@ -224,20 +230,24 @@ class TopLogprob(_message.Message):
     def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class Finish(_message.Message):
-    __slots__ = ("reason", "stop_sequence", "stop_token_id", "seed", "usage", "timings")
+    __slots__ = ("reason", "stop_sequence", "stop_token_id", "seed", "usage", "timings", "constraint_satisfied", "constraint_message")
     REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_SATISFIED_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     reason: FinishReason
     stop_sequence: str
     stop_token_id: int
     seed: int
     usage: Usage
     timings: Timings
-    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+    constraint_satisfied: bool
+    constraint_message: str
+    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., constraint_satisfied: _Optional[bool] = ..., constraint_message: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
@@ -250,20 +260,42 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
-    __slots__ = ("queue_ms", "time_to_first_token_ms", "prefill_ms", "decode_ms", "total_ms", "tokens_per_second")
+    __slots__ = ("queue_ms", "time_to_first_token_ms", "prefill_ms", "decode_ms", "total_ms", "tokens_per_second", "constraint_compile_ms", "constraint_mask_ms")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     TIME_TO_FIRST_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     DECODE_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_COMPILE_MS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_MASK_MS_FIELD_NUMBER: _ClassVar[int]
     queue_ms: float
     time_to_first_token_ms: float
     prefill_ms: float
     decode_ms: float
     total_ms: float
     tokens_per_second: float
-    def __init__(self, queue_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
+    constraint_compile_ms: float
+    constraint_mask_ms: float
+    def __init__(self, queue_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., constraint_compile_ms: _Optional[float] = ..., constraint_mask_ms: _Optional[float] = ...) -> None: ...
+
+class CompileConstraintRequest(_message.Message):
+    __slots__ = ("model", "constraint")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    constraint: Constraint
+    def __init__(self, model: _Optional[str] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
+
+class CompileConstraintResponse(_message.Message):
+    __slots__ = ("compile_ms", "cached", "warnings")
+    COMPILE_MS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    compile_ms: float
+    cached: bool
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, compile_ms: _Optional[float] = ..., cached: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "text", "chat", "add_special_tokens")

@@ -58,6 +58,11 @@ class GenerationServiceStub:
                 request_serializer=tokenspout_dot_v1_dot_generation__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=tokenspout_dot_v1_dot_generation__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.CompileConstraint = channel.unary_unary(
+                '/tokenspout.v1.GenerationService/CompileConstraint',
+                request_serializer=tokenspout_dot_v1_dot_generation__pb2.CompileConstraintRequest.SerializeToString,
+                response_deserializer=tokenspout_dot_v1_dot_generation__pb2.CompileConstraintResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -95,6 +100,14 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompileConstraint(self, request, context):
+        """Validates a constraint and compiles it into the cache, so a later request
+        that uses it starts without compile time. A bad constraint is INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -117,6 +130,11 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=tokenspout_dot_v1_dot_generation__pb2.GetModelInfoRequest.FromString,
                     response_serializer=tokenspout_dot_v1_dot_generation__pb2.GetModelInfoResponse.SerializeToString,
+            ),
+            'CompileConstraint': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompileConstraint,
+                    request_deserializer=tokenspout_dot_v1_dot_generation__pb2.CompileConstraintRequest.FromString,
+                    response_serializer=tokenspout_dot_v1_dot_generation__pb2.CompileConstraintResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -231,6 +249,33 @@ class GenerationService:
             '/tokenspout.v1.GenerationService/GetModelInfo',
             tokenspout_dot_v1_dot_generation__pb2.GetModelInfoRequest.SerializeToString,
             tokenspout_dot_v1_dot_generation__pb2.GetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompileConstraint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenspout.v1.GenerationService/CompileConstraint',
+            tokenspout_dot_v1_dot_generation__pb2.CompileConstraintRequest.SerializeToString,
+            tokenspout_dot_v1_dot_generation__pb2.CompileConstraintResponse.FromString,
             options,
             channel_credentials,
             insecure,

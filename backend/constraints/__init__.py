@@ -1,0 +1,20 @@
+"""Schema-constrained decoding with llguidance.
+
+A constraint is compiled once per (constraint, tokenizer) and cached; each
+sequence gets its own matcher (a cheap copy of the compiled one). Every step
+the engine fills that sequence's row of one batch bitmask, masks the logits,
+samples, and feeds the sampled token back to the matcher.
+"""
+
+from backend.constraints.compiler import CompiledConstraint, ConstraintCompiler, ConstraintError
+from backend.constraints.state import ConstraintState, apply_bitmask
+from backend.constraints.tokenizer import build_tokenizer
+
+__all__ = [
+    "CompiledConstraint",
+    "ConstraintCompiler",
+    "ConstraintError",
+    "ConstraintState",
+    "apply_bitmask",
+    "build_tokenizer",
+]

@@ -1,0 +1,43 @@
+"""One sequence's constraint state, and applying a bitmask row to logits."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import llguidance
+
+from backend.constraints.compiler import CompiledConstraint
+
+
+class ConstraintState:
+    def __init__(self, compiled: CompiledConstraint) -> None:
+        self.compiled = compiled
+        self.matcher: llguidance.LLMatcher = compiled.new_matcher()
+        self.mask_s = 0.0
+
+    def consume(self, token: int) -> bool:
+        """Feeds a sampled token; False if the grammar rejects it (the matcher is then in error)."""
+        return self.matcher.consume_token(token)
+
+    def forced_tokens(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar allows no alternative to (not consumed yet)."""
+        return self.matcher.compute_ff_tokens()[:limit]
+
+    @property
+    def complete(self) -> bool:
+        """The grammar can produce nothing more."""
+        return self.matcher.is_stopped()
+
+    @property
+    def satisfied(self) -> bool:
+        return self.matcher.is_accepting() or self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error() if self.matcher.is_error() else ""
+
+
+def apply_bitmask(logits: np.ndarray, row: np.ndarray) -> None:
+    """Sets to -inf the logits of tokens whose bit in the int32 bitmask row is 0."""
+    allowed = np.unpackbits(row.view(np.uint8), bitorder="little")[: logits.shape[0]].astype(bool)
+    logits[~allowed] = -np.inf

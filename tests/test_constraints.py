@@ -1,0 +1,124 @@
+"""The constraint module on the real model's vocabulary, without a server."""
+
+from __future__ import annotations
+
+import json
+
+import llguidance.numpy
+import numpy as np
+import pytest
+
+from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintState, apply_bitmask
+from backend.llamacpp.model import GgufModel
+from backend.models import default_model_path
+from backend.types import ConstraintSpec
+
+
+@pytest.fixture(scope="module")
+def model():
+    loaded = GgufModel(default_model_path())
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def compiler(model):
+    return ConstraintCompiler(model.constraint_tokenizer(), cache_size=2)
+
+
+def allowed_tokens(state: ConstraintState, vocab_size: int) -> np.ndarray:
+    bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
+    llguidance.numpy.fill_next_token_bitmask(state.matcher, bitmask, 0)
+    logits = np.zeros(vocab_size, dtype=np.float32)
+    apply_bitmask(logits, bitmask[0])
+    return np.flatnonzero(np.isfinite(logits))
+
+
+def test_apply_bitmask_keeps_exactly_the_allowed_bits():
+    row = np.zeros(2, dtype=np.int32)
+    row[0] = (1 << 0) | (1 << 5)
+    row[1] = -(1 << 31)  # only the top bit: token 63
+    logits = np.arange(50, dtype=np.float32)  # fewer logits than bits: the tail is ignored
+    apply_bitmask(logits, row)
+    assert list(np.flatnonzero(np.isfinite(logits))) == [0, 5]
+
+
+def test_the_mask_follows_the_grammar(model, compiler):
+    state = ConstraintState(compiler.compile(ConstraintSpec("choice", ("yes", "no"))))
+    allowed = allowed_tokens(state, model.vocab_size)
+    assert all(model.pieces[t] and (b"yes".startswith(model.pieces[t]) or b"no".startswith(model.pieces[t])) for t in allowed)
+    for token in model.tokenize("yes", add_special=False):
+        assert state.consume(token)
+    assert state.complete and state.satisfied
+
+
+def test_special_tokens_are_never_produced_as_text(model, compiler):
+    state = ConstraintState(compiler.compile(ConstraintSpec("regex", "[^\\n]{0,50}")))
+    allowed = set(allowed_tokens(state, model.vocab_size))
+    assert not allowed & set(model.special_token_ids) - set(model.eos_token_ids)
+
+
+def test_eos_is_allowed_only_where_the_grammar_may_end(model, compiler):
+    state = ConstraintState(compiler.compile(ConstraintSpec("regex", "[0-9]{2,3}")))
+    for text, may_end in [("", False), ("1", False), ("12", True)]:
+        fresh = ConstraintState(state.compiled)
+        for token in model.tokenize(text, add_special=False):
+            assert fresh.consume(token)
+        eos_allowed = bool(set(allowed_tokens(fresh, model.vocab_size)) & set(model.eos_token_ids))
+        assert eos_allowed == may_end, text
+
+
+def test_forced_tokens_are_offered_and_not_consumed(model, compiler):
+    schema = {"type": "object", "properties": {"weather_forecast": {"type": "boolean"}}, "required": ["weather_forecast"],
+              "additionalProperties": False}
+    state = ConstraintState(compiler.compile(ConstraintSpec("json_schema", json.dumps(schema))))
+    forced = state.forced_tokens(limit=16)
+    assert b"".join(model.pieces[t] for t in forced).startswith(b'{"weather')
+    assert state.forced_tokens(limit=2) == forced[:2]  # nothing was consumed by asking
+    for token in forced:
+        assert state.consume(token)
+
+
+def test_a_rejected_token_puts_the_state_in_error(model, compiler):
+    state = ConstraintState(compiler.compile(ConstraintSpec("regex", "[0-9]+")))
+    assert not state.consume(model.tokenize("abc", add_special=False)[0])
+    assert state.error
+
+
+def test_the_cache_is_a_bounded_lru(compiler):
+    specs = [ConstraintSpec("regex", f"[a-z]{{{n}}}") for n in (1, 2, 3)]
+    for spec in specs[:2]:
+        compiler.compile(spec)
+    assert compiler.compile(specs[0]).cached  # touch: specs[1] is now the oldest
+    compiler.compile(specs[2])
+    assert compiler.cached(specs[1]) is None
+    assert compiler.cached(specs[0]) is not None and compiler.cached(specs[2]) is not None
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (ConstraintSpec("json_schema", "[1, 2]"), "must be a JSON object"),
+        (ConstraintSpec("json_schema", json.dumps({"type": "object", "if": {}, "then": {}})), "Unimplemented keys"),
+        (ConstraintSpec("regex", "(?=lookahead)"), "look"),
+    ],
+)
+def test_unenforceable_constraints_raise(compiler, spec, message):
+    with pytest.raises(ConstraintError, match=message):
+        compiler.compile(spec)
+
+
+def test_whitespace_policy(model, compiler):
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+
+    def accepts(spec: ConstraintSpec, text: str) -> bool:
+        state = ConstraintState(compiler.compile(spec))
+        tokens = model.tokenize(text, add_special=False)
+        return state.matcher.try_consume_tokens(tokens) == len(tokens) and state.satisfied
+
+    compact = ConstraintSpec("json_schema", schema)
+    assert accepts(compact, '{"a":1}') and not accepts(compact, '{"a": 1}')
+    flexible = ConstraintSpec("json_schema", schema, whitespace_flexible=True)
+    assert accepts(flexible, '{\n  "a": 1\n}')
+    capped = ConstraintSpec("json_schema", schema, max_whitespace=2)
+    assert accepts(capped, '{"a":  1}') and not accepts(capped, '{"a":   1}')
