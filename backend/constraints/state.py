@@ -39,5 +39,5 @@ class ConstraintState:
 
 def apply_bitmask(logits: np.ndarray, row: np.ndarray) -> None:
     """Sets to -inf the logits of tokens whose bit in the int32 bitmask row is 0."""
-    allowed = np.unpackbits(row.view(np.uint8), bitorder="little")[: logits.shape[0]].astype(bool)
-    logits[~allowed] = -np.inf
+    allowed = np.unpackbits(row.view(np.uint8), bitorder="little", count=logits.shape[0]).view(bool)
+    np.copyto(logits, -np.inf, where=~allowed)
