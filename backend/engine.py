@@ -41,6 +41,22 @@ class ModelInfo:
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot the engine thread publishes after every change; safe to read from any thread."""
+
+    steps: int = 0
+    running_sequences: int = 0
+    paused_sequences: int = 0
+    queued_requests: int = 0
+    cache_tokens_used: int = 0
+    cache_tokens_total: int = 0
+    cancelled_total: int = 0
+    last_cancel_latency_steps: int = 0
+    last_cancel_latency_s: float = 0.0
+    max_cancel_latency_steps: int = 0
+
+
 class Engine(Protocol):
     info: ModelInfo
     constraints: ConstraintCompiler
@@ -64,6 +80,17 @@ class Engine(Protocol):
 
     def cancel(self, request_id: str) -> None:
         """Ends the request at the next step and frees its cache. Thread-safe, idempotent."""
+        ...
+
+    def pause(self, request_id: str) -> None:
+        """Stops decoding the request (its cache is kept) until resume(). Thread-safe."""
+        ...
+
+    def resume(self, request_id: str) -> None:
+        ...
+
+    @property
+    def stats(self) -> EngineStats:
         ...
 
     def close(self) -> None:

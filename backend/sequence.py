@@ -31,6 +31,10 @@ class SequenceOutput:
         self.prefill_done_at: float | None = None
         self.first_token_at: float | None = None
         self.constraint = ConstraintState(request.constraint) if request.constraint is not None else None
+        limits = [request.deadline]
+        if request.stopping.time_limit_s is not None:
+            limits.append(request.arrival_time + request.stopping.time_limit_s)
+        self._deadline = min((t for t in limits if t is not None), default=None)
 
     @property
     def finished(self) -> bool:
@@ -44,8 +48,8 @@ class SequenceOutput:
         return not self._stopping.ignore_eos and self.generated >= self._stopping.min_new_tokens
 
     def deadline_passed(self, now: float) -> bool:
-        limit = self._stopping.time_limit_s
-        return limit is not None and now - self.request.arrival_time >= limit
+        """The caller's deadline or the request's own time limit has passed."""
+        return self._deadline is not None and now >= self._deadline
 
     def on_token(self, token: GeneratedToken, is_eos: bool) -> TokenEvent:
         """Accounts for one generated token (sampled, or forced by the grammar).

@@ -94,6 +94,8 @@ class GenerationRequest:
     output: OutputParams = OutputParams()
     constraint: CompiledConstraint | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    deadline: float | None = None
+    """The caller's deadline (time.monotonic()); a request still queued then never starts."""
 
 
 @dataclass(frozen=True)

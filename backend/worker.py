@@ -5,7 +5,8 @@ step by step without threads); `EngineWorker` runs it on a dedicated thread:
 
     while running: apply queued commands; if there is work, step()
 
-It blocks on the command queue only while there is nothing to do.
+It blocks on the command queue while there is nothing to do (waking now and
+then while paused sequences hold the cache, so their time limits still apply).
 """
 
 from __future__ import annotations
@@ -14,26 +15,54 @@ import enum
 import logging
 import queue
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from backend.engine import EventSink
+from backend.engine import EngineStats, EventSink
 from backend.types import GenerationRequest
 
 log = logging.getLogger(__name__)
+
+# How often an idle worker holding paused sequences checks their deadlines.
+_PAUSED_CHECK_S = 0.1
 
 
 class Command(enum.Enum):
     ADD = "add"
     CANCEL = "cancel"
+    PAUSE = "pause"
+    RESUME = "resume"
     SHUTDOWN = "shutdown"
 
 
+@dataclass(frozen=True)
+class CancelOrder:
+    request_id: str
+    issued_at: float
+    issued_at_step: int
+
+
 class EngineCore(Protocol):
+    stats: EngineStats
+
     def add(self, request: GenerationRequest, sink: EventSink) -> None: ...
 
-    def cancel(self, request_id: str) -> None: ...
+    def cancel(self, order: CancelOrder) -> None: ...
 
-    def has_work(self) -> bool: ...
+    def pause(self, request_id: str) -> None: ...
+
+    def resume(self, request_id: str) -> None: ...
+
+    def has_work(self) -> bool:
+        """Whether step() would do anything: a waiting request or an unpaused sequence."""
+        ...
+
+    def holds_sequences(self) -> bool: ...
+
+    def expire(self) -> None:
+        """Ends every sequence whose time is up, paused or waiting ones included."""
+        ...
 
     def step(self) -> None: ...
 
@@ -51,7 +80,13 @@ class EngineWorker:
         self._commands.put((Command.ADD, (request, sink)))
 
     def cancel(self, request_id: str) -> None:
-        self._commands.put((Command.CANCEL, request_id))
+        self._commands.put((Command.CANCEL, CancelOrder(request_id, time.monotonic(), self._core.stats.steps)))
+
+    def pause(self, request_id: str) -> None:
+        self._commands.put((Command.PAUSE, request_id))
+
+    def resume(self, request_id: str) -> None:
+        self._commands.put((Command.RESUME, request_id))
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -60,29 +95,41 @@ class EngineWorker:
 
     def _run(self) -> None:
         try:
-            while self._apply_commands(block=not self._core.has_work()):
+            while True:
+                if self._core.has_work():
+                    timeout: float | None = 0.0
+                elif self._core.holds_sequences():
+                    timeout = _PAUSED_CHECK_S
+                else:
+                    timeout = None
+                if not self._apply_commands(timeout):
+                    return
                 if self._core.has_work():
                     self._core.step()
+                else:
+                    self._core.expire()
         except Exception:  # a bug in the loop itself; per-sequence faults are handled in step()
             log.exception("engine loop crashed")
             raise
         finally:
             self._core.close()
 
-    def _apply_commands(self, block: bool) -> bool:
-        """Applies every queued command; returns False on shutdown."""
+    def _apply_commands(self, timeout: float | None) -> bool:
+        """Applies every queued command, waiting up to `timeout` for the first; False on shutdown."""
         try:
-            command, arg = self._commands.get(block=block)
+            command, arg = self._commands.get(block=timeout != 0.0, timeout=timeout)
         except queue.Empty:
             return True
-        while True:
-            if command is Command.SHUTDOWN:
-                return False
-            if command is Command.ADD:
-                self._core.add(*arg)
-            else:
-                self._core.cancel(arg)
+        handlers = {
+            Command.ADD: lambda arg: self._core.add(*arg),
+            Command.CANCEL: self._core.cancel,
+            Command.PAUSE: self._core.pause,
+            Command.RESUME: self._core.resume,
+        }
+        while command is not Command.SHUTDOWN:
+            handlers[command](arg)
             try:
                 command, arg = self._commands.get_nowait()
             except queue.Empty:
                 return True
+        return False

@@ -29,12 +29,18 @@ class ServeConfig:
     threads: int = 0
     batch_tokens: int = 512
     gpu_layers: int = 0
+    max_queued_requests: int = 16
+    """Requests that may wait beyond max_batch_size; more are refused with RESOURCE_EXHAUSTED."""
+    stream_buffer_events: int = 64
+    """Token events buffered for a caller that reads slowly before its sequence is paused."""
     grace_period_s: float = 30.0
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
     """When set, clients must present a certificate signed by this CA (mTLS)."""
     log_level: str = "INFO"
+    test_fail_requests_with_prefix: str = ""
+    """Test-only: requests whose id has this prefix fail inside the engine."""
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(ServeConfig)}
@@ -68,6 +74,8 @@ def load_config(
     config = ServeConfig(**{name: _coerce(name, value) for name, value in values.items()})
     if config.context_length < 16 or config.max_batch_size < 1 or config.batch_tokens < config.max_batch_size:
         raise ValueError("need context_length >= 16, max_batch_size >= 1 and batch_tokens >= max_batch_size")
+    if config.max_queued_requests < 0 or config.stream_buffer_events < 2:
+        raise ValueError("need max_queued_requests >= 0 and stream_buffer_events >= 2")
     if bool(config.tls_cert) != bool(config.tls_key):
         raise ValueError("tls_cert and tls_key go together")
     return config

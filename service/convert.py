@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from backend.engine import ModelInfo
 from backend.types import Finish, FinishReason, GeneratedToken, TokenEvent
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -76,6 +77,27 @@ def stream_response(
     if last.finish is not None:
         message.finish.CopyFrom(finish_pb(last.finish))
     return message
+
+
+def model_info(info: ModelInfo, limits) -> pb.GetModelInfoResponse:
+    return pb.GetModelInfoResponse(
+        model_id=info.model_id,
+        engine=info.engine,
+        context_length=info.context_length,
+        vocab_size=info.vocab_size,
+        special_tokens=pb.SpecialTokens(bos_token_id=info.bos_token_id, eos_token_ids=info.eos_token_ids),
+        samplers=info.samplers,
+        constraint_kinds=info.constraint_kinds,
+        has_chat_template=info.has_chat_template,
+        limits=pb.Limits(
+            max_batch_size=info.max_batch_size,
+            max_new_tokens=info.context_length,
+            max_stop_sequences=limits.max_stop_sequences,
+            max_stop_sequence_length=limits.max_stop_sequence_length,
+            max_top_logprobs=limits.max_top_logprobs,
+            max_logit_bias_entries=limits.max_logit_bias_entries,
+        ),
+    )
 
 
 def unary_response(messages: list[pb.GenerateStreamResponse]) -> pb.GenerateResponse:

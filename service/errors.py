@@ -93,6 +93,28 @@ def unimplemented(field_name: str, description: str) -> ServiceError:
     )
 
 
+def already_exists(request_id: str) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.ALREADY_EXISTS,
+        "REQUEST_ID_IN_USE",
+        f"request id {request_id!r} belongs to a request still running; ids must be unique while active",
+        [FieldViolation("request_id", "already in use")],
+    )
+
+
+def overloaded(in_flight: int, capacity: int, retry_after_s: float = 1.0) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "OVERLOADED",
+        f"the server is full ({in_flight} of {capacity} requests running or queued); retry later",
+        retry_after_s=retry_after_s,
+    )
+
+
+def unavailable(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, "DRAINING", message, retry_after_s=0.0)
+
+
 def internal(request_id: str, message: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.INTERNAL,

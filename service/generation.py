@@ -1,27 +1,31 @@
-"""The GenerationService servicer: validate, submit, stream the events back.
+"""The GenerationService servicer: admit, validate, submit, stream the events back.
 
-Each request gets its own asyncio queue, fed from the engine thread. The
-handler sends whatever has queued up as one message (up to
-`max_tokens_per_message` tokens): a caller that keeps up gets one token per
-message, one that falls behind gets fewer, larger messages. When the caller
-cancels, disconnects or runs out of deadline, the handler's `finally` cancels
-the request in the engine, which frees its cache at the next step.
+A caller that keeps up gets one token per message; one that falls behind gets
+what has queued up in one message (up to `max_tokens_per_message`), and if its
+buffer fills, its sequence is paused (see service.streams). When the caller
+cancels, disconnects or runs out of deadline, grpc.aio cancels the handler and
+its `finally` cancels the request in the engine, which frees the cache before
+the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
-import threading
-from typing import AsyncIterator
+import time
+from typing import AsyncIterator, Iterator
 
 import grpc
 
 from backend.constraints.validation import json_output_problem
-from backend.engine import Engine, EventSink
-from backend.types import ErrorEvent, Event, GenerationRequest, TokenEvent
+from backend.engine import Engine
+from backend.types import ErrorEvent, GenerationRequest
 from service import convert
-from service.errors import FieldViolation, ServiceError, internal, invalid_argument
+from service.config import ServeConfig
+from service.errors import FieldViolation, ServiceError, already_exists, internal, invalid_argument, overloaded, unavailable
+from service.streams import EventRelay, RequestStream
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -32,61 +36,73 @@ log = logging.getLogger(__name__)
 _INLINE_TOKENIZE_CHARS = 16_384
 
 
-class EventRelay:
-    """Carries events from the engine thread to per-request asyncio queues.
-
-    One engine step delivers an event to every running sequence; waking the
-    event loop once per burst instead of once per event leaves more of the CPU
-    to the model.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._lock = threading.Lock()
-        self._pending: list[tuple[asyncio.Queue[Event], Event]] = []
-
-    def sink(self, events: asyncio.Queue[Event]) -> EventSink:
-        return lambda event: self._post(events, event)
-
-    def _post(self, events: asyncio.Queue[Event], event: Event) -> None:
-        with self._lock:
-            self._pending.append((events, event))
-            wake = len(self._pending) == 1  # otherwise a flush is already scheduled
-        if wake:
-            self._loop.call_soon_threadsafe(self._flush)
-
-    def _flush(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for events, event in pending:
-            events.put_nowait(event)
-
-
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
-    def __init__(self, engine: Engine, validator: RequestValidator) -> None:
+    def __init__(self, engine: Engine, validator: RequestValidator, config: ServeConfig) -> None:
         self._engine = engine
         self._validator = validator
+        self._config = config
+        self._capacity = engine.info.max_batch_size + config.max_queued_requests
+        self._active: dict[str, RequestStream] = {}
+        self._in_flight = 0
         self._relay: EventRelay | None = None
+        self.rejected_total = 0
+        self.draining = False
 
     async def GenerateStream(
         self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
         try:
-            generation = await self._validate(request)
-            async for message in self._stream(generation, request.output.max_tokens_per_message):
-                yield message
+            with self._slot():
+                generation = await self._validate(request, context)
+                async for message in self._stream(generation, request.output):
+                    yield message
         except ServiceError as error:
             await context.abort_with_status(error.to_status())
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         # Same fields under the same numbers: the wire bytes are a valid stream request.
         stream_request = pb.GenerateStreamRequest.FromString(request.SerializeToString())
+        stream_request.output.max_tokens_per_message = 0
+        stream_request.output.heartbeat_interval_ms = 0
         try:
-            generation = await self._validate(stream_request)
-            messages = [m async for m in self._stream(generation, max_tokens_per_message=0)]
+            with self._slot():
+                generation = await self._validate(stream_request, context)
+                messages = [m async for m in self._stream(generation, stream_request.output)]
         except ServiceError as error:
             await context.abort_with_status(error.to_status())
         return convert.unary_response(messages)
+
+    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
+        # TODO(auth): once callers have identities, only the one that started a request may cancel it.
+        response = pb.CancelResponse()
+        for request_id in request.request_ids:
+            if request_id in self._active:
+                self._engine.cancel(request_id)
+                response.cancelled.append(request_id)
+            else:
+                response.not_found.append(request_id)
+        return response
+
+    async def GetServerStatus(
+        self, request: pb.GetServerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetServerStatusResponse:
+        stats = self._engine.stats
+        return pb.GetServerStatusResponse(
+            running_sequences=stats.running_sequences,
+            queued_requests=stats.queued_requests,
+            paused_sequences=stats.paused_sequences,
+            cache_tokens_used=stats.cache_tokens_used,
+            cache_tokens_free=stats.cache_tokens_total - stats.cache_tokens_used,
+            max_batch_size=self._engine.info.max_batch_size,
+            max_queued_requests=self._config.max_queued_requests,
+            engine_steps=stats.steps,
+            cancelled_total=stats.cancelled_total,
+            last_cancel_latency_steps=stats.last_cancel_latency_steps,
+            last_cancel_latency_ms=stats.last_cancel_latency_s * 1000,
+            max_cancel_latency_steps=stats.max_cancel_latency_steps,
+            rejected_total=self.rejected_total,
+            draining=self.draining,
+        )
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         try:
@@ -104,25 +120,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             self._validator.check_model(request.model)
         except ServiceError as error:
             await context.abort_with_status(error.to_status())
-        info, limits = self._engine.info, self._validator.limits
-        return pb.GetModelInfoResponse(
-            model_id=info.model_id,
-            engine=info.engine,
-            context_length=info.context_length,
-            vocab_size=info.vocab_size,
-            special_tokens=pb.SpecialTokens(bos_token_id=info.bos_token_id, eos_token_ids=info.eos_token_ids),
-            samplers=info.samplers,
-            constraint_kinds=info.constraint_kinds,
-            has_chat_template=info.has_chat_template,
-            limits=pb.Limits(
-                max_batch_size=info.max_batch_size,
-                max_new_tokens=info.context_length,
-                max_stop_sequences=limits.max_stop_sequences,
-                max_stop_sequence_length=limits.max_stop_sequence_length,
-                max_top_logprobs=limits.max_top_logprobs,
-                max_logit_bias_entries=limits.max_logit_bias_entries,
-            ),
-        )
+        return convert.model_info(self._engine.info, self._validator.limits)
 
     async def CompileConstraint(
         self, request: pb.CompileConstraintRequest, context: grpc.aio.ServicerContext
@@ -142,43 +140,74 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             warnings=compiled.warnings,
         )
 
-    async def _validate(self, request: pb.GenerateStreamRequest) -> GenerationRequest:
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
+        """Admission control: a place in the batch or the bounded queue, or an immediate refusal."""
+        if self.draining:
+            raise unavailable("the server is shutting down; retry on another replica")
+        if self._in_flight >= self._capacity:
+            self.rejected_total += 1
+            raise overloaded(self._in_flight, self._capacity)
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+
+    async def _validate(self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext) -> GenerationRequest:
+        """See RequestValidator; adds the caller's deadline."""
         # Long prompts and constraint compiles run on a worker thread (both release the GIL).
         if len(request.prompt) > _INLINE_TOKENIZE_CHARS or self._validator.needs_compiling(request):
-            return await asyncio.to_thread(self._validator.generation_request, request)
-        return self._validator.generation_request(request)
+            generation = await asyncio.to_thread(self._validator.generation_request, request)
+        else:
+            generation = self._validator.generation_request(request)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            generation = dataclasses.replace(generation, deadline=time.monotonic() + remaining)
+        return generation
 
-    async def _stream(
-        self, request: GenerationRequest, max_tokens_per_message: int
-    ) -> AsyncIterator[pb.GenerateStreamResponse]:
+    async def _stream(self, request: GenerationRequest, output: pb.OutputOptions) -> AsyncIterator[pb.GenerateStreamResponse]:
         """Submits the request and yields one message per batch of queued events."""
         if self._relay is None:  # created on first use, inside the server's event loop
             self._relay = EventRelay(asyncio.get_running_loop())
-        events: asyncio.Queue[Event] = asyncio.Queue()
-        self._engine.submit(request, self._relay.sink(events))
-        finished = False
+        if request.request_id in self._active:
+            raise already_exists(request.request_id)
+        stream = RequestStream(self._engine, request.request_id, self._config.stream_buffer_events)
+        self._active[request.request_id] = stream
+        self._engine.submit(request, self._relay.sink(stream))
+        heartbeat_s = output.heartbeat_interval_ms / 1000 or None
         input_tokens = len(request.prompt_token_ids)
-        with_tokens = request.output.return_tokens
         validate_afterwards = request.constraint is not None and not request.constraint.spec.strict
         text: list[str] = []
+        finish = None
         try:
-            while not finished:
-                batch = await _next_batch(events, max_tokens_per_message)
+            while finish is None:
+                batch = await stream.next_batch(output.max_tokens_per_message, heartbeat_s)
+                if batch is None:
+                    yield pb.GenerateStreamResponse(request_id=request.request_id, heartbeat=True)
+                    continue
                 if isinstance(batch, ErrorEvent):
-                    finished = True
+                    finish = batch
                     log.error("request %s failed in the engine: %s", request.request_id, batch.message)
                     raise internal(request.request_id, batch.message)
-                finished = batch[-1].finish is not None
-                message = convert.stream_response(request.request_id, batch, with_tokens, input_tokens)
+                message = convert.stream_response(request.request_id, batch, request.output.return_tokens, input_tokens)
+                input_tokens = 0  # only on the first message
+                finish = batch[-1].finish
                 if validate_afterwards:
                     text.append(message.text)
-                    if finished:
+                    if finish is not None:
                         _report_validation(message.finish, request, "".join(text))
                 yield message
-                input_tokens = 0  # only on the first message
+            log.info(
+                "request %s finished: %s, %d tokens",
+                request.request_id, finish.reason.value, finish.usage.completion_tokens,
+            )
         finally:
-            if not finished:  # the caller left early: free the sequence at the next step
+            del self._active[request.request_id]
+            if finish is None:  # the caller left early: free the sequence before the next step
                 self._engine.cancel(request.request_id)
+                expired = request.deadline is not None and time.monotonic() >= request.deadline
+                log.info("request %s ended by the caller: %s", request.request_id, "time_limit" if expired else "cancelled")
 
 
 def _report_validation(finish: pb.Finish, request: GenerationRequest, text: str) -> None:
@@ -187,21 +216,3 @@ def _report_validation(finish: pb.Finish, request: GenerationRequest, text: str)
     if problem:
         finish.constraint_satisfied = False
         finish.constraint_message = problem
-
-
-async def _next_batch(events: asyncio.Queue[Event], max_tokens: int) -> list[TokenEvent] | ErrorEvent:
-    """Waits for one event, then takes whatever else is queued, up to `max_tokens` tokens."""
-    first = await events.get()
-    if isinstance(first, ErrorEvent):
-        return first
-    batch = [first]
-    tokens = len(first.tokens)
-    while batch[-1].finish is None and not events.empty():
-        if max_tokens and tokens >= max_tokens:
-            break
-        event = events.get_nowait()
-        if isinstance(event, ErrorEvent):
-            return event
-        batch.append(event)
-        tokens += len(event.tokens)
-    return batch

@@ -44,6 +44,7 @@ def build_engine(config: ServeConfig) -> Engine:
         threads=config.threads,
         batch_tokens=config.batch_tokens,
         gpu_layers=config.gpu_layers,
+        fail_requests_with_prefix=config.test_fail_requests_with_prefix,
     )
     path = resolve_model_path(config.model)
     model_id = config.model_id or (DEFAULT_MODEL_ID if config.model == "default" else path.stem)
@@ -68,9 +69,8 @@ class TokenspoutServer:
         self.server = grpc.aio.server(options=_CHANNEL_OPTIONS)
         self.health = health.aio.HealthServicer()
         model_names = (config.model,) if config.model != "default" else ()
-        pb_grpc.add_GenerationServiceServicer_to_server(
-            GenerationServicer(engine, RequestValidator(engine, model_names=model_names)), self.server
-        )
+        self.servicer = GenerationServicer(engine, RequestValidator(engine, model_names=model_names), config)
+        pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -89,6 +89,7 @@ class TokenspoutServer:
 
     async def drain(self) -> None:
         """Health goes NOT_SERVING, new calls are refused, running streams get the grace period."""
+        self.servicer.draining = True
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.config.grace_period_s)
 

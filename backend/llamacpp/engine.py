@@ -6,7 +6,7 @@ import pathlib
 from typing import Sequence
 
 from backend.constraints import ConstraintCompiler
-from backend.engine import CONSTRAINT_KINDS, ChatMessage, EventSink, ModelInfo
+from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineStats, EventSink, ModelInfo
 from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
@@ -47,6 +47,16 @@ class LlamaCppEngine:
 
     def cancel(self, request_id: str) -> None:
         self._worker.cancel(request_id)
+
+    def pause(self, request_id: str) -> None:
+        self._worker.pause(request_id)
+
+    def resume(self, request_id: str) -> None:
+        self._worker.resume(request_id)
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.core.stats
 
     def close(self) -> None:
         self._worker.close()

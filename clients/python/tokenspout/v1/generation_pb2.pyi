@@ -162,48 +162,54 @@ class Choices(_message.Message):
     def __init__(self, values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OutputOptions(_message.Message):
-    __slots__ = ("max_tokens_per_message", "return_token_ids", "return_logprobs", "top_logprobs")
+    __slots__ = ("max_tokens_per_message", "return_token_ids", "return_logprobs", "top_logprobs", "heartbeat_interval_ms")
     MAX_TOKENS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETURN_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     max_tokens_per_message: int
     return_token_ids: bool
     return_logprobs: bool
     top_logprobs: int
-    def __init__(self, max_tokens_per_message: _Optional[int] = ..., return_token_ids: _Optional[bool] = ..., return_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    heartbeat_interval_ms: int
+    def __init__(self, max_tokens_per_message: _Optional[int] = ..., return_token_ids: _Optional[bool] = ..., return_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish")
+    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     tokens: _containers.RepeatedCompositeFieldContainer[Token]
     generated_tokens: int
     input_tokens: int
     finish: Finish
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
+    heartbeat: bool
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish")
+    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     tokens: _containers.RepeatedCompositeFieldContainer[Token]
     generated_tokens: int
     input_tokens: int
     finish: Finish
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
+    heartbeat: bool
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
 
 class Token(_message.Message):
     __slots__ = ("id", "text", "bytes", "logprob", "top_logprobs")
@@ -318,6 +324,56 @@ class TokenizeResponse(_message.Message):
     pieces: _containers.RepeatedScalarFieldContainer[bytes]
     count: int
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., pieces: _Optional[_Iterable[bytes]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CancelResponse(_message.Message):
+    __slots__ = ("cancelled", "not_found")
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    NOT_FOUND_FIELD_NUMBER: _ClassVar[int]
+    cancelled: _containers.RepeatedScalarFieldContainer[str]
+    not_found: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cancelled: _Optional[_Iterable[str]] = ..., not_found: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetServerStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetServerStatusResponse(_message.Message):
+    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining")
+    RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TOKENS_FREE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_CANCEL_LATENCY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CANCEL_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CANCEL_LATENCY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    running_sequences: int
+    queued_requests: int
+    paused_sequences: int
+    cache_tokens_used: int
+    cache_tokens_free: int
+    max_batch_size: int
+    max_queued_requests: int
+    engine_steps: int
+    cancelled_total: int
+    last_cancel_latency_steps: int
+    last_cancel_latency_ms: float
+    max_cancel_latency_steps: int
+    rejected_total: int
+    draining: bool
+    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ("model",)

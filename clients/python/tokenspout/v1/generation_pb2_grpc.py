@@ -63,6 +63,16 @@ class GenerationServiceStub:
                 request_serializer=tokenspout_dot_v1_dot_generation__pb2.CompileConstraintRequest.SerializeToString,
                 response_deserializer=tokenspout_dot_v1_dot_generation__pb2.CompileConstraintResponse.FromString,
                 _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/tokenspout.v1.GenerationService/Cancel',
+                request_serializer=tokenspout_dot_v1_dot_generation__pb2.CancelRequest.SerializeToString,
+                response_deserializer=tokenspout_dot_v1_dot_generation__pb2.CancelResponse.FromString,
+                _registered_method=True)
+        self.GetServerStatus = channel.unary_unary(
+                '/tokenspout.v1.GenerationService/GetServerStatus',
+                request_serializer=tokenspout_dot_v1_dot_generation__pb2.GetServerStatusRequest.SerializeToString,
+                response_deserializer=tokenspout_dot_v1_dot_generation__pb2.GetServerStatusResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -108,6 +118,21 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Cancel(self, request, context):
+        """Cancels running or queued requests by id, for callers behind proxies that
+        hide disconnects. Each cancelled stream ends with FINISH_REASON_CANCELLED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetServerStatus(self, request, context):
+        """The live state of the server: load, cache use and limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -135,6 +160,16 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.CompileConstraint,
                     request_deserializer=tokenspout_dot_v1_dot_generation__pb2.CompileConstraintRequest.FromString,
                     response_serializer=tokenspout_dot_v1_dot_generation__pb2.CompileConstraintResponse.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=tokenspout_dot_v1_dot_generation__pb2.CancelRequest.FromString,
+                    response_serializer=tokenspout_dot_v1_dot_generation__pb2.CancelResponse.SerializeToString,
+            ),
+            'GetServerStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServerStatus,
+                    request_deserializer=tokenspout_dot_v1_dot_generation__pb2.GetServerStatusRequest.FromString,
+                    response_serializer=tokenspout_dot_v1_dot_generation__pb2.GetServerStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -276,6 +311,60 @@ class GenerationService:
             '/tokenspout.v1.GenerationService/CompileConstraint',
             tokenspout_dot_v1_dot_generation__pb2.CompileConstraintRequest.SerializeToString,
             tokenspout_dot_v1_dot_generation__pb2.CompileConstraintResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenspout.v1.GenerationService/Cancel',
+            tokenspout_dot_v1_dot_generation__pb2.CancelRequest.SerializeToString,
+            tokenspout_dot_v1_dot_generation__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetServerStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tokenspout.v1.GenerationService/GetServerStatus',
+            tokenspout_dot_v1_dot_generation__pb2.GetServerStatusRequest.SerializeToString,
+            tokenspout_dot_v1_dot_generation__pb2.GetServerStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
