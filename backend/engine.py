@@ -51,6 +51,7 @@ class EngineStats:
     queued_requests: int = 0
     cache_tokens_used: int = 0
     cache_tokens_total: int = 0
+    started_total: int = 0
     cancelled_total: int = 0
     last_cancel_latency_steps: int = 0
     last_cancel_latency_s: float = 0.0

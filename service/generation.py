@@ -102,6 +102,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             max_cancel_latency_steps=stats.max_cancel_latency_steps,
             rejected_total=self.rejected_total,
             draining=self.draining,
+            started_total=stats.started_total,
         )
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:

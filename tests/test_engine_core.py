@@ -169,3 +169,51 @@ def test_the_threaded_engine_delivers_events_from_its_worker():
         assert received[-1].finish is not None and received[-1].generated_tokens == 3
     finally:
         engine.close()
+
+
+def test_a_paused_sequence_keeps_its_cache_and_resumes(core, model):
+    a, b = Recorder(core), Recorder(core)
+    core.add(request(model, "a", max_new_tokens=10), a)
+    core.add(request(model, "b", max_new_tokens=10), b)
+    core.step()
+    core.pause("a")
+    cells = cache_cells(core, 0)
+    for _ in range(3):
+        core.step()
+    assert len(a.events) == 1 and len(b.events) == 4  # only b advanced
+    assert cache_cells(core, 0) == cells and core.stats.paused_sequences == 1
+    run_until_idle(core)
+    assert not core.has_work() and core.holds_sequences()  # a is parked: the worker may sleep
+    core.resume("a")
+    run_until_idle(core)
+    assert a.finish.usage.completion_tokens == 10 and not core.holds_sequences()
+
+
+def test_a_deadline_that_passes_while_waiting_never_starts(core, model):
+    import dataclasses
+    import time
+
+    recs = {rid: Recorder(core) for rid in "abc"}
+    core.add(request(model, "a", max_new_tokens=30), recs["a"])
+    core.add(request(model, "b", max_new_tokens=30), recs["b"])
+    late = dataclasses.replace(request(model, "c"), deadline=time.monotonic() + 0.01)
+    core.add(late, recs["c"])
+    core.step()
+    time.sleep(0.02)
+    core.step()
+    assert recs["c"].finish.reason is FinishReason.TIME_LIMIT
+    assert recs["c"].finish.usage.completion_tokens == 0 and core.stats.started_total == 2
+    core.cancel("a")
+    core.cancel("b")
+
+
+def test_cancel_latency_is_recorded_in_steps(core, model):
+    from backend.worker import CancelOrder
+    import time
+
+    core.add(request(model, "a", max_new_tokens=50), Recorder(core))
+    for _ in range(5):
+        core.step()
+    core.cancel(CancelOrder("a", time.monotonic(), core.steps - 1))
+    assert core.stats.last_cancel_latency_steps == 1 and core.stats.cancelled_total == 1
+    assert core.stats.cache_tokens_used == 0

@@ -211,6 +211,7 @@ class LlamaCppCore:
                     llama_cpp.llama_sampler_accept(seq.sampler, token)
             seq.output.mark_admitted()
             self._running[request.request_id] = seq
+            self.stats = dataclasses.replace(self.stats, started_total=self.stats.started_total + 1)
 
     def _fill_batch(self) -> list[tuple[_Sequence, int | None]]:
         """Decoding sequences first (one token each), then prompt chunks in arrival order."""

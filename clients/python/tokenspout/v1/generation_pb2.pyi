@@ -344,7 +344,7 @@ class GetServerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerStatusResponse(_message.Message):
-    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining")
+    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total")
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +359,7 @@ class GetServerStatusResponse(_message.Message):
     MAX_CANCEL_LATENCY_STEPS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    STARTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     queued_requests: int
     paused_sequences: int
@@ -373,7 +374,8 @@ class GetServerStatusResponse(_message.Message):
     max_cancel_latency_steps: int
     rejected_total: int
     draining: bool
-    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    started_total: int
+    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ("model",)

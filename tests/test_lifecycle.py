@@ -1,0 +1,251 @@
+"""Cancellation, deadlines, backpressure, overload, drain and faults, on real servers and the real model."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+
+from conftest import start_server, stop_server
+from helpers import greedy, rpc_error, stream, text_of, token_ids_of
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+FINISH = pb.FinishReason
+PROMPT = "The history of the printing press"
+SMALL = ("--max-batch-size", "4", "--max-queued-requests", "2", "--stream-buffer-events", "8",
+         "--context-length", "512", "--test-fail-requests-with-prefix", "fail-")
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory):
+    """Four slots, a queue of two and small stream buffers, so limits are easy to reach."""
+    server = start_server(tmp_path_factory.mktemp("small"), *SMALL)
+    yield server
+    assert stop_server(server) == 0, server.log()
+
+
+@pytest.fixture(scope="module")
+def small_stub(small_server):
+    with grpc.insecure_channel(small_server.address) as channel:
+        yield pb_grpc.GenerationServiceStub(channel)
+
+
+def status(stub) -> pb.GetServerStatusResponse:
+    return stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10)
+
+
+def wait_until_idle(stub, timeout: float = 30) -> pb.GetServerStatusResponse:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        current = status(stub)
+        if current.running_sequences == current.queued_requests == current.cache_tokens_used == 0:
+            return current
+        time.sleep(0.02)
+    raise AssertionError(f"engine still busy: {current}")
+
+
+def long_request(request_id: str = "", max_new_tokens: int = 200) -> pb.GenerateStreamRequest:
+    request = greedy(PROMPT, max_new_tokens=max_new_tokens, ignore_eos=True)
+    request.request_id = request_id
+    return request
+
+
+def test_a_hundred_streams_cancelled_at_random_points_leave_nothing_behind(server, stub):
+    rng = random.Random(1234)
+    plans = [(i, rng.choice(["cancel", "drop_channel", "deadline"]), rng.randint(1, 12)) for i in range(100)]
+
+    def run(plan) -> str:
+        index, how, after = plan
+        request = long_request(f"storm-{index}", max_new_tokens=300)
+        if how == "deadline":
+            try:
+                list(stub.GenerateStream(request, timeout=after * 0.02))
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            return how
+        channel = grpc.insecure_channel(server.address)
+        call = pb_grpc.GenerationServiceStub(channel).GenerateStream(request, timeout=60)
+        for _, message in zip(range(after), call):
+            assert not message.HasField("finish")
+        if how == "cancel":
+            call.cancel()
+        channel.close()  # for drop_channel, this is the only signal the server gets
+        return how
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        kinds = list(pool.map(run, plans))
+    assert {"cancel", "drop_channel", "deadline"} == set(kinds)
+    idle = wait_until_idle(stub)
+    assert idle.paused_sequences == 0 and idle.cache_tokens_free == idle.cache_tokens_used + idle.cache_tokens_free
+    # Each cancellation freed its sequence before the next engine step.
+    assert idle.max_cancel_latency_steps <= 1
+    # The next request runs alone: one step per token (the first comes with its prefill).
+    before = status(stub).engine_steps
+    messages = stream(stub, greedy(PROMPT, max_new_tokens=32, ignore_eos=True))
+    assert messages[-1].generated_tokens == 32
+    assert status(stub).engine_steps - before == 32
+
+
+def test_cancel_rpc_ends_the_stream_with_cancelled(small_stub):
+    call = small_stub.GenerateStream(long_request("cancel-me"), timeout=60)
+    first = next(call)
+    response = small_stub.Cancel(pb.CancelRequest(request_ids=["cancel-me", "never-seen"]))
+    assert list(response.cancelled) == ["cancel-me"] and list(response.not_found) == ["never-seen"]
+    rest = list(call)
+    assert rest[-1].finish.reason == FINISH.FINISH_REASON_CANCELLED
+    assert first.generated_tokens + sum(m.generated_tokens > 0 for m in rest) >= 1
+    wait_until_idle(small_stub)
+
+
+def test_a_request_id_in_use_is_refused(small_stub):
+    call = small_stub.GenerateStream(long_request("twice"), timeout=60)
+    next(call)
+    error = rpc_error(lambda: small_stub.GenerateStream(long_request("twice"), timeout=10))
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS
+    call.cancel()
+    wait_until_idle(small_stub)
+
+
+def fill_the_batch(stub, count: int = 4) -> list:
+    calls = [stub.GenerateStream(long_request(f"filler-{i}-{time.monotonic_ns()}", 300), timeout=120) for i in range(count)]
+    for call in calls:
+        next(call)
+    return calls
+
+
+def test_a_deadline_that_passes_in_the_queue_never_starts(small_stub):
+    calls = fill_the_batch(small_stub)
+    started = status(small_stub).started_total
+    error = rpc_error(lambda: small_stub.GenerateStream(long_request("late"), timeout=0.3))
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    for call in calls:
+        call.cancel()
+    wait_until_idle(small_stub)
+    assert status(small_stub).started_total == started  # "late" never entered the batch
+
+
+def test_heartbeats_while_queued(small_stub):
+    calls = fill_the_batch(small_stub)
+    request = greedy(PROMPT, max_new_tokens=2)
+    request.output.heartbeat_interval_ms = 50
+    waiting = small_stub.GenerateStream(request, timeout=60)
+    beats = [next(waiting) for _ in range(3)]
+    assert all(m.heartbeat and not m.text and not m.HasField("finish") for m in beats)
+    for call in calls:
+        call.cancel()
+    rest = [m for m in waiting if not m.heartbeat]
+    assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 2
+
+
+def test_overload_is_refused_at_once_with_retry_info(small_stub):
+    barrier = threading.Barrier(12)
+
+    def run(index: int):
+        barrier.wait()
+        try:
+            return stream(small_stub, long_request(f"load-{index}", 150), timeout=120)
+        except grpc.RpcError as error:
+            return error
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(run, range(12)))
+    rejected = [r for r in results if isinstance(r, grpc.RpcError)]
+    completed = [r for r in results if not isinstance(r, grpc.RpcError)]
+    assert rejected and len(completed) >= 6  # 4 slots + 2 queued were admitted
+    for error in rejected:
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = rpc_status.from_call(error).details
+        assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in details)
+    for messages in completed:
+        assert messages[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and messages[-1].generated_tokens == 150
+    assert status(small_stub).rejected_total >= len(rejected)
+    wait_until_idle(small_stub)
+
+
+def test_a_slow_reader_pauses_and_never_stalls_the_others(small_server, small_stub):
+    fast = [greedy(p, max_new_tokens=96, ignore_eos=True) for p in ("Water boils at", "The moon is", "Cats are", "Rain falls")]
+    slow_request = greedy("Mountains are", max_new_tokens=96, ignore_eos=True)
+    solo_slow = text_of(stream(small_stub, slow_request))
+
+    def steps_for_fast_streams(with_slow_reader: bool) -> tuple[int, list, int]:
+        paused_seen = 0
+        slow_messages: list = []
+        slow_thread = None
+        if with_slow_reader:
+            # A small HTTP/2 window, so the server feels the slow reader quickly.
+            channel = grpc.insecure_channel(small_server.address, options=[("grpc.http2.lookahead_bytes", 256),
+                                                                           ("grpc.http2.bdp_probe", 0)])
+            slow_call = pb_grpc.GenerationServiceStub(channel).GenerateStream(slow_request, timeout=120)
+            slow_messages.append(next(slow_call))
+
+            def read_slowly():
+                for message in slow_call:
+                    slow_messages.append(message)
+                    time.sleep(0.3)
+                channel.close()
+
+            slow_thread = threading.Thread(target=read_slowly)
+            slow_thread.start()
+        before = status(small_stub).engine_steps
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda r: stream(small_stub, r), fast[:3]))
+        steps = status(small_stub).engine_steps - before
+        for messages in results:
+            assert messages[-1].generated_tokens == 96
+        if slow_thread is not None:
+            deadline = time.monotonic() + 60
+            while slow_thread.is_alive() and time.monotonic() < deadline:
+                paused_seen = max(paused_seen, status(small_stub).paused_sequences)
+                time.sleep(0.05)
+            slow_thread.join()
+        return steps, slow_messages, paused_seen
+
+    baseline_steps, _, _ = steps_for_fast_streams(False)
+    steps, slow_messages, paused_seen = steps_for_fast_streams(True)
+    assert steps <= baseline_steps + 1  # one prefill step at most for the slow stream's neighbours
+    assert paused_seen == 1  # the slow reader's sequence was parked, cache kept
+    counts = [m.generated_tokens for m in slow_messages]
+    assert counts == sorted(counts) and counts[-1] == 96
+    assert len(slow_messages) < 96  # what queued while it slept came in larger messages
+    assert text_of(slow_messages) == solo_slow  # everything, in order
+    wait_until_idle(small_stub)
+
+
+def test_an_engine_fault_is_internal_and_leaves_others_running(small_server, small_stub):
+    healthy = greedy(PROMPT, max_new_tokens=48, ignore_eos=True)
+    solo = token_ids_of(stream(small_stub, healthy))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        good = pool.submit(stream, small_stub, healthy)
+        bad = pool.submit(rpc_error, lambda: small_stub.GenerateStream(long_request("fail-on-purpose"), timeout=60))
+        error, messages = bad.result(), good.result()
+    assert error.code() == grpc.StatusCode.INTERNAL and "fail-on-purpose" in error.details()
+    assert token_ids_of(messages) == solo
+    with grpc.insecure_channel(small_server.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
+    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        calls = [stub.GenerateStream(greedy(PROMPT, max_new_tokens=120, ignore_eos=True), timeout=120) for _ in range(4)]
+        firsts = [next(call) for call in calls]
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with grpc.insecure_channel(server.address) as fresh:
+            refused = rpc_error(lambda: pb_grpc.GenerationServiceStub(fresh).GenerateStream(greedy(PROMPT), timeout=5))
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE
+        for first, call in zip(firsts, calls):
+            rest = list(call)
+            assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 120
+    assert server.process.wait(timeout=60) == 0, server.log()
