@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import dataclasses
+import heapq
 import logging
 import math
 import os
@@ -77,7 +78,10 @@ class LlamaCppCore:
         params.n_batch = params.n_ubatch = config.batch_tokens
         params.n_seq_max = config.max_batch_size
         params.n_threads = params.n_threads_batch = config.threads or os.cpu_count() or 1
-        params.kv_unified = False  # each sequence owns context_length cells
+        # A cache per sequence keeps each sequence's attention separate, so greedy output does
+        # not depend on what else is in the batch. llama.cpp is fast with it only while a batch's
+        # sequences have ascending, contiguous ids (see _fill_batch and docs/benchmarks.md).
+        params.kv_unified = False
         params.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(model.ptr, params)
         if not self.ctx:
@@ -85,7 +89,7 @@ class LlamaCppCore:
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
         self._memory = llama_cpp.llama_get_memory(self.ctx)
         self._batch = llama_cpp.llama_batch_init(config.batch_tokens, 0, 1)
-        self._free_slots = list(range(config.max_batch_size - 1, -1, -1))
+        self._free_slots = list(range(config.max_batch_size))  # a heap: the lowest slot goes first
         self._waiting: collections.deque[tuple[GenerationRequest, EventSink]] = collections.deque()
         self._running: dict[str, _Sequence] = {}
         self.steps = 0
@@ -204,7 +208,7 @@ class LlamaCppCore:
     def _admit(self) -> None:
         while self._waiting and self._free_slots:
             request, sink = self._waiting.popleft()
-            slot = self._free_slots.pop()
+            slot = heapq.heappop(self._free_slots)
             seq = _Sequence(slot, request, sink, build_sampler_chain(request.sampling, self.model.vocab_size))
             if request.sampling.penalized:
                 for token in request.prompt_token_ids:
@@ -235,6 +239,7 @@ class LlamaCppCore:
         per_sequence = self.config.batch_tokens if len(self._running) == 1 else 1
         # Tokens in ascending sequence order: llama.cpp's per-sequence cache takes a much slower
         # path (measured: 1.7x per step at 8 sequences) when a batch lists sequences out of order.
+        # Lowest-slot-first admission keeps the ids contiguous, which it also needs.
         running = sorted(self._running.values(), key=lambda seq: seq.slot)
         for seq in running:
             if seq.feed and not seq.paused:
@@ -335,7 +340,7 @@ class LlamaCppCore:
         del self._running[seq.request.request_id]
         llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         llama_cpp.llama_sampler_free(seq.sampler)
-        self._free_slots.append(seq.slot)
+        heapq.heappush(self._free_slots, seq.slot)
         seq.cached = 0
 
     def _deliver(self, sink: EventSink, event: Event) -> None:
