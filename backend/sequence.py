@@ -30,6 +30,8 @@ class SequenceOutput:
         self.admitted_at: float | None = None
         self.prefill_done_at: float | None = None
         self.first_token_at: float | None = None
+        self.step = 0  # set by the engine before each step's tokens
+        self._mask_reported = 0.0
         self.constraint = ConstraintState(request.constraint) if request.constraint is not None else None
         limits = [request.deadline]
         if request.stopping.time_limit_s is not None:
@@ -83,7 +85,7 @@ class SequenceOutput:
             return self._finish_event((token,), text, FinishReason.CONSTRAINT_COMPLETE)
         if self.generated >= self._stopping.max_new_tokens:
             return self._finish_event((token,), text, FinishReason.MAX_TOKENS)
-        return TokenEvent(tokens=(token,), text=text, generated_tokens=self.generated)
+        return self._event((token,), text)
 
     def end(self, reason: FinishReason) -> TokenEvent:
         """Ends the sequence for a reason outside the token stream (time, context, cancel)."""
@@ -113,7 +115,13 @@ class SequenceOutput:
             stop_token_id=stop_token_id,
             constraint_satisfied=self.constraint.satisfied if self.constraint is not None else None,
         )
-        return TokenEvent(tokens=tokens, text=text, generated_tokens=self.generated, finish=self.finish)
+        return self._event(tokens, text)
+
+    def _event(self, tokens: tuple[GeneratedToken, ...], text: str) -> TokenEvent:
+        mask_s = 0.0
+        if self.constraint is not None:
+            mask_s, self._mask_reported = self.constraint.mask_s - self._mask_reported, self.constraint.mask_s
+        return TokenEvent(tokens, text, self.generated, self.finish, self.step, mask_s)
 
     def _timings(self) -> Timings:
         now = time.monotonic()

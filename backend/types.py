@@ -155,6 +155,10 @@ class TokenEvent:
     text: str
     generated_tokens: int
     finish: Finish | None = None
+    step: int = 0
+    """The engine step that produced it."""
+    mask_s: float = 0.0
+    """Constraint mask time spent on it."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 
+from service import logs
 from service.config import FIELDS, ServeConfig, load_config
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.log_level, config.log_format)
     from service import server
 
     return asyncio.run(server.run(config))

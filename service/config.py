@@ -39,6 +39,12 @@ class ServeConfig:
     tls_client_ca: str = ""
     """When set, clients must present a certificate signed by this CA (mTLS)."""
     log_level: str = "INFO"
+    log_format: str = "text"
+    """text, or json: one object per line with request_id and trace_id."""
+    trace_content: bool = False
+    """Opt-in: record prompt and output text in spans (gen_ai.input/output.messages)."""
+    prometheus_port: int = 0
+    """Serve Prometheus metrics on this port (0: off). OTLP export follows the OTEL_* variables."""
     test_fail_requests_with_prefix: str = ""
     """Test-only: requests whose id has this prefix fail inside the engine."""
 
@@ -76,6 +82,8 @@ def load_config(
         raise ValueError("need context_length >= 16, max_batch_size >= 1 and batch_tokens >= max_batch_size")
     if config.max_queued_requests < 0 or config.stream_buffer_events < 2:
         raise ValueError("need max_queued_requests >= 0 and stream_buffer_events >= 2")
+    if config.log_format not in ("text", "json"):
+        raise ValueError("log_format must be text or json")
     if bool(config.tls_cert) != bool(config.tls_key):
         raise ValueError("tls_cert and tls_key go together")
     return config

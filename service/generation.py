@@ -18,6 +18,7 @@ import time
 from typing import AsyncIterator, Iterator
 
 import grpc
+from opentelemetry import trace
 
 from backend.constraints.validation import json_output_problem
 from backend.engine import Engine
@@ -26,6 +27,8 @@ from service import convert
 from service.config import ServeConfig
 from service.errors import FieldViolation, ServiceError, already_exists, internal, invalid_argument, overloaded, unavailable
 from service.streams import EventRelay, RequestStream
+from service.telemetry import Telemetry
+from service.tracing import RequestTrace
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -37,8 +40,11 @@ _INLINE_TOKENIZE_CHARS = 16_384
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
-    def __init__(self, engine: Engine, validator: RequestValidator, config: ServeConfig) -> None:
+    def __init__(
+        self, engine: Engine, validator: RequestValidator, config: ServeConfig, telemetry: Telemetry | None = None
+    ) -> None:
         self._engine = engine
+        self._telemetry = telemetry or Telemetry(enabled=False)
         self._validator = validator
         self._config = config
         self._capacity = engine.info.max_batch_size + config.max_queued_requests
@@ -54,7 +60,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         try:
             with self._slot():
                 generation = await self._validate(request, context)
-                async for message in self._stream(generation, request.output):
+                async for message in self._stream(request, generation):
                     yield message
         except ServiceError as error:
             await context.abort_with_status(error.to_status())
@@ -67,7 +73,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         try:
             with self._slot():
                 generation = await self._validate(stream_request, context)
-                messages = [m async for m in self._stream(generation, stream_request.output)]
+                messages = [m async for m in self._stream(stream_request, generation, streaming=False)]
         except ServiceError as error:
             await context.abort_with_status(error.to_status())
         return convert.unary_response(messages)
@@ -148,6 +154,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             raise unavailable("the server is shutting down; retry on another replica")
         if self._in_flight >= self._capacity:
             self.rejected_total += 1
+            if self._telemetry.enabled:
+                self._telemetry.rejected.add(1)
             raise overloaded(self._in_flight, self._capacity)
         self._in_flight += 1
         try:
@@ -156,7 +164,10 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             self._in_flight -= 1
 
     async def _validate(self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext) -> GenerationRequest:
-        """See RequestValidator; adds the caller's deadline."""
+        """See RequestValidator; adds the caller's deadline, and its x-request-id when it gave no request_id."""
+        if not request.request_id:
+            metadata = dict(context.invocation_metadata() or ())
+            request.request_id = metadata.get("x-request-id", "")[: self._validator.limits.max_request_id_length]
         # Long prompts and constraint compiles run on a worker thread (both release the GIL).
         if len(request.prompt) > _INLINE_TOKENIZE_CHARS or self._validator.needs_compiling(request):
             generation = await asyncio.to_thread(self._validator.generation_request, request)
@@ -167,48 +178,75 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             generation = dataclasses.replace(generation, deadline=time.monotonic() + remaining)
         return generation
 
-    async def _stream(self, request: GenerationRequest, output: pb.OutputOptions) -> AsyncIterator[pb.GenerateStreamResponse]:
+    async def _stream(
+        self, request: pb.GenerateStreamRequest, generation: GenerationRequest, streaming: bool = True
+    ) -> AsyncIterator[pb.GenerateStreamResponse]:
         """Submits the request and yields one message per batch of queued events."""
+        request_id = generation.request_id
         if self._relay is None:  # created on first use, inside the server's event loop
             self._relay = EventRelay(asyncio.get_running_loop())
-        if request.request_id in self._active:
-            raise already_exists(request.request_id)
-        stream = RequestStream(self._engine, request.request_id, self._config.stream_buffer_events)
-        self._active[request.request_id] = stream
-        self._engine.submit(request, self._relay.sink(stream))
-        heartbeat_s = output.heartbeat_interval_ms / 1000 or None
-        input_tokens = len(request.prompt_token_ids)
-        validate_afterwards = request.constraint is not None and not request.constraint.spec.strict
+        if request_id in self._active:
+            raise already_exists(request_id)
+        stream = RequestStream(self._engine, request_id, self._config.stream_buffer_events)
+        self._active[request_id] = stream
+        tracing = (
+            RequestTrace(self._telemetry, request, generation, self._engine.info.model_id, streaming)
+            if self._telemetry.enabled
+            else None
+        )
+        self._engine.submit(generation, self._relay.sink(stream))
+        output = request.output
+        batching = (output.max_tokens_per_message, max(output.min_tokens_per_message, 1), output.flush_interval_ms / 1000)
+        input_tokens = len(generation.prompt_token_ids)
+        validate_afterwards = generation.constraint is not None and not generation.constraint.spec.strict
         text: list[str] = []
         finish = None
         try:
             while finish is None:
-                batch = await stream.next_batch(output.max_tokens_per_message, heartbeat_s)
+                batch = await stream.next_batch(*batching, heartbeat_s=output.heartbeat_interval_ms / 1000)
                 if batch is None:
-                    yield pb.GenerateStreamResponse(request_id=request.request_id, heartbeat=True)
+                    yield pb.GenerateStreamResponse(request_id=request_id, heartbeat=True)
                     continue
                 if isinstance(batch, ErrorEvent):
                     finish = batch
-                    log.error("request %s failed in the engine: %s", request.request_id, batch.message)
-                    raise internal(request.request_id, batch.message)
-                message = convert.stream_response(request.request_id, batch, request.output.return_tokens, input_tokens)
+                    log.error("request %s failed in the engine: %s", request_id, batch.message, extra=_ids(request_id))
+                    if tracing:
+                        tracing.failed(batch.message)
+                    raise internal(request_id, batch.message)
+                message = convert.stream_response(request_id, batch, generation.output.return_tokens, input_tokens)
                 input_tokens = 0  # only on the first message
                 finish = batch[-1].finish
                 if validate_afterwards:
                     text.append(message.text)
                     if finish is not None:
-                        _report_validation(message.finish, request, "".join(text))
-                yield message
+                        _report_validation(message.finish, generation, "".join(text))
+                if tracing:
+                    if finish is not None:
+                        tracing.finished(finish)
+                    with tracing.batch(batch):
+                        yield message
+                else:
+                    yield message
             log.info(
                 "request %s finished: %s, %d tokens",
-                request.request_id, finish.reason.value, finish.usage.completion_tokens,
+                request_id, finish.reason.value, finish.usage.completion_tokens, extra=_ids(request_id),
             )
         finally:
-            del self._active[request.request_id]
+            del self._active[request_id]
             if finish is None:  # the caller left early: free the sequence before the next step
-                self._engine.cancel(request.request_id)
-                expired = request.deadline is not None and time.monotonic() >= request.deadline
-                log.info("request %s ended by the caller: %s", request.request_id, "time_limit" if expired else "cancelled")
+                self._engine.cancel(request_id)
+                expired = generation.deadline is not None and time.monotonic() >= generation.deadline
+                reason = "time_limit" if expired else "cancelled"
+                log.info("request %s ended by the caller: %s", request_id, reason, extra=_ids(request_id))
+                if tracing:
+                    tracing.ended_early(reason)
+
+
+def _ids(request_id: str) -> dict[str, str]:
+    """Log record fields: the request id, and the trace id when the request is traced."""
+    span_context = trace.get_current_span().get_span_context()
+    trace_id = format(span_context.trace_id, "032x") if span_context.is_valid else ""
+    return {"request_id": request_id, "trace_id": trace_id}
 
 
 def _report_validation(finish: pb.Finish, request: GenerationRequest, text: str) -> None:

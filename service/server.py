@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from backend.engine import Engine
 from service.config import ServeConfig
 from service.generation import GenerationServicer
+from service.telemetry import Telemetry, from_environment
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -63,13 +64,16 @@ def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
 
 
 class TokenspoutServer:
-    def __init__(self, engine: Engine, config: ServeConfig) -> None:
+    def __init__(self, engine: Engine, config: ServeConfig, telemetry: Telemetry | None = None) -> None:
         self.engine = engine
         self.config = config
-        self.server = grpc.aio.server(options=_CHANNEL_OPTIONS)
+        telemetry = telemetry or from_environment(config.trace_content, config.prometheus_port)
+        if telemetry.enabled:
+            telemetry.observe_engine(lambda: engine.stats)
+        self.server = grpc.aio.server(interceptors=telemetry.interceptors(), options=_CHANNEL_OPTIONS)
         self.health = health.aio.HealthServicer()
         model_names = (config.model,) if config.model != "default" else ()
-        self.servicer = GenerationServicer(engine, RequestValidator(engine, model_names=model_names), config)
+        self.servicer = GenerationServicer(engine, RequestValidator(engine, model_names=model_names), config, telemetry)
         pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

@@ -34,28 +34,47 @@ class RequestStream:
             self._paused = True
             self._engine.pause(self.request_id)
 
-    async def next_batch(self, max_tokens: int, heartbeat_s: float | None) -> list[TokenEvent] | ErrorEvent | None:
-        """Waits for an event, then takes what else is queued, up to `max_tokens` tokens.
-
-        Returns None when `heartbeat_s` passes with nothing to send.
+    async def next_batch(
+        self, max_tokens: int = 0, min_tokens: int = 1, flush_s: float = 0.0, heartbeat_s: float = 0.0
+    ) -> list[TokenEvent] | ErrorEvent | None:
+        """The next message's events: at least `min_tokens` tokens (or whatever is ready when
+        `flush_s` has passed since the first), at most `max_tokens` (0: no cap), and at once
+        when the stream ends. Returns None when `heartbeat_s` passes with nothing to send.
         """
         try:
-            first = await asyncio.wait_for(self._events.get(), heartbeat_s) if heartbeat_s else await self._events.get()
+            first = await asyncio.wait_for(self._events.get(), heartbeat_s or None)
         except TimeoutError:
             return None
+        loop = asyncio.get_running_loop()
+        flush_at = loop.time() + flush_s if flush_s else None
         batch = [first]
-        tokens = len(first.tokens) if isinstance(first, TokenEvent) else 0
-        while isinstance(batch[-1], TokenEvent) and batch[-1].finish is None and not self._events.empty():
-            if max_tokens and tokens >= max_tokens:
-                break
-            event = self._events.get_nowait()
+        tokens = _token_count(first)
+        while not _ends_stream(batch[-1]) and not (max_tokens and tokens >= max_tokens):
+            if self._events.empty():
+                wait = None if flush_at is None else flush_at - loop.time()
+                if tokens >= min_tokens or (wait is not None and wait <= 0):
+                    break
+                try:
+                    event = await asyncio.wait_for(self._events.get(), wait)
+                except TimeoutError:
+                    break
+            else:
+                event = self._events.get_nowait()
             batch.append(event)
-            tokens += len(event.tokens) if isinstance(event, TokenEvent) else 0
+            tokens += _token_count(event)
         if self._paused and self._events.qsize() <= self._low_water:
             self._paused = False
             self._engine.resume(self.request_id)
         error = next((event for event in batch if isinstance(event, ErrorEvent)), None)
         return error if error is not None else batch
+
+
+def _token_count(event: Event) -> int:
+    return len(event.tokens) if isinstance(event, TokenEvent) else 0
+
+
+def _ends_stream(event: Event) -> bool:
+    return isinstance(event, ErrorEvent) or event.finish is not None
 
 
 class EventRelay:

@@ -177,9 +177,17 @@ def test_a_slow_reader_pauses_and_never_stalls_the_others(small_server, small_st
     solo_slow = text_of(stream(small_stub, slow_request))
 
     def steps_for_fast_streams(with_slow_reader: bool) -> tuple[int, list, int]:
-        paused_seen = 0
+        paused_seen = [0]
         slow_messages: list = []
         slow_thread = None
+        watching = threading.Event()
+
+        def watch_pauses():
+            while not watching.wait(0.02):
+                paused_seen[0] = max(paused_seen[0], status(small_stub).paused_sequences)
+
+        watcher = threading.Thread(target=watch_pauses)
+        watcher.start()
         if with_slow_reader:
             # A small HTTP/2 window, so the server feels the slow reader quickly.
             channel = grpc.insecure_channel(small_server.address, options=[("grpc.http2.lookahead_bytes", 256),
@@ -202,12 +210,10 @@ def test_a_slow_reader_pauses_and_never_stalls_the_others(small_server, small_st
         for messages in results:
             assert messages[-1].generated_tokens == 96
         if slow_thread is not None:
-            deadline = time.monotonic() + 60
-            while slow_thread.is_alive() and time.monotonic() < deadline:
-                paused_seen = max(paused_seen, status(small_stub).paused_sequences)
-                time.sleep(0.05)
-            slow_thread.join()
-        return steps, slow_messages, paused_seen
+            slow_thread.join(timeout=60)
+        watching.set()
+        watcher.join()
+        return steps, slow_messages, paused_seen[0]
 
     baseline_steps, _, _ = steps_for_fast_streams(False)
     steps, slow_messages, paused_seen = steps_for_fast_streams(True)

@@ -281,6 +281,7 @@ class LlamaCppCore:
 
     def _sample(self, seq: _Sequence, logits_index: int) -> None:
         output = seq.output
+        output.step = self.steps
         fault_prefix = self.config.fail_requests_with_prefix
         if fault_prefix and seq.request.request_id.startswith(fault_prefix):
             raise RuntimeError("injected fault (fail_requests_with_prefix)")

@@ -162,18 +162,22 @@ class Choices(_message.Message):
     def __init__(self, values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OutputOptions(_message.Message):
-    __slots__ = ("max_tokens_per_message", "return_token_ids", "return_logprobs", "top_logprobs", "heartbeat_interval_ms")
+    __slots__ = ("max_tokens_per_message", "return_token_ids", "return_logprobs", "top_logprobs", "heartbeat_interval_ms", "min_tokens_per_message", "flush_interval_ms")
     MAX_TOKENS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETURN_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     max_tokens_per_message: int
     return_token_ids: bool
     return_logprobs: bool
     top_logprobs: int
     heartbeat_interval_ms: int
-    def __init__(self, max_tokens_per_message: _Optional[int] = ..., return_token_ids: _Optional[bool] = ..., return_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ...) -> None: ...
+    min_tokens_per_message: int
+    flush_interval_ms: int
+    def __init__(self, max_tokens_per_message: _Optional[int] = ..., return_token_ids: _Optional[bool] = ..., return_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., min_tokens_per_message: _Optional[int] = ..., flush_interval_ms: _Optional[int] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
     __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat")

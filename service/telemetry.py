@@ -1,0 +1,124 @@
+"""OpenTelemetry set-up: tracer, meter and the instruments tokenspout records.
+
+Configured by the standard OTEL_* environment variables. With no exporter
+endpoint set (and no Prometheus port), telemetry is off: no interceptor, no
+spans, no metric recording, nothing beyond a boolean check per request.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
+from opentelemetry.metrics import Observation
+
+from backend.engine import EngineStats
+
+# Bucket boundaries from the GenAI semantic conventions (gen-ai-metrics.md).
+_DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
+_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
+_TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+_TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864]
+
+
+class Telemetry:
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        record_content: bool = False,
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self.record_content = record_content
+        """Prompt and output text go into spans only when this opt-in flag is set."""
+        self._tracer_provider = tracer_provider
+        self.tracer = trace.get_tracer("tokenspout", tracer_provider=tracer_provider)
+        meter = metrics.get_meter("tokenspout", meter_provider=meter_provider)
+        self.meter = meter
+        self.request_duration = meter.create_histogram(
+            "gen_ai.server.request.duration", unit="s", explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+            description="Time from arrival to the last output token",
+        )
+        self.time_to_first_token = meter.create_histogram(
+            "gen_ai.server.time_to_first_token", unit="s", explicit_bucket_boundaries_advisory=_TTFT_BUCKETS,
+            description="Queue and prefill time until the first output token",
+        )
+        self.time_per_output_token = meter.create_histogram(
+            "gen_ai.server.time_per_output_token", unit="s", explicit_bucket_boundaries_advisory=_TPOT_BUCKETS,
+            description="Decode time per output token after the first",
+        )
+        # The conventions define token usage for clients only; this is the server-side counterpart.
+        self.token_usage = meter.create_histogram(
+            "tokenspout.server.token.usage", unit="{token}", explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
+            description="Input and output tokens per request (gen_ai.token.type)",
+        )
+        self.cancelled = meter.create_counter("tokenspout.server.requests.cancelled", unit="{request}")
+        self.rejected = meter.create_counter("tokenspout.server.requests.rejected", unit="{request}")
+        self.errors = meter.create_counter("tokenspout.server.requests.errors", unit="{request}")
+
+    def interceptors(self) -> list:
+        """The RPC span for every call (health checks excepted), joined to the caller's trace."""
+        if not self.enabled:
+            return []
+        return [aio_server_interceptor(self._tracer_provider, filter_=filters.negate(filters.health_check()))]
+
+    def observe_engine(self, stats: Callable[[], EngineStats]) -> None:
+        gauges = {
+            "tokenspout.server.running_sequences": ("{sequence}", lambda s: s.running_sequences),
+            "tokenspout.server.paused_sequences": ("{sequence}", lambda s: s.paused_sequences),
+            "tokenspout.server.queued_requests": ("{request}", lambda s: s.queued_requests),
+            "tokenspout.server.cache.tokens_used": ("{token}", lambda s: s.cache_tokens_used),
+        }
+        for name, (unit, read) in gauges.items():
+            self.meter.create_observable_gauge(
+                name, unit=unit, callbacks=[lambda options, read=read: [Observation(read(stats()))]]
+            )
+
+
+def from_environment(record_content: bool = False, prometheus_port: int = 0) -> Telemetry:
+    """Exporters from the standard OTEL_* variables; off unless an endpoint (or Prometheus) is set."""
+    endpoint_set = any(
+        os.environ.get(name)
+        for name in (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        )
+    )
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true" or not (endpoint_set or prometheus_port):
+        return Telemetry(enabled=False)
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "tokenspout")})
+    tracer_provider = TracerProvider(resource=resource)
+    readers = []
+    if endpoint_set:
+        span_exporter, metric_exporter = _otlp_exporters()
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        readers.append(PeriodicExportingMetricReader(metric_exporter))
+    if prometheus_port:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+
+        start_http_server(prometheus_port)
+        readers.append(PrometheusMetricReader())
+    return Telemetry(tracer_provider, MeterProvider(metric_readers=readers, resource=resource), record_content)
+
+
+def _otlp_exporters():
+    """OTLP over gRPC, or over HTTP when OTEL_EXPORTER_OTLP_PROTOCOL says http/protobuf."""
+    if os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc").startswith("http"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    return OTLPSpanExporter(), OTLPMetricExporter()
