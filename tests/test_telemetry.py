@@ -9,14 +9,11 @@ import os
 import threading
 import time
 import urllib.request
-from concurrent import futures
 
 import grpc
 import pytest
 from opentelemetry import trace
 from opentelemetry.propagate import inject
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -25,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from conftest import start_server, stop_server
 from helpers import greedy
+from otlp_collector import start_collector
 from service.config import ServeConfig
 from service.server import TokenspoutServer, build_engine
 from service.telemetry import Telemetry, from_environment
@@ -37,12 +35,12 @@ RPC_SPAN = "/tokenspout.v1.GenerationService/GenerateStream"
 class TracedServer:
     """A tokenspout server in this process (its own event loop thread) with in-memory exporters."""
 
-    def __init__(self) -> None:
+    def __init__(self, record_content: bool = False) -> None:
         self.spans = InMemorySpanExporter()
         self.metrics = InMemoryMetricReader()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.telemetry = Telemetry(provider, MeterProvider(metric_readers=[self.metrics]))
+        self.telemetry = Telemetry(provider, MeterProvider(metric_readers=[self.metrics]), record_content)
         config = ServeConfig(listen="127.0.0.1:0", context_length=512, max_batch_size=2)
         self.engine = build_engine(config)
         self.loop = asyncio.new_event_loop()
@@ -178,6 +176,24 @@ def test_a_cancelled_stream_records_the_cancellation(traced):
     assert cancelled.value == 1
 
 
+def test_prompt_and_output_text_only_with_the_opt_in():
+    server = TracedServer(record_content=True)
+    try:
+        request = pb.GenerateStreamRequest(
+            chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="Say hi")]),
+            sampling=pb.SamplingParams(temperature=0), stopping=pb.StoppingCriteria(max_new_tokens=4),
+        )
+        with grpc.insecure_channel(server.address) as channel:
+            text = "".join(m.text for m in pb_grpc.GenerationServiceStub(channel).GenerateStream(request, timeout=60))
+        (rpc,) = server.wait_for_span(RPC_SPAN)
+        (message,) = json.loads(rpc.attributes["gen_ai.input.messages"])
+        assert message["role"] == "user" and message["parts"][0]["content"] == "Say hi"
+        (output,) = json.loads(rpc.attributes["gen_ai.output.messages"])
+        assert output["parts"][0]["content"] == text
+    finally:
+        server.close()
+
+
 def test_telemetry_is_off_without_an_endpoint(monkeypatch):
     for name in list(os.environ):
         if name.startswith("OTEL_"):
@@ -186,34 +202,8 @@ def test_telemetry_is_off_without_an_endpoint(monkeypatch):
     assert not telemetry.enabled and telemetry.interceptors() == []
 
 
-class Collector(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
-    """The OTLP collector's own gRPC services, keeping what they receive."""
-
-    def __init__(self) -> None:
-        self.spans: list = []
-        self.metric_names: set[str] = set()
-        self.resource_attributes: dict[str, str] = {}
-
-    def Export(self, request, context):  # both services call their method Export
-        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
-            for resource_spans in request.resource_spans:
-                self.resource_attributes.update(
-                    {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-                )
-                self.spans += [s for scope in resource_spans.scope_spans for s in scope.spans]
-            return trace_service_pb2.ExportTraceServiceResponse()
-        for resource_metrics in request.resource_metrics:
-            self.metric_names |= {m.name for scope in resource_metrics.scope_metrics for m in scope.metrics}
-        return metrics_service_pb2.ExportMetricsServiceResponse()
-
-
 def test_spans_and_metrics_arrive_over_otlp_grpc_with_json_logs_and_prometheus(tmp_path):
-    collector = Collector()
-    receiver = grpc.server(futures.ThreadPoolExecutor(4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, receiver)
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector, receiver)
-    port = receiver.add_insecure_port("127.0.0.1:0")
-    receiver.start()
+    collector, receiver, port = start_collector()
     prometheus_port = _free_port()
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
