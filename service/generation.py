@@ -221,9 +221,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     if finish is not None:
                         _report_validation(message.finish, generation, "".join(text))
                 if tracing:
-                    if finish is not None:
-                        tracing.finished(finish)
                     with tracing.batch(batch):
+                        if finish is not None:
+                            tracing.finished(finish)
                         yield message
                 else:
                     yield message

@@ -87,6 +87,10 @@ class RequestTrace:
             "tokenspout.batch.engine_steps": len({event.step for event in events}),
             "tokenspout.batch.constraint_mask_ms": sum(event.mask_s for event in events) * 1000,
         }
+        finish = events[-1].finish
+        if finish is not None:  # the last batch also carries how the request ended
+            attributes["gen_ai.response.finish_reasons"] = [finish.reason.value]
+            attributes["gen_ai.usage.output_tokens"] = finish.usage.completion_tokens
         self._batches += 1
         # Not made current: the handler is an async generator, and a context attached across a
         # yield cannot be detached safely if the caller goes away mid-write.
