@@ -100,7 +100,8 @@ class RequestValidator:
             value = getattr(c, kind)
             if not value:
                 violations.append(FieldViolation(f"constraint.{kind}", "must not be empty"))
-        if len(value) > self.limits.max_constraint_chars or sum(map(len, value)) > self.limits.max_constraint_chars:
+        size = sum(map(len, value)) if kind == "choice" else len(value)
+        if size > self.limits.max_constraint_chars:
             violations.append(FieldViolation(f"constraint.{kind}", f"at most {self.limits.max_constraint_chars} characters"))
         if (c.whitespace_flexible or c.HasField("max_whitespace")) and kind not in ("json_schema", "json_object"):
             violations.append(FieldViolation("constraint.whitespace_flexible", "applies to JSON constraints only"))

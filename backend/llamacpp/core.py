@@ -94,12 +94,12 @@ class LlamaCppCore:
         self._running: dict[str, _Sequence] = {}
         self.steps = 0
         self.stats = EngineStats(cache_tokens_total=config.context_length * config.max_batch_size)
-        # One bitmask row per slot, filled for all constrained sequences in one parallel call.
+        # One bitmask row per slot, filled for every constrained sequence about to be sampled.
         self._bitmask = llguidance.numpy.allocate_token_bitmask(config.max_batch_size, model.vocab_size)
         # Mask threads must not compete with llama.cpp's: only cores it leaves free fill in parallel.
         spare_cores = (os.cpu_count() or 1) - params.n_threads
         self._mask_executor = llguidance.LLExecutor(spare_cores) if spare_cores >= 2 else None
-        # Forced tokens are fed in one step; cap them so every sequence's feed fits a batch.
+        # Cap the forced tokens taken at once, so every sequence's feed fits a batch.
         self._max_forced = max(0, min(16, config.batch_tokens // config.max_batch_size - 1))
 
     # -- commands ------------------------------------------------------------
