@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 $(BUF): package.json
-	npm install --no-audit --no-fund --silent
+	npm ci --no-audit --no-fund --silent
 	touch $@
 
 tools: venv $(BUF)
