@@ -63,7 +63,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 async for message in self._stream(request, generation):
                     yield message
         except ServiceError as error:
-            await context.abort_with_status(error.to_status())
+            await self._abort(context, error)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         # Same fields under the same numbers: the wire bytes are a valid stream request.
@@ -75,7 +75,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 generation = await self._validate(stream_request, context)
                 messages = [m async for m in self._stream(stream_request, generation, streaming=False)]
         except ServiceError as error:
-            await context.abort_with_status(error.to_status())
+            await self._abort(context, error)
         return convert.unary_response(messages)
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
@@ -116,7 +116,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             self._validator.check_model(request.model)
             tokens = self._validator.prompt_tokens(request)
         except ServiceError as error:
-            await context.abort_with_status(error.to_status())
+            await self._abort(context, error)
         pieces = [self._engine.token_piece(t) for t in tokens]
         return pb.TokenizeResponse(token_ids=tokens, pieces=pieces, count=len(tokens))
 
@@ -126,7 +126,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         try:
             self._validator.check_model(request.model)
         except ServiceError as error:
-            await context.abort_with_status(error.to_status())
+            await self._abort(context, error)
         return convert.model_info(self._engine.info, self._validator.limits)
 
     async def CompileConstraint(
@@ -140,12 +140,17 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 raise invalid_argument(violations)
             compiled = await asyncio.to_thread(self._validator.compile, spec)
         except ServiceError as error:
-            await context.abort_with_status(error.to_status())
+            await self._abort(context, error)
         return pb.CompileConstraintResponse(
             compile_ms=0.0 if compiled.cached else compiled.compile_s * 1000,
             cached=compiled.cached,
             warnings=compiled.warnings,
         )
+
+    async def _abort(self, context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+        if self._telemetry.enabled:
+            self._telemetry.errors.add(1, {"rpc.grpc.status_code": error.code.name})
+        await context.abort_with_status(error.to_status())
 
     @contextlib.contextmanager
     def _slot(self) -> Iterator[None]:

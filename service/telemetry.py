@@ -57,7 +57,9 @@ class Telemetry:
         )
         self.cancelled = meter.create_counter("tokenspout.server.requests.cancelled", unit="{request}")
         self.rejected = meter.create_counter("tokenspout.server.requests.rejected", unit="{request}")
-        self.errors = meter.create_counter("tokenspout.server.requests.errors", unit="{request}")
+        self.errors = meter.create_counter(
+            "tokenspout.server.requests.errors", unit="{request}", description="Failed calls by rpc.grpc.status_code"
+        )
 
     def interceptors(self) -> list:
         """The RPC span for every call (health checks excepted), joined to the caller's trace."""

@@ -140,4 +140,3 @@ class RequestTrace:
     def failed(self, message: str) -> None:
         self._span.set_status(Status(StatusCode.ERROR, message))
         self._span.set_attribute("error.type", "INTERNAL")
-        self._telemetry.errors.add(1, {**self._metric_attributes, "rpc.grpc.status_code": "INTERNAL"})

@@ -217,3 +217,27 @@ def test_cancel_latency_is_recorded_in_steps(core, model):
     core.cancel(CancelOrder("a", time.monotonic(), core.steps - 1))
     assert core.stats.last_cancel_latency_steps == 1 and core.stats.cancelled_total == 1
     assert core.stats.cache_tokens_used == 0
+
+
+def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypatch):
+    from backend.constraints import ConstraintCompiler
+    from backend.types import ConstraintSpec
+
+    compiled = ConstraintCompiler(model.constraint_tokenizer()).compile(ConstraintSpec("regex", "[0-9]{5}"))
+    letter = model.tokenize("x", add_special=False)[0]
+    original = llama_cpp.llama_sampler_sample
+    constrained = GenerationRequest("c", tuple(model.tokenize("Digits:")), SamplingParams(temperature=0.0),
+                                    StopParams(max_new_tokens=8), constraint=compiled)
+
+    def sample(sampler, ctx, index):  # a sampler that ignores the mask for the constrained sequence
+        token = original(sampler, ctx, index)
+        return letter if core._running.get("c") is not None and core._running["c"].sampler == sampler else token
+
+    monkeypatch.setattr(llama_cpp, "llama_sampler_sample", sample)
+    good, bad = Recorder(core), Recorder(core)
+    core.add(request(model, "plain"), good)
+    core.add(constrained, bad)
+    run_until_idle(core)
+    assert isinstance(bad.events[-1][1], ErrorEvent) and "rejected" in bad.events[-1][1].message
+    assert all(isinstance(event, ErrorEvent) or not event.text for _, event in bad.events)  # never output
+    assert good.finish.usage.completion_tokens == 8

@@ -255,3 +255,19 @@ def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
             rest = list(call)
             assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 120
     assert server.process.wait(timeout=60) == 0, server.log()
+
+
+def test_a_second_signal_exits_at_once(tmp_path):
+    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "120")
+    with grpc.insecure_channel(server.address) as channel:
+        call = pb_grpc.GenerationServiceStub(channel).GenerateStream(
+            greedy(PROMPT, max_new_tokens=1000, ignore_eos=True), timeout=120
+        )
+        next(call)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert server.process.poll() is None  # draining: the stream still runs
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=30) == 1
+        with pytest.raises(grpc.RpcError):
+            list(call)

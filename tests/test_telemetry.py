@@ -197,6 +197,18 @@ def test_prompt_and_output_text_only_with_the_opt_in():
         server.close()
 
 
+def test_errors_are_counted_by_status_code(traced):
+    with grpc.insecure_channel(traced.address) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError):
+                list(stub.GenerateStream(greedy(""), timeout=10))
+        with pytest.raises(grpc.RpcError):
+            stub.Tokenize(pb.TokenizeRequest(model="nope", text="x"), timeout=10)
+    counts = {p.attributes["rpc.grpc.status_code"]: p.value for p in traced.metric_points("tokenspout.server.requests.errors")}
+    assert counts == {"INVALID_ARGUMENT": 2, "NOT_FOUND": 1}
+
+
 def test_telemetry_is_off_without_an_endpoint(monkeypatch):
     for name in list(os.environ):
         if name.startswith("OTEL_"):
