@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from backend.constraints import CompiledConstraint, ConstraintError
 from backend.engine import ChatMessage, Engine
 from backend.types import ConstraintSpec, GenerationRequest, OutputParams, SamplingParams, StopParams
-from service.errors import FieldViolation, ServiceError, invalid_argument, not_found_model, out_of_range
+from service.errors import FieldViolation, invalid_argument, not_found_model, out_of_range
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"

@@ -13,7 +13,6 @@ from typing import Iterator
 import grpc
 import pytest
 
-from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

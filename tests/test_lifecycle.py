@@ -254,6 +254,7 @@ def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
         for first, call in zip(firsts, calls):
             rest = list(call)
             assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 120
+            assert rest[0].generated_tokens > first.generated_tokens  # the same stream, carried on
     assert server.process.wait(timeout=60) == 0, server.log()
 
 
