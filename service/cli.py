@@ -35,9 +35,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)
+    from backend.models import ModelNotFound
     from service import server
 
-    return asyncio.run(server.run(config))
+    try:
+        return asyncio.run(server.run(config))
+    except ModelNotFound as exc:
+        print(f"tokenspout: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -54,3 +54,28 @@ def test_the_example_config_file_loads():
 
     config = load_config({}, environ={}, config_file=str(ROOT / "deploy" / "tokenspout.toml"))
     assert config.listen == "0.0.0.0:50051" and config.max_batch_size == 8
+
+
+def test_a_local_gguf_is_served_under_its_name(tmp_path):
+    import grpc
+
+    from backend.models import default_model_path
+    from conftest import start_server, stop_server
+    from tokenspout.v1 import generation_pb2 as pb
+    from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+    model = tmp_path / "my-model.gguf"
+    model.symlink_to(default_model_path())
+    server = start_server(tmp_path, "--model", str(model), "--max-batch-size", "1", "--context-length", "128")
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            assert stub.GetModelInfo(pb.GetModelInfoRequest(model="my-model")).model_id == "my-model"
+            assert stub.GetModelInfo(pb.GetModelInfoRequest(model=str(model))).model_id == "my-model"
+    finally:
+        assert stop_server(server) == 0
+
+
+def test_a_missing_model_file_is_reported_without_a_traceback(capsys):
+    assert main(["serve", "--model", "/nonexistent/model.gguf"]) == 2
+    assert "no model file at /nonexistent/model.gguf" in capsys.readouterr().err
