@@ -241,3 +241,26 @@ def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypa
     assert isinstance(bad.events[-1][1], ErrorEvent) and "rejected" in bad.events[-1][1].message
     assert all(isinstance(event, ErrorEvent) or not event.text for _, event in bad.events)  # never output
     assert good.finish.usage.completion_tokens == 8
+
+
+def test_a_gap_left_by_a_finished_sequence_is_closed_without_changing_outputs(model):
+    core = LlamaCppCore(model, LlamaCppConfig(context_length=256, max_batch_size=3, batch_tokens=64, threads=2))
+    try:
+        solo = Recorder(core)
+        core.add(request(model, "solo", prompt="Rivers run", max_new_tokens=30), solo)
+        run_until_idle(core)
+        recs = {rid: Recorder(core) for rid in ("a", "b", "c")}
+        core.add(request(model, "a", max_new_tokens=30), recs["a"])
+        core.add(request(model, "b", max_new_tokens=2), recs["b"])
+        core.add(request(model, "c", prompt="Rivers run", max_new_tokens=30), recs["c"])
+        core.step()
+        assert [core._running[r].slot for r in "abc"] == [0, 1, 2]
+        core.step()
+        core.step()  # b has finished: c moves down into slot 1
+        assert "b" not in core._running and core._running["c"].slot == 1
+        assert cache_cells(core, 2) == 0 and cache_cells(core, 1) > 0
+        run_until_idle(core)
+        token_ids = lambda rec: [t.token_id for _, e in rec.events for t in e.tokens]  # noqa: E731
+        assert token_ids(recs["c"]) == token_ids(solo)  # the moved cache is exact
+    finally:
+        core.close()
