@@ -33,10 +33,7 @@ class SequenceOutput:
         self.step = 0  # set by the engine before each step's tokens
         self._mask_reported = 0.0
         self.constraint = ConstraintState(request.constraint) if request.constraint is not None else None
-        limits = [request.deadline]
-        if request.stopping.time_limit_s is not None:
-            limits.append(request.arrival_time + request.stopping.time_limit_s)
-        self._deadline = min((t for t in limits if t is not None), default=None)
+        self._deadline = request.end_by
 
     @property
     def finished(self) -> bool:

@@ -97,6 +97,14 @@ class GenerationRequest:
     deadline: float | None = None
     """The caller's deadline (time.monotonic()); a request still queued then never starts."""
 
+    @property
+    def end_by(self) -> float | None:
+        """When the request must end: the caller's deadline or its own time limit, whichever comes first."""
+        limits = [self.deadline]
+        if self.stopping.time_limit_s is not None:
+            limits.append(self.arrival_time + self.stopping.time_limit_s)
+        return min((t for t in limits if t is not None), default=None)
+
 
 @dataclass(frozen=True)
 class TopLogprob:

@@ -62,3 +62,15 @@ def test_unary_and_stream_requests_share_every_field():
 
 def test_unary_and_stream_responses_share_every_field():
     assert fields(pb.GenerateResponse.DESCRIPTOR) == fields(pb.GenerateStreamResponse.DESCRIPTOR)
+
+
+def test_every_package_ships_in_the_distribution():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("backend", "service")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert found <= listed, f"add to pyproject.toml: {sorted(found - listed)}"

@@ -1,0 +1,25 @@
+"""Keyword arguments for one `ExLlamaV2DynamicJob`, every one set on purpose."""
+
+from __future__ import annotations
+
+from backend.types import GenerationRequest
+
+
+def job_fields(request: GenerationRequest, eos_token_ids: tuple[int, ...]) -> dict[str, object]:
+    """Everything but `input_ids` and `gen_settings` (which need torch and exllamav2)."""
+    stopping = request.stopping
+    # exllamav2 adds no EOS of its own: every EOS id must be a stop condition, unless ignored.
+    stop_ids = set(stopping.stop_token_ids) | (set() if stopping.ignore_eos else set(eos_token_ids))
+    return {
+        "max_new_tokens": stopping.max_new_tokens,
+        "min_new_tokens": stopping.min_new_tokens,
+        "seed": request.sampling.seed,
+        "stop_conditions": [*stopping.stop_sequences, *sorted(stop_ids)],
+        "decode_special_tokens": False,
+        "return_probs": request.output.return_logprobs,
+        "return_top_tokens": request.output.top_logprobs,
+        "return_logits": False,
+        "token_healing": False,
+        "banned_strings": None,
+        "identifier": request.request_id,
+    }

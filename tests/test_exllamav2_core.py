@@ -1,0 +1,234 @@
+"""The exllamav2 engine's CPU side, against a fake generator that emits the documented result dicts.
+
+exllamav2 itself needs CUDA to import, so these tests drive the owner-thread core
+through the generator's queue API (enqueue / cancel / iterate) exactly as 0.3.2
+documents it: results without text, several per iterate, stop-token EOS with held
+text, an assertion from enqueue, a cancel that emits nothing, an exception from iterate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from backend.exllamav2.core import ExLlamaV2Core
+from backend.exllamav2.jobs import job_fields
+from backend.exllamav2.settings import settings_fields
+from backend.types import (
+    ErrorEvent, FinishReason, GenerationRequest, OutputParams, SamplingParams, StopParams, TokenEvent,
+)
+
+EOS = (2,)
+PIECES = {10: b"Hel", 11: b"lo", 12: b" wor", 13: b"ld", 2: b""}
+
+
+class FakeJob:
+    def __init__(self, request: GenerationRequest) -> None:
+        self.identifier = request.request_id
+        self.fields = job_fields(request, EOS)
+
+
+class FakeGenerator:
+    """Scripted results per iterate(); records enqueue and cancel calls."""
+
+    def __init__(self) -> None:
+        self.script: list[list[dict]] = []
+        self.enqueued: list[FakeJob] = []
+        self.cancelled: list[FakeJob] = []
+        self.refuse = False
+        self.explode = False
+
+    def enqueue(self, job: FakeJob) -> int:
+        assert not self.refuse, "Job requires 33 pages (only 32 available) and cannot be enqueued"
+        self.enqueued.append(job)
+        return len(self.enqueued)
+
+    def cancel(self, job: FakeJob) -> None:
+        self.cancelled.append(job)  # exllamav2 emits no result for a cancelled job
+
+    def iterate(self) -> list[dict]:
+        if self.explode:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.script.pop(0) if self.script else []
+
+
+def streaming(identifier: str, ids: list[int] | None = None, text: str | None = None, **extra) -> dict:
+    result = {"job": None, "stage": "streaming", "eos": False, "serial": 1, "identifier": identifier}
+    if ids is not None:
+        result["token_ids"] = [ids]
+    if text is not None:
+        result["text"] = text
+    result.update(extra)
+    return result
+
+
+def eos(identifier: str, reason: str, new_tokens: int, **extra) -> dict:
+    return streaming(identifier, eos=True, eos_reason=reason, new_tokens=new_tokens, prompt_tokens=3,
+                     time_enqueued=0.01, time_prefill=0.02, time_generate=0.3, cached_tokens=0,
+                     full_completion="", **extra)
+
+
+def request(request_id: str, **stopping) -> GenerationRequest:
+    return GenerationRequest(request_id, (1, 5, 6), SamplingParams(temperature=0.0),
+                             StopParams(**({"max_new_tokens": 16} | stopping)))
+
+
+@pytest.fixture
+def setup():
+    generators: list[FakeGenerator] = []
+
+    def make_generator() -> FakeGenerator:
+        generators.append(FakeGenerator())
+        return generators[-1]
+
+    core = ExLlamaV2Core(make_generator, FakeJob, EOS, lambda t: PIECES.get(t, b"?"), cache_tokens=4096)
+    return core, generators
+
+
+def collect(events: list):
+    return lambda event: events.append(event)
+
+
+def test_results_without_text_and_several_per_iterate(setup):
+    core, generators = setup
+    events: list = []
+    core.add(request("a"), collect(events))
+    generators[0].script = [
+        [{"job": None, "stage": "started", "eos": False, "serial": 1, "identifier": "a"},
+         {"job": None, "stage": "prefill", "eos": False, "serial": 1, "identifier": "a", "curr_progress": 3, "max_progress": 3}],
+        [streaming("a", [10]), streaming("a", [11], "Hello")],  # text held for a token, then released
+        [streaming("a", [12, 13], " world")],
+        [eos("a", "max_new_tokens", 4, text="")],
+    ]
+    while core.has_work():
+        core.step()
+    assert "".join(e.text for e in events) == "Hello world"
+    assert [t.token_id for e in events for t in e.tokens] == [10, 11, 12, 13]
+    finish = events[-1].finish
+    assert finish.reason is FinishReason.MAX_TOKENS and finish.usage.completion_tokens == 4
+    assert finish.timings.time_to_first_token_s == pytest.approx(0.03) and finish.timings.decode_s == pytest.approx(0.3)
+
+
+def test_stop_token_eos_keeps_held_text_but_not_the_token(setup):
+    core, generators = setup
+    events: list = []
+    core.add(request("a", stop_sequences=("Hello!",)), collect(events))
+    generators[0].script = [
+        [streaming("a", [10, 11], "")],  # "Hello" held: it could still become "Hello!"
+        [eos("a", "stop_token", 3, eos_triggering_token_id=2, eos_triggering_token_str="",
+             held={"text": "Hello", "token_ids": [[10, 11, 2]]})],
+    ]
+    while core.has_work():
+        core.step()
+    assert "".join(e.text for e in events) == "Hello"
+    assert events[-1].finish.reason is FinishReason.EOS_TOKEN and events[-1].finish.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize(
+    "reason, extra, expected",
+    [
+        ("stop_string", {"eos_triggering_string": "END"}, FinishReason.STOP_SEQUENCE),
+        ("stop_token", {"eos_triggering_token_id": 13, "eos_triggering_token_str": "ld"}, FinishReason.STOP_TOKEN),
+        ("end_filter", {}, FinishReason.CONSTRAINT_COMPLETE),
+    ],
+)
+def test_eos_reasons_map_to_finish_reasons(setup, reason, extra, expected):
+    core, generators = setup
+    events: list = []
+    core.add(request("a", stop_token_ids=frozenset({13})), collect(events))
+    generators[0].script = [[eos("a", reason, 1, **extra)]]
+    core.step()
+    finish = events[-1].finish
+    assert finish.reason is expected
+    if expected is FinishReason.STOP_SEQUENCE:
+        assert finish.stop_sequence == "END"
+    if expected is FinishReason.STOP_TOKEN:
+        assert finish.stop_token_id == 13
+
+
+def test_logprobs_come_from_token_probs(setup):
+    core, generators = setup
+    events: list = []
+    core.add(request("a"), collect(events))
+    generators[0].script = [[streaming("a", [10, 11], "Hello", token_probs=[[0.5, 0.0]])]]
+    core.step()
+    assert [t.logprob for t in events[0].tokens] == [math.log(0.5), -math.inf]
+
+
+def test_an_enqueue_assertion_fails_only_that_request(setup):
+    core, generators = setup
+    events: list = []
+    generators[0].refuse = True
+    core.add(request("big"), collect(events))
+    assert isinstance(events[0], ErrorEvent) and "cannot be enqueued" in events[0].message
+    assert not core.has_work()
+
+
+def test_cancel_between_iterates_frees_the_job_and_drops_late_results(setup):
+    core, generators = setup
+    events: list = []
+    core.add(request("a"), collect(events))
+    generators[0].script = [[streaming("a", [10], "Hel")], [streaming("a", [11], "lo")]]
+    core.step()
+    core.cancel("a")
+    assert generators[0].cancelled == generators[0].enqueued
+    assert events[-1].finish.reason is FinishReason.CANCELLED and events[-1].finish.usage.completion_tokens == 1
+    core.step()  # the script still holds a result for "a": dropped
+    assert len(events) == 2 and not core.has_work() and core.stats.cancelled_total == 1
+
+
+def test_cancel_of_a_pending_job_and_after_eos(setup):
+    core, generators = setup
+    events: list = []
+    core.add(request("pending"), collect(events))
+    core.cancel("pending")  # never iterated: still cancelled in the generator
+    assert [j.identifier for j in generators[0].cancelled] == ["pending"]
+    core.add(request("done"), collect(events))
+    generators[0].script = [[eos("done", "max_new_tokens", 1, token_ids=[[10]], text="Hel")]]
+    core.step()
+    core.cancel("done")  # after EOS: a no-op
+    assert [j.identifier for j in generators[0].cancelled] == ["pending"]
+    assert [e.finish.reason for e in events] == [FinishReason.CANCELLED, FinishReason.MAX_TOKENS]
+
+
+def test_an_exception_from_iterate_fails_the_streams_and_rebuilds_the_generator(setup):
+    core, generators = setup
+    first: list = []
+    second: list = []
+    core.add(request("a"), collect(first))
+    core.add(request("b"), collect(second))
+    generators[0].explode = True
+    core.step()
+    assert all(isinstance(events[-1], ErrorEvent) for events in (first, second))
+    assert len(generators) == 2 and not core.has_work()
+    later: list = []
+    core.add(request("c"), collect(later))
+    generators[1].script = [[eos("c", "max_new_tokens", 1, token_ids=[[10]], text="Hel")]]
+    core.step()
+    assert later[-1].finish.reason is FinishReason.MAX_TOKENS  # the engine keeps serving
+
+
+def test_job_fields_are_explicit():
+    req = GenerationRequest(
+        "r1", (1, 2), SamplingParams(temperature=0.7, top_p=0.9, seed=5),
+        StopParams(max_new_tokens=40, min_new_tokens=2, stop_sequences=("\n\n",), stop_token_ids=frozenset({7})),
+        OutputParams(return_logprobs=True, top_logprobs=3),
+    )
+    assert job_fields(req, EOS) == {
+        "max_new_tokens": 40, "min_new_tokens": 2, "seed": 5, "stop_conditions": ["\n\n", 2, 7],
+        "decode_special_tokens": False, "return_probs": True, "return_top_tokens": 3, "return_logits": False,
+        "token_healing": False, "banned_strings": None, "identifier": "r1",
+    }
+    ignoring = GenerationRequest("r2", (1,), stopping=StopParams(ignore_eos=True))
+    assert job_fields(ignoring, EOS)["stop_conditions"] == []
+
+
+def test_sampler_settings_override_every_non_neutral_default():
+    greedy = settings_fields(SamplingParams(temperature=0.0))
+    assert greedy["top_k"] == 1 and greedy["temperature"] == 1.0 and greedy["token_repetition_penalty"] == 1.0
+    sampled = settings_fields(SamplingParams(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.1, penalty_last_n=64))
+    assert (sampled["temperature"], sampled["top_k"], sampled["top_p"]) == (0.7, 0, 0.0)
+    assert (sampled["token_repetition_penalty"], sampled["token_repetition_range"]) == (1.1, 64)
+    # exllamav2's own defaults (top_k 50, top_p 0.8, repetition 1.025, temperature 0.8) never leak through.
+    assert sampled["dry_multiplier"] == 0.0 and sampled["xtc_probability"] == 0.0 and sampled["mirostat"] is False
