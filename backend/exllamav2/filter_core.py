@@ -1,0 +1,103 @@
+"""The grammar filter for exllamav2 jobs, as a pure core on ints and numpy arrays.
+
+exllamav2 calls a job's filter from its worker threads, and an exception
+there ends every job in the generator, so nothing here raises: a matcher
+error puts the filter in an error state in which only EOS is allowed (the
+engine then reports the error on that stream). The `ExLlamaV2Filter`
+subclass the generator sees is a thin shell over this (`filter_class`).
+"""
+
+from __future__ import annotations
+
+import llguidance.numpy
+import numpy as np
+
+from backend.constraints import CompiledConstraint, apply_bitmask
+
+
+class GrammarFilterCore:
+    def __init__(self, compiled: CompiledConstraint, eos_token_ids: tuple[int, ...], vocab_size: int) -> None:
+        """`vocab_size` is the tokenizer's; the logits may be wider (padding is always masked)."""
+        self._compiled = compiled
+        self._matcher = compiled.new_matcher()
+        self._eos = np.array(eos_token_ids, dtype=np.int64)
+        self._vocab_size = vocab_size
+        self._bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
+        self.error = ""
+
+    def begin(self) -> None:
+        self._matcher = self._compiled.new_matcher()
+        self.error = ""
+
+    def feed(self, token_id: int) -> None:
+        if self.error:
+            return
+        if not self._matcher.consume_token(token_id):
+            self.error = self._matcher.get_error() or f"token {token_id} rejected by the constraint"
+
+    @property
+    def complete(self) -> bool:
+        return self._matcher.is_stopped()
+
+    def prepare_mask(self) -> bool:
+        """Computes the next mask (GIL released inside llguidance); True, as exllamav2 asserts."""
+        try:
+            if not self.error and not self.complete:
+                llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+                return True
+        except Exception as exc:  # never let it reach the generator's iterate()
+            self.error = f"mask computation failed: {exc}"
+        self._eos_only()
+        return True
+
+    def mask_logits(self, logits: np.ndarray) -> np.ndarray:
+        """Sets disallowed logits (and any padding past the vocabulary) to -inf, in place."""
+        apply_bitmask(logits, self._bitmask[0])
+        return logits
+
+    def allowed_tokens(self) -> tuple[list[int], list[int]]:
+        """The allowed-list path: (pass tokens, end tokens); never an empty pass list."""
+        self.prepare_mask()
+        allowed = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little", count=self._vocab_size)
+        tokens = np.flatnonzero(allowed).tolist()
+        return (tokens or self._eos.tolist()), []
+
+    def _eos_only(self) -> None:
+        bits = np.zeros(self._bitmask.shape[1] * 32, dtype=np.uint8)
+        bits[self._eos] = 1
+        self._bitmask[0] = np.packbits(bits, bitorder="little").view(np.int32)
+
+
+def filter_class():
+    """The `ExLlamaV2Filter` subclass; importing exllamav2 needs CUDA, so it is built on demand."""
+    import torch
+    from exllamav2.generator.filters import ExLlamaV2Filter
+
+    class LLGuidanceFilter(ExLlamaV2Filter):
+        def __init__(self, model, tokenizer, core: GrammarFilterCore) -> None:
+            super().__init__(model, tokenizer)
+            self.core = core
+
+        def begin(self, prefix_str: str = "") -> None:
+            self.core.begin()
+
+        def feed(self, token) -> None:
+            self.core.feed(int(token.view(-1)[0]))
+
+        def use_background_worker(self) -> bool:
+            return True
+
+        def can_mask_logits(self) -> bool:
+            return True
+
+        def prepare_logit_mask(self) -> bool:
+            return self.core.prepare_mask()
+
+        def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
+            self.core.mask_logits(logits.numpy())
+            return logits
+
+        def next(self):
+            return self.core.allowed_tokens()
+
+    return LLGuidanceFilter
