@@ -59,6 +59,17 @@ def stop_server(server: RunningServer) -> int:
 
 
 @pytest.fixture(scope="session")
+def model():
+    """The embedded model loaded in this process (read-only: tests share it)."""
+    from backend.llamacpp.model import GgufModel
+    from backend.models import default_model_path
+
+    loaded = GgufModel(default_model_path())
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     running = start_server(
         tmp_path_factory.mktemp("server"), "--context-length", str(SERVER_CONTEXT_LENGTH), "--max-batch-size", "8"

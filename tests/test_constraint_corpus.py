@@ -15,8 +15,6 @@ import grpc
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintError
-from backend.llamacpp.model import GgufModel
-from backend.models import default_model_path
 from backend.types import ConstraintSpec
 from conftest import REPORT, SHARED_DATA
 from helpers import bad_request_fields
@@ -38,13 +36,6 @@ def load_corpus() -> list[tuple[str, dict]]:
 @pytest.fixture(scope="module")
 def corpus():
     return load_corpus()
-
-
-@pytest.fixture(scope="module")
-def model():
-    loaded = GgufModel(default_model_path())
-    yield loaded
-    loaded.close()
 
 
 def test_every_schema_compiles_or_is_refused_with_invalid_argument(stub, corpus):

@@ -9,16 +9,7 @@ import numpy as np
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintState, apply_bitmask
-from backend.llamacpp.model import GgufModel
-from backend.models import default_model_path
 from backend.types import ConstraintSpec
-
-
-@pytest.fixture(scope="module")
-def model():
-    loaded = GgufModel(default_model_path())
-    yield loaded
-    loaded.close()
 
 
 @pytest.fixture(scope="module")

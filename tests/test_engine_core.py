@@ -7,16 +7,8 @@ import pytest
 
 from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
-from backend.llamacpp.model import GgufModel
 from backend.models import default_model_path
 from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
-
-
-@pytest.fixture(scope="module")
-def model():
-    loaded = GgufModel(default_model_path())
-    yield loaded
-    loaded.close()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.jobs import job_fields
 from backend.exllamav2.settings import settings_fields
 from backend.types import (
-    ErrorEvent, FinishReason, GenerationRequest, OutputParams, SamplingParams, StopParams, TokenEvent,
+    ErrorEvent, FinishReason, GenerationRequest, OutputParams, SamplingParams, StopParams,
 )
 
 EOS = (2,)

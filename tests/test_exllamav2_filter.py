@@ -7,16 +7,7 @@ import pytest
 
 from backend.constraints import ConstraintCompiler
 from backend.exllamav2.filter_core import GrammarFilterCore
-from backend.llamacpp.model import GgufModel
-from backend.models import default_model_path
 from backend.types import ConstraintSpec
-
-
-@pytest.fixture(scope="module")
-def model():
-    loaded = GgufModel(default_model_path())
-    yield loaded
-    loaded.close()
 
 
 @pytest.fixture(scope="module")
