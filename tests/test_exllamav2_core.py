@@ -232,3 +232,12 @@ def test_sampler_settings_override_every_non_neutral_default():
     assert (sampled["token_repetition_penalty"], sampled["token_repetition_range"]) == (1.1, 64)
     # exllamav2's own defaults (top_k 50, top_p 0.8, repetition 1.025, temperature 0.8) never leak through.
     assert sampled["dry_multiplier"] == 0.0 and sampled["xtc_probability"] == 0.0 and sampled["mirostat"] is False
+
+
+def test_the_engine_module_imports_without_exllamav2():
+    import importlib
+    import sys
+
+    module = importlib.import_module("backend.exllamav2.engine")
+    assert "exllamav2" not in sys.modules  # only ExLlamaV2Engine() imports it (it compiles CUDA code)
+    assert module.PAGE_SIZE == 256

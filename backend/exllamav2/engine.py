@@ -1,0 +1,191 @@
+"""The exllamav2 engine: an EXL2 or GPTQ model directory served by one worker thread.
+
+Everything exllamav2 (and torch) is imported inside `ExLlamaV2Engine.__init__`:
+`import exllamav2` compiles a CUDA extension. Not yet exercised on a GPU: the
+parts it builds on (ExLlamaV2Core, JobResults, job and sampler fields, the filter
+core) are tested on CPU against a fake generator.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import pathlib
+from dataclasses import dataclass
+from typing import Sequence
+
+from backend.constraints import ConstraintCompiler
+from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineStats, EventSink, ModelInfo
+from backend.exllamav2.core import ExLlamaV2Core
+from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
+from backend.exllamav2.jobs import job_fields
+from backend.exllamav2.settings import settings_fields
+from backend.types import GenerationRequest
+from backend.worker import EngineWorker
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 256  # the dynamic generator's page: cache sizes and prefill chunks are multiples of it
+_PAGED_FLASH_ATTN = (2, 5, 7)
+SUPPORTED_SAMPLERS = (
+    "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "penalty_last_n", "seed",
+)
+
+
+@dataclass(frozen=True)
+class ExLlamaV2Config:
+    max_seq_len: int = 0
+    """Most tokens one sequence holds; 0 keeps the model's own."""
+    cache_tokens: int = 0
+    """The cache's token budget, shared by every job; 0 means max_seq_len * max_batch_size."""
+    cache_type: str = "fp16"  # fp16, q4, q6 or q8
+    max_batch_size: int = 8
+    max_chunk_size: int = 2048
+    gpu_split: tuple[float, ...] = ()
+    """GB per GPU; empty means fill the GPUs in order (autosplit)."""
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def paged_attention_available() -> bool:
+    """Continuous batching needs flash-attn >= 2.5.7; without it the generator runs one job at a time."""
+    try:
+        version = importlib.metadata.version("flash-attn")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    parts = tuple(int(p) for p in version.split("+")[0].split(".")[:3] if p.isdigit())
+    return parts >= _PAGED_FLASH_ATTN
+
+
+class ExLlamaV2Engine:
+    def __init__(self, model_dir: pathlib.Path, config: ExLlamaV2Config = ExLlamaV2Config(), model_id: str = "") -> None:
+        import llguidance
+        import torch
+        from exllamav2 import (
+            ExLlamaV2, ExLlamaV2Cache, ExLlamaV2Cache_Q4, ExLlamaV2Cache_Q6, ExLlamaV2Cache_Q8, ExLlamaV2Tokenizer,
+        )
+        from exllamav2 import ExLlamaV2Config as XConfig
+        from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self._torch = torch
+        xconfig = XConfig(str(model_dir))
+        xconfig.arch_compat_overrides()
+        if config.max_seq_len:
+            xconfig.max_seq_len = config.max_seq_len
+        chunk = max(PAGE_SIZE, min(_round_up(config.max_chunk_size, PAGE_SIZE), xconfig.max_seq_len))
+        xconfig.max_input_len = chunk
+        xconfig.max_attention_size = chunk**2
+        self.paged = paged_attention_available()
+        batch_size = config.max_batch_size if self.paged else 1
+        if not self.paged:
+            log.warning("flash-attn >= 2.5.7 not found: exllamav2 runs unpaged, one request at a time")
+        cache_tokens = _round_up(config.cache_tokens or xconfig.max_seq_len * batch_size, PAGE_SIZE)
+        cache_class = {"fp16": ExLlamaV2Cache, "q4": ExLlamaV2Cache_Q4, "q6": ExLlamaV2Cache_Q6, "q8": ExLlamaV2Cache_Q8}[
+            config.cache_type
+        ]
+        self.model = ExLlamaV2(xconfig)
+        self.cache = cache_class(self.model, max_seq_len=cache_tokens, lazy=not config.gpu_split)
+        if config.gpu_split:
+            self.model.load(list(config.gpu_split))
+        else:
+            self.model.load_autosplit(self.cache)
+        self.tokenizer = ExLlamaV2Tokenizer(xconfig, lazy_init=False)
+        self.max_seq_len = xconfig.max_seq_len
+        self.cache_tokens = cache_tokens
+        # config.json keeps one EOS id; generation_config.json may list several, and every one must stop a job.
+        generation_eos = _as_list((xconfig.generation_config or {}).get("eos_token_id"))
+        self.eos_token_ids = tuple(sorted({t for t in (xconfig.eos_token_id, *generation_eos) if t is not None}))
+        self._pieces = [p.encode() for p in self.tokenizer.get_id_to_piece_list(False)]
+        tokenizer_config = self.tokenizer.tokenizer_config_dict or {}
+        self._add_bos = bool(tokenizer_config.get("add_bos_token", False))
+        template = tokenizer_config.get("chat_template")
+        self._chat = (
+            {
+                add: Jinja2ChatFormatter(template, self.tokenizer.eos_token or "", self.tokenizer.bos_token or "", add)
+                for add in (True, False)
+            }
+            if isinstance(template, str)
+            else None
+        )
+        tokenizer_json = (model_dir / "tokenizer.json").read_text()
+        ll_tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=xconfig.vocab_size, eos_token=list(self.eos_token_ids))
+        self.constraints = ConstraintCompiler(ll_tokenizer)
+        self.info = ModelInfo(
+            model_id=model_id or model_dir.name,
+            engine="exllamav2" if self.paged else "exllamav2 (unpaged: one request at a time)",
+            context_length=self.max_seq_len,
+            vocab_size=xconfig.vocab_size,
+            max_batch_size=batch_size,
+            bos_token_id=self.tokenizer.bos_token_id,
+            eos_token_ids=self.eos_token_ids,
+            has_chat_template=self._chat is not None,
+            samplers=SUPPORTED_SAMPLERS,
+            constraint_kinds=CONSTRAINT_KINDS,
+        )
+        filter_type = filter_class()
+
+        def make_generator():
+            return ExLlamaV2DynamicGenerator(
+                model=self.model, cache=self.cache, tokenizer=self.tokenizer, max_batch_size=batch_size,
+                max_seq_len=self.max_seq_len, max_chunk_size=chunk, paged=self.paged, filter_background_eval=True,
+            )
+
+        def make_job(request: GenerationRequest):
+            filters = None
+            if request.constraint is not None:
+                core = GrammarFilterCore(request.constraint, self.eos_token_ids, xconfig.vocab_size)
+                filters = [filter_type(self.model, self.tokenizer, core)]
+            return ExLlamaV2DynamicJob(
+                input_ids=torch.tensor([request.prompt_token_ids], dtype=torch.long),
+                gen_settings=ExLlamaV2Sampler.Settings(**settings_fields(request.sampling)),
+                filters=filters,
+                **job_fields(request, self.eos_token_ids),
+            )
+
+        self.core = ExLlamaV2Core(make_generator, make_job, self.eos_token_ids, self.token_piece, cache_tokens)
+        self._worker = EngineWorker(self.core, name="exllamav2-engine")
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        ids = self.tokenizer.encode(text, add_bos=add_special and self._add_bos, encode_special_tokens=False)
+        return ids[0].tolist()
+
+    def token_piece(self, token_id: int) -> bytes:
+        return self._pieces[token_id] if token_id < len(self._pieces) else b""
+
+    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        if self._chat is None:
+            raise ValueError("this model has no chat template; send a prompt instead")
+        text = self._chat[add_generation_prompt](messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
+        ids = self.tokenizer.encode(text, add_bos=False, encode_special_tokens=True)
+        return ids[0].tolist()
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> None:
+        self._worker.submit(request, sink)
+
+    def cancel(self, request_id: str) -> None:
+        self._worker.cancel(request_id)
+
+    def pause(self, request_id: str) -> None:
+        self._worker.pause(request_id)
+
+    def resume(self, request_id: str) -> None:
+        self._worker.resume(request_id)
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.core.stats
+
+    def close(self) -> None:
+        self._worker.close()
+        self.model.unload()
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
