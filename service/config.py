@@ -20,8 +20,10 @@ ENV_PREFIX = "TOKENSPOUT_"
 @dataclass(frozen=True)
 class ServeConfig:
     listen: str = "127.0.0.1:50051"
+    engine: str = "llama.cpp"
+    """llama.cpp (GGUF, CPU or GPU) or exllamav2 (EXL2/GPTQ directory, CUDA; work in progress)."""
     model: str = "default"
-    """A local GGUF path, or "default" for the embedded SmolLM2-135M-Instruct."""
+    """A local GGUF path (or "default": the embedded SmolLM2-135M-Instruct), or a model directory for exllamav2."""
     model_id: str = ""
     """The name callers use in `model`; defaults to the model's own name."""
     context_length: int = 2048
@@ -29,6 +31,12 @@ class ServeConfig:
     threads: int = 0
     batch_tokens: int = 512
     gpu_layers: int = 0
+    cache_tokens: int = 0
+    """exllamav2: the cache's token budget shared by all jobs (0: context_length * max_batch_size)."""
+    cache_type: str = "fp16"
+    """exllamav2: fp16, q4, q6 or q8."""
+    gpu_split: str = ""
+    """exllamav2: GB per GPU, comma-separated (empty: fill the GPUs in order)."""
     max_queued_requests: int = 16
     """Requests that may wait beyond max_batch_size; more are refused with RESOURCE_EXHAUSTED."""
     stream_buffer_events: int = 64
@@ -82,6 +90,8 @@ def load_config(
         raise ValueError("need context_length >= 16, max_batch_size >= 1 and batch_tokens >= max_batch_size")
     if config.max_queued_requests < 0 or config.stream_buffer_events < 2:
         raise ValueError("need max_queued_requests >= 0 and stream_buffer_events >= 2")
+    if config.engine not in ("llama.cpp", "exllamav2") or config.cache_type not in ("fp16", "q4", "q6", "q8"):
+        raise ValueError("engine must be llama.cpp or exllamav2, cache_type fp16, q4, q6 or q8")
     if config.log_format not in ("text", "json"):
         raise ValueError("log_format must be text or json")
     if bool(config.tls_cert) != bool(config.tls_key):

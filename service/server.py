@@ -35,6 +35,8 @@ _CHANNEL_OPTIONS = [
 
 
 def build_engine(config: ServeConfig) -> Engine:
+    if config.engine == "exllamav2":
+        return _build_exllamav2(config)
     from backend.llamacpp.core import LlamaCppConfig
     from backend.llamacpp.engine import LlamaCppEngine
     from backend.models import DEFAULT_MODEL_ID, resolve_model_path
@@ -50,6 +52,23 @@ def build_engine(config: ServeConfig) -> Engine:
     path = resolve_model_path(config.model)
     model_id = config.model_id or (DEFAULT_MODEL_ID if config.model == "default" else path.stem)
     return LlamaCppEngine(path, engine_config, model_id=model_id)
+
+
+def _build_exllamav2(config: ServeConfig) -> Engine:
+    from backend.exllamav2.engine import ExLlamaV2Config, ExLlamaV2Engine
+    from backend.models import ModelNotFound
+
+    model_dir = pathlib.Path(config.model).expanduser()
+    if not (model_dir / "config.json").is_file():
+        raise ModelNotFound(f"exllamav2 needs a model directory with config.json; got {model_dir}")
+    engine_config = ExLlamaV2Config(
+        max_seq_len=config.context_length,
+        cache_tokens=config.cache_tokens,
+        cache_type=config.cache_type,
+        max_batch_size=config.max_batch_size,
+        gpu_split=tuple(float(gb) for gb in config.gpu_split.split(",") if gb),
+    )
+    return ExLlamaV2Engine(model_dir, engine_config, model_id=config.model_id)
 
 
 def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:

@@ -30,6 +30,7 @@ def test_config_file_from_environment(tmp_path):
         ({}, {"TOKENSPOUT_CONTEXT_LENGTH": "many"}, "context_length"),
         ({"max_batch_size": 0}, {}, "max_batch_size"),
         ({"tls_cert": "c.pem"}, {}, "tls_key"),
+        ({"engine": "vllm"}, {}, "engine"),
     ],
 )
 def test_bad_settings_are_refused(flags, environ, message):
@@ -79,3 +80,8 @@ def test_a_local_gguf_is_served_under_its_name(tmp_path):
 def test_a_missing_model_file_is_reported_without_a_traceback(capsys):
     assert main(["serve", "--model", "/nonexistent/model.gguf"]) == 2
     assert "no model file at /nonexistent/model.gguf" in capsys.readouterr().err
+
+
+def test_exllamav2_wants_a_model_directory(capsys, tmp_path):
+    assert main(["serve", "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
+    assert "model directory with config.json" in capsys.readouterr().err
