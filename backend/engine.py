@@ -71,6 +71,10 @@ class Engine(Protocol):
         """The bytes a token decodes to (empty for control tokens)."""
         ...
 
+    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
+        """Why a request of this size can never run here, or "" (checked before submit)."""
+        ...
+
     def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         """Renders messages with the model's chat template and tokenizes them. Raises ValueError."""
         ...

@@ -71,6 +71,9 @@ class RequestValidator:
         if violations:
             raise invalid_argument(violations)
         prompt = self.prompt_tokens(request)
+        problem = self._engine.budget_problem(len(prompt), stopping.max_new_tokens)
+        if problem:
+            raise out_of_range("stopping.max_new_tokens", problem)
         return GenerationRequest(
             request_id=request.request_id or uuid.uuid4().hex,
             prompt_token_ids=tuple(prompt),

@@ -241,3 +241,38 @@ def test_the_engine_module_imports_without_exllamav2():
     module = importlib.import_module("backend.exllamav2.engine")
     assert "exllamav2" not in sys.modules  # only ExLlamaV2Engine() imports it (it compiles CUDA code)
     assert module.PAGE_SIZE == 256
+
+
+def test_the_page_budget_is_checked_before_enqueue():
+    from backend.exllamav2.jobs import budget_problem
+
+    assert budget_problem(100, 156, max_seq_len=4096, cache_tokens=256) == ""
+    assert "context" in budget_problem(4000, 200, max_seq_len=4096, cache_tokens=65536)
+    assert "2 cache pages; the cache has 1" in budget_problem(100, 157, max_seq_len=4096, cache_tokens=256)
+
+
+def test_a_request_over_the_budget_is_out_of_range_before_it_reaches_the_engine():
+    import grpc
+
+    from backend.engine import ModelInfo
+    from backend.exllamav2.jobs import budget_problem
+    from service.errors import ServiceError
+    from service.validate import RequestValidator
+    from tokenspout.v1 import generation_pb2 as pb
+
+    class PagedEngine:  # just what validation reads
+        info = ModelInfo("m", "exllamav2", 4096, 32000, 8, 1, EOS, False, ())
+
+        def tokenize(self, text, add_special=True):
+            return list(range(len(text.split())))
+
+        def budget_problem(self, prompt_tokens, max_new_tokens):
+            return budget_problem(prompt_tokens, max_new_tokens, max_seq_len=4096, cache_tokens=512)
+
+    validator = RequestValidator(PagedEngine())
+    fits = pb.GenerateStreamRequest(prompt="a b c", stopping=pb.StoppingCriteria(max_new_tokens=500))
+    assert validator.generation_request(fits).stopping.max_new_tokens == 500
+    too_big = pb.GenerateStreamRequest(prompt="a b c", stopping=pb.StoppingCriteria(max_new_tokens=1000))
+    with pytest.raises(ServiceError) as refused:
+        validator.generation_request(too_big)
+    assert refused.value.code == grpc.StatusCode.OUT_OF_RANGE and "cache pages" in refused.value.message

@@ -18,7 +18,7 @@ from backend.constraints import ConstraintCompiler
 from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineStats, EventSink, ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
-from backend.exllamav2.jobs import job_fields
+from backend.exllamav2.jobs import budget_problem, job_fields
 from backend.exllamav2.settings import settings_fields
 from backend.types import GenerationRequest
 from backend.worker import EngineWorker
@@ -152,6 +152,9 @@ class ExLlamaV2Engine:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         ids = self.tokenizer.encode(text, add_bos=add_special and self._add_bos, encode_special_tokens=False)
         return ids[0].tolist()
+
+    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
+        return budget_problem(prompt_tokens, max_new_tokens, self.max_seq_len, self.cache_tokens)
 
     def token_piece(self, token_id: int) -> bytes:
         return self._pieces[token_id] if token_id < len(self._pieces) else b""

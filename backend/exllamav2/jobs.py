@@ -5,6 +5,17 @@ from __future__ import annotations
 from backend.types import GenerationRequest
 
 
+def budget_problem(prompt_tokens: int, max_new_tokens: int, max_seq_len: int, cache_tokens: int, page: int = 256) -> str:
+    """Why a job could never run, or "" if it can. The generator reserves whole 256-token pages for
+    prompt + max_new_tokens up front, and asserts inside enqueue() when they can never fit."""
+    total = prompt_tokens + max_new_tokens
+    if total > max_seq_len:
+        return f"prompt ({prompt_tokens}) + max_new_tokens ({max_new_tokens}) exceeds the {max_seq_len}-token context"
+    if -(-total // page) > cache_tokens // page:
+        return f"prompt + max_new_tokens needs {-(-total // page)} cache pages; the cache has {cache_tokens // page}"
+    return ""
+
+
 def job_fields(request: GenerationRequest, eos_token_ids: tuple[int, ...]) -> dict[str, object]:
     """Everything but `input_ids` and `gen_settings` (which need torch and exllamav2)."""
     stopping = request.stopping

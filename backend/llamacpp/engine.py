@@ -36,6 +36,9 @@ class LlamaCppEngine:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self.model.tokenize(text, add_special=add_special)
 
+    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
+        return ""  # each sequence owns context_length cells; a long request ends with CONTEXT_LIMIT
+
     def token_piece(self, token_id: int) -> bytes:
         return self.model.pieces[token_id]
 
