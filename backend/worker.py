@@ -20,12 +20,20 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from backend.engine import EngineStats, EventSink
-from backend.types import GenerationRequest
+from backend.types import Event, GenerationRequest
 
 log = logging.getLogger(__name__)
 
 # How often an idle worker holding paused sequences checks their deadlines.
 _PAUSED_CHECK_S = 0.1
+
+
+def deliver(sink: EventSink, event: Event) -> None:
+    """Hands an event to a request's sink; a failing sink (its caller's loop is gone) ends nothing else."""
+    try:
+        sink(event)
+    except Exception:
+        log.exception("could not deliver an event")
 
 
 class Command(enum.Enum):
@@ -133,3 +141,29 @@ class EngineWorker:
             except queue.Empty:
                 return True
         return False
+
+
+class WorkerEngine:
+    """The command half of the Engine protocol, for an engine whose core runs on an EngineWorker.
+
+    Subclasses set `self.core` and `self._worker`; every method here is thread-safe.
+    """
+
+    core: EngineCore
+    _worker: EngineWorker
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> None:
+        self._worker.submit(request, sink)
+
+    def cancel(self, request_id: str) -> None:
+        self._worker.cancel(request_id)
+
+    def pause(self, request_id: str) -> None:
+        self._worker.pause(request_id)
+
+    def resume(self, request_id: str) -> None:
+        self._worker.resume(request_id)
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.core.stats

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from backend.engine import EngineStats, EventSink
 from backend.exllamav2.results import JobResults
-from backend.types import ErrorEvent, Event, Finish, FinishReason, GenerationRequest, TokenEvent, Timings, Usage
-from backend.worker import CancelOrder
+from backend.types import ErrorEvent, Finish, FinishReason, GenerationRequest, TokenEvent, Timings, Usage
+from backend.worker import CancelOrder, deliver
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ExLlamaV2Core:
         try:
             self._generator.enqueue(job)
         except AssertionError as exc:  # validation should have caught it; never let it reach iterate()
-            self._deliver(sink, ErrorEvent(f"the generator refused the job: {exc}"))
+            deliver(sink, ErrorEvent(f"the generator refused the job: {exc}"))
             return
         self._jobs[request.request_id] = _Job(request, job, sink, JobResults(request, self._eos_token_ids, self._piece))
         self._publish()
@@ -100,7 +100,7 @@ class ExLlamaV2Core:
         except Exception as exc:  # it would end every job anyway: fail them, rebuild, carry on
             log.exception("exllamav2 iterate() failed; rebuilding the generator")
             for entry in list(self._jobs.values()):
-                self._deliver(entry.sink, ErrorEvent(f"the generator failed: {exc}"))
+                deliver(entry.sink, ErrorEvent(f"the generator failed: {exc}"))
             self._jobs.clear()
             self._generator = self._make_generator()
             self._publish()
@@ -112,7 +112,7 @@ class ExLlamaV2Core:
             event = entry.results.translate(result)
             if event is None:
                 continue
-            self._deliver(entry.sink, dataclasses.replace(event, step=self.steps))
+            deliver(entry.sink, dataclasses.replace(event, step=self.steps))
             if event.finish is not None:
                 del self._jobs[entry.request.request_id]
         self._publish()
@@ -132,13 +132,7 @@ class ExLlamaV2Core:
             timings=Timings(0.0, elapsed, 0.0, 0.0, elapsed),
             seed=entry.request.sampling.seed,
         )
-        self._deliver(entry.sink, TokenEvent((), "", entry.results.generated, finish, self.steps))
-
-    def _deliver(self, sink: EventSink, event: Event) -> None:
-        try:
-            sink(event)
-        except Exception:
-            log.exception("could not deliver an event")
+        deliver(entry.sink, TokenEvent((), "", entry.results.generated, finish, self.steps))
 
     def _publish(self) -> None:
         self.stats = dataclasses.replace(self.stats, steps=self.steps, running_sequences=len(self._jobs))

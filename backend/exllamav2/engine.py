@@ -14,14 +14,15 @@ import pathlib
 from dataclasses import dataclass
 from typing import Sequence
 
+from backend.chat import NO_TEMPLATE, ChatTemplate
 from backend.constraints import ConstraintCompiler
-from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineStats, EventSink, ModelInfo
+from backend.engine import CONSTRAINT_KINDS, ChatMessage, ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
 from backend.exllamav2.jobs import budget_problem, job_fields
 from backend.exllamav2.settings import settings_fields
 from backend.types import GenerationRequest
-from backend.worker import EngineWorker
+from backend.worker import EngineWorker, WorkerEngine
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def paged_attention_available() -> bool:
     return parts >= _PAGED_FLASH_ATTN
 
 
-class ExLlamaV2Engine:
+class ExLlamaV2Engine(WorkerEngine):
     def __init__(self, model_dir: pathlib.Path, config: ExLlamaV2Config = ExLlamaV2Config(), model_id: str = "") -> None:
         import llguidance
         import torch
@@ -69,7 +70,6 @@ class ExLlamaV2Engine:
         )
         from exllamav2 import ExLlamaV2Config as XConfig
         from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self._torch = torch
         xconfig = XConfig(str(model_dir))
@@ -104,10 +104,7 @@ class ExLlamaV2Engine:
         self._add_bos = bool(tokenizer_config.get("add_bos_token", False))
         template = tokenizer_config.get("chat_template")
         self._chat = (
-            {
-                add: Jinja2ChatFormatter(template, self.tokenizer.eos_token or "", self.tokenizer.bos_token or "", add)
-                for add in (True, False)
-            }
+            ChatTemplate(template, self.tokenizer.bos_token or "", self.tokenizer.eos_token or "")
             if isinstance(template, str)
             else None
         )
@@ -161,26 +158,10 @@ class ExLlamaV2Engine:
 
     def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         if self._chat is None:
-            raise ValueError("this model has no chat template; send a prompt instead")
-        text = self._chat[add_generation_prompt](messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
+            raise ValueError(NO_TEMPLATE)
+        text = self._chat.render(messages, add_generation_prompt)
         ids = self.tokenizer.encode(text, add_bos=False, encode_special_tokens=True)
         return ids[0].tolist()
-
-    def submit(self, request: GenerationRequest, sink: EventSink) -> None:
-        self._worker.submit(request, sink)
-
-    def cancel(self, request_id: str) -> None:
-        self._worker.cancel(request_id)
-
-    def pause(self, request_id: str) -> None:
-        self._worker.pause(request_id)
-
-    def resume(self, request_id: str) -> None:
-        self._worker.resume(request_id)
-
-    @property
-    def stats(self) -> EngineStats:
-        return self.core.stats
 
     def close(self) -> None:
         self._worker.close()

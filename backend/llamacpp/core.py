@@ -30,8 +30,8 @@ from backend.llamacpp.model import GgufModel
 from backend.constraints import apply_bitmask
 from backend.llamacpp.sampling import build_sampler_chain
 from backend.sequence import SequenceOutput
-from backend.types import ErrorEvent, Event, FinishReason, GeneratedToken, GenerationRequest, TopLogprob
-from backend.worker import CancelOrder
+from backend.types import ErrorEvent, FinishReason, GeneratedToken, GenerationRequest, TopLogprob
+from backend.worker import CancelOrder, deliver
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class LlamaCppCore:
         for i, (request, sink) in enumerate(self._waiting):
             if request.request_id == request_id:
                 del self._waiting[i]
-                self._deliver(sink, SequenceOutput(request).end(reason))
+                deliver(sink, SequenceOutput(request).end(reason))
                 return True
         return False
 
@@ -326,12 +326,12 @@ class LlamaCppCore:
                 logits[token] = -math.inf
         token = llama_cpp.llama_sampler_sample(seq.sampler, self.ctx, logits_index)
         generated = [token]
-        self._deliver(seq.sink, output.on_token(self._describe(token, logits, seq.request), self._is_eos(token)))
+        deliver(seq.sink, output.on_token(self._describe(token, logits, seq.request), self._is_eos(token)))
         if not output.finished and output.constraint is not None:
             for forced in output.constraint.forced_tokens(self._max_forced):  # no choice left: skip sampling
                 generated.append(forced)
                 piece = GeneratedToken(forced, self.model.pieces[forced])
-                self._deliver(seq.sink, output.on_token(piece, self._is_eos(forced)))
+                deliver(seq.sink, output.on_token(piece, self._is_eos(forced)))
                 if output.finished:
                     break
         if output.finished:
@@ -361,11 +361,11 @@ class LlamaCppCore:
     # -- endings -----------------------------------------------------------------
 
     def _end(self, seq: _Sequence, reason: FinishReason) -> None:
-        self._deliver(seq.sink, seq.output.end(reason))
+        deliver(seq.sink, seq.output.end(reason))
         self._release(seq)
 
     def _fail(self, seq: _Sequence, message: str) -> None:
-        self._deliver(seq.sink, ErrorEvent(message))
+        deliver(seq.sink, ErrorEvent(message))
         self._release(seq)
 
     def _release(self, seq: _Sequence) -> None:
@@ -375,18 +375,12 @@ class LlamaCppCore:
         heapq.heappush(self._free_slots, seq.slot)
         seq.cached = 0
 
-    def _deliver(self, sink: EventSink, event: Event) -> None:
-        try:
-            sink(event)
-        except Exception:  # e.g. the caller's event loop is gone; the sequence ends anyway
-            log.exception("could not deliver an event")
-
     def close(self) -> None:
         for seq in list(self._running.values()):
             self._end(seq, FinishReason.CANCELLED)
         while self._waiting:
             request, sink = self._waiting.popleft()
-            self._deliver(sink, SequenceOutput(request).end(FinishReason.CANCELLED))
+            deliver(sink, SequenceOutput(request).end(FinishReason.CANCELLED))
         if self.ctx:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self.ctx)

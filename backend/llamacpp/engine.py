@@ -6,15 +6,14 @@ import pathlib
 from typing import Sequence
 
 from backend.constraints import ConstraintCompiler
-from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineStats, EventSink, ModelInfo
+from backend.engine import CONSTRAINT_KINDS, ChatMessage, ModelInfo
 from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
-from backend.types import GenerationRequest
-from backend.worker import EngineWorker
+from backend.worker import EngineWorker, WorkerEngine
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(WorkerEngine):
     def __init__(self, model_path: pathlib.Path, config: LlamaCppConfig = LlamaCppConfig(), model_id: str = "") -> None:
         self.model = GgufModel(model_path, config.gpu_layers)
         self.core = LlamaCppCore(self.model, config)
@@ -44,22 +43,6 @@ class LlamaCppEngine:
 
     def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         return self.model.render_chat(messages, add_generation_prompt)
-
-    def submit(self, request: GenerationRequest, sink: EventSink) -> None:
-        self._worker.submit(request, sink)
-
-    def cancel(self, request_id: str) -> None:
-        self._worker.cancel(request_id)
-
-    def pause(self, request_id: str) -> None:
-        self._worker.pause(request_id)
-
-    def resume(self, request_id: str) -> None:
-        self._worker.resume(request_id)
-
-    @property
-    def stats(self) -> EngineStats:
-        return self.core.stats
 
     def close(self) -> None:
         self._worker.close()

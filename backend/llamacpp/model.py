@@ -13,8 +13,8 @@ from typing import Sequence
 
 import llama_cpp
 import llguidance
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from backend.chat import NO_TEMPLATE, ChatTemplate
 from backend.constraints import build_tokenizer
 from backend.engine import ChatMessage
 
@@ -64,17 +64,10 @@ class GgufModel:
         self.pieces: list[bytes] = [self._piece(t, special=False) for t in range(self.vocab_size)]
         self.special_token_ids = tuple(t for t in range(self.vocab_size) if self._is_special(t))
         self.chat_template = self.metadata("tokenizer.chat_template")
-        # One formatter per add_generation_prompt value: formatters are not safe to mutate across threads.
         self._chat = (
-            {
-                add_prompt: Jinja2ChatFormatter(
-                    self.chat_template,
-                    eos_token=self._special_text(llama_cpp.llama_vocab_eos(self.vocab)),
-                    bos_token=self._special_text(bos),
-                    add_generation_prompt=add_prompt,
-                )
-                for add_prompt in (True, False)
-            }
+            ChatTemplate(
+                self.chat_template, self._special_text(bos), self._special_text(llama_cpp.llama_vocab_eos(self.vocab))
+            )
             if self.chat_template
             else None
         )
@@ -102,8 +95,8 @@ class GgufModel:
 
     def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         if self._chat is None:
-            raise ValueError("this model has no chat template; send a prompt instead")
-        text = self._chat[add_generation_prompt](messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
+            raise ValueError(NO_TEMPLATE)
+        text = self._chat.render(messages, add_generation_prompt)
         bos_text = self._special_text(self.bos_token_id) if self.bos_token_id is not None else ""
         # The template may already start with BOS; never add a second one.
         add_bos = self.add_bos and not (bos_text and text.startswith(bos_text))
