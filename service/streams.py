@@ -24,12 +24,10 @@ class RequestStream:
         self._high_water = buffer_events
         self._low_water = buffer_events // 2
         self._paused = False
-        self.max_buffered = 0
 
     def put(self, event: Event) -> None:
         """Called on the event loop by the relay."""
         self._events.put_nowait(event)
-        self.max_buffered = max(self.max_buffered, self._events.qsize())
         if not self._paused and self._events.qsize() >= self._high_water:
             self._paused = True
             self._engine.pause(self.request_id)
