@@ -26,9 +26,41 @@ class FinishReason(enum.Enum):
     CONSTRAINT_COMPLETE = "constraint_complete"
 
 
+DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
+
+
+@dataclass(frozen=True)
+class DryParams:
+    multiplier: float = 0.0
+    """0 is off."""
+    base: float = 1.75
+    allowed_length: int = 2
+    last_n: int = 0
+    """0 means the whole context."""
+    sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
+
+
+@dataclass(frozen=True)
+class XtcParams:
+    probability: float = 0.0
+    """0 is off."""
+    threshold: float = 0.1
+
+
+@dataclass(frozen=True)
+class MirostatParams:
+    """Mirostat 2.0; it replaces the plain random draw."""
+
+    tau: float = 5.0
+    eta: float = 0.1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampler settings with every default made explicit (temperature 0 = greedy)."""
+    """Sampler settings with every default made explicit (temperature 0 = greedy).
+
+    Field names are the contract's, so an engine lists the ones it honours by name.
+    """
 
     temperature: float = 1.0
     top_k: int = 0
@@ -41,6 +73,15 @@ class SamplingParams:
     penalty_last_n: int = 64
     seed: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    dry: DryParams = DryParams()
+    xtc: XtcParams = XtcParams()
+    mirostat: MirostatParams | None = None
+    top_a: float = 0.0
+    tfs: float = 1.0
+    skew: float = 0.0
+    smoothing_factor: float = 0.0
+    banned_strings: tuple[str, ...] = ()
+    token_healing: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -51,6 +92,20 @@ class SamplingParams:
         return self.penalty_last_n > 0 and (
             self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
+
+    @property
+    def dry_on(self) -> bool:
+        return self.dry.multiplier > 0.0
+
+    def in_effect(self) -> set[str]:
+        """The samplers this request turns on, by field name: the ones an engine must honour."""
+        defaults = SamplingParams()
+        names = {name for name in self.__dataclass_fields__ if getattr(self, name) != getattr(defaults, name)}
+        if not self.dry_on:
+            names.discard("dry")
+        if self.xtc.probability == 0.0:
+            names.discard("xtc")
+        return names - {"seed"}
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,14 @@ class ServiceError(Exception):
         return rpc_status.to_status(status)
 
 
+def _summary(violations: list[FieldViolation]) -> str:
+    return "; ".join(f"{v.field}: {v.description}" for v in violations)
+
+
 def invalid_argument(violations: list[FieldViolation]) -> ServiceError:
-    summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
-    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", f"invalid request: {summary}", violations)
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", f"invalid request: {_summary(violations)}", violations
+    )
 
 
 def out_of_range(field_name: str, description: str) -> ServiceError:
@@ -84,12 +89,9 @@ def not_found_model(model: str) -> ServiceError:
     )
 
 
-def unimplemented(field_name: str, description: str) -> ServiceError:
+def unimplemented(violations: list[FieldViolation]) -> ServiceError:
     return ServiceError(
-        grpc.StatusCode.UNIMPLEMENTED,
-        "NOT_SUPPORTED",
-        f"{field_name}: {description}",
-        [FieldViolation(field_name, description)],
+        grpc.StatusCode.UNIMPLEMENTED, "NOT_SUPPORTED", f"not supported here: {_summary(violations)}", violations
     )
 
 

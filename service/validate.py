@@ -15,8 +15,11 @@ from dataclasses import dataclass
 
 from backend.constraints import CompiledConstraint, ConstraintError
 from backend.engine import ChatMessage, Engine
-from backend.types import ConstraintSpec, GenerationRequest, OutputParams, SamplingParams, StopParams
-from service.errors import FieldViolation, invalid_argument, not_found_model, out_of_range
+from backend.types import (
+    DEFAULT_DRY_BREAKERS, ConstraintSpec, DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams,
+    StopParams, XtcParams,
+)
+from service.errors import FieldViolation, invalid_argument, not_found_model, out_of_range, unimplemented
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
@@ -68,8 +71,13 @@ class RequestValidator:
             violations.append(FieldViolation("prompt", "must not be empty"))
         elif request.HasField("chat"):
             violations.extend(_chat_violations(request.chat))
+        if constraint is not None:
+            for name in ("banned_strings", "token_healing"):
+                if getattr(sampling, name):
+                    violations.append(FieldViolation(f"sampling.{name}", "cannot be used with a constraint"))
         if violations:
             raise invalid_argument(violations)
+        self.unsupported(sampling)
         prompt = self.prompt_tokens(request)
         problem = self._engine.budget_problem(len(prompt), stopping.max_new_tokens)
         if problem:
@@ -175,11 +183,60 @@ class RequestValidator:
                 violations.append(FieldViolation(f"sampling.logit_bias[{token}]", "not a token id of this model"))
             elif not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
                 violations.append(FieldViolation(f"sampling.logit_bias[{token}]", "bias must be in [-100, 100]"))
+        check.range("top_a", 0.0, 1.0)
+        check.range("tfs", 0.0, 1.0, low_open=True)
+        check.range("skew", -5.0, 5.0)
+        check.range("smoothing_factor", 0.0, 10.0)
+        violations.extend(self._listed_strings("sampling.banned_strings", s.banned_strings, 64, 256))
         params = check.values()
         temperature = params.get("temperature", 1.0)
         if "seed" not in params:
             params["seed"] = 0 if temperature == 0.0 else secrets.randbelow(MAX_SEED + 1)
-        return SamplingParams(**params, logit_bias=dict(s.logit_bias))
+        return SamplingParams(
+            **params,
+            logit_bias=dict(s.logit_bias),
+            dry=self._dry(s.dry, violations),
+            xtc=XtcParams(**_checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5))),
+            mirostat=MirostatParams(**_checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True)))
+            if s.HasField("mirostat")
+            else None,
+            banned_strings=tuple(s.banned_strings),
+            token_healing=s.token_healing,
+        )
+
+    def _dry(self, d: pb.DrySampler, violations: list[FieldViolation]) -> DryParams:
+        params = _checked(
+            d, "sampling.dry", violations,
+            multiplier=(0.0, 10.0), base=(1.0, 10.0, True), allowed_length=(1, 64), penalty_last_n=(0, self._info.context_length),
+        )
+        if params.get("penalty_last_n") == 1:
+            violations.append(FieldViolation("sampling.dry.penalty_last_n", "must be 0 (whole context) or at least 2"))
+        violations.extend(self._listed_strings("sampling.dry.sequence_breakers", d.sequence_breakers, 16, 32))
+        if "penalty_last_n" in params:
+            params["last_n"] = params.pop("penalty_last_n")
+        return DryParams(**params, sequence_breakers=tuple(d.sequence_breakers) or DEFAULT_DRY_BREAKERS)
+
+    @staticmethod
+    def _listed_strings(name: str, values, most: int, longest: int) -> list[FieldViolation]:
+        """Checks a repeated string field: at most `most` entries of 1 to `longest` characters."""
+        if len(values) > most:
+            return [FieldViolation(name, f"at most {most}")]
+        return [
+            FieldViolation(f"{name}[{i}]", f"must have 1 to {longest} characters")
+            for i, value in enumerate(values)
+            if not 0 < len(value) <= longest
+        ]
+
+    def unsupported(self, sampling: SamplingParams) -> None:
+        """Raises UNIMPLEMENTED, naming every one, when the request turns on samplers this engine lacks."""
+        missing = sorted(sampling.in_effect() - set(self._info.samplers))
+        if missing:
+            raise unimplemented(
+                [
+                    FieldViolation(f"sampling.{name}", f"the {self._info.engine} engine has no such sampler; see GetModelInfo.samplers")
+                    for name in missing
+                ]
+            )
 
     def _stopping(self, s: pb.StoppingCriteria, violations: list[FieldViolation]) -> StopParams:
         check = _RangeChecker("stopping", s, violations)
@@ -189,16 +246,12 @@ class RequestValidator:
         max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
         if params.get("min_new_tokens", 0) > max_new:
             violations.append(FieldViolation("stopping.min_new_tokens", "must be at most max_new_tokens"))
-        if len(s.stop_sequences) > self.limits.max_stop_sequences:
-            violations.append(FieldViolation("stopping.stop_sequences", f"at most {self.limits.max_stop_sequences}"))
-        for i, stop in enumerate(s.stop_sequences):
-            if not stop or len(stop) > self.limits.max_stop_sequence_length:
-                violations.append(
-                    FieldViolation(
-                        f"stopping.stop_sequences[{i}]",
-                        f"must have 1 to {self.limits.max_stop_sequence_length} characters",
-                    )
-                )
+        violations.extend(
+            self._listed_strings(
+                "stopping.stop_sequences", s.stop_sequences,
+                self.limits.max_stop_sequences, self.limits.max_stop_sequence_length,
+            )
+        )
         for i, token in enumerate(s.stop_token_ids):
             if not 0 <= token < self._info.vocab_size:
                 violations.append(FieldViolation(f"stopping.stop_token_ids[{i}]", "not a token id of this model"))
@@ -244,6 +297,14 @@ class _RangeChecker:
 
     def values(self) -> dict[str, float | int]:
         return dict(self._values)
+
+
+def _checked(message, prefix: str, violations: list[FieldViolation], **ranges: tuple) -> dict[str, float | int]:
+    """The set fields of a small message, each checked against its (low, high[, low_open]) range."""
+    check = _RangeChecker(prefix, message, violations)
+    for name, bounds in ranges.items():
+        check.range(name, *bounds)
+    return check.values()
 
 
 def _chat_violations(chat: pb.Chat) -> list[FieldViolation]:

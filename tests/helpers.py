@@ -41,20 +41,24 @@ def rpc_error(call) -> grpc.RpcError:
     raise AssertionError("the call succeeded")
 
 
-def bad_request_fields(error: grpc.RpcError) -> dict[str, str]:
-    """The BadRequest field violations of an error, field -> description."""
+def _details(error: grpc.RpcError, kind):
     status = rpc_status.from_call(error)
     assert status is not None, "no google.rpc.Status details"
-    fields = {}
-    reasons = []
+    found = []
     for detail in status.details:
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            fields.update({v.field: v.description for v in bad.field_violations})
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            reasons.append(info.reason)
-    assert reasons, "every error carries an ErrorInfo"
-    return fields
+        if detail.Is(kind.DESCRIPTOR):
+            found.append(kind())
+            detail.Unpack(found[-1])
+    return found
+
+
+def error_reason(error: grpc.RpcError) -> str:
+    """The ErrorInfo reason every error carries."""
+    (info,) = _details(error, error_details_pb2.ErrorInfo)
+    return info.reason
+
+
+def bad_request_fields(error: grpc.RpcError) -> dict[str, str]:
+    """The BadRequest field violations of an error, field -> description."""
+    assert error_reason(error), "every error carries an ErrorInfo"
+    return {v.field: v.description for bad in _details(error, error_details_pb2.BadRequest) for v in bad.field_violations}

@@ -12,11 +12,18 @@ import math
 
 import pytest
 
+import grpc
+
+from backend.engine import ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
-from backend.exllamav2.jobs import job_fields
-from backend.exllamav2.settings import settings_fields
+from backend.exllamav2.jobs import budget_problem, job_fields
+from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, settings_fields
+from service.errors import ServiceError
+from service.validate import RequestValidator
+from tokenspout.v1 import generation_pb2 as pb
 from backend.types import (
-    ErrorEvent, FinishReason, GenerationRequest, OutputParams, SamplingParams, StopParams,
+    DryParams, ErrorEvent, FinishReason, GenerationRequest, MirostatParams, OutputParams, SamplingParams, StopParams,
+    XtcParams,
 )
 
 EOS = (2,)
@@ -220,18 +227,53 @@ def test_job_fields_are_explicit():
         "decode_special_tokens": False, "return_probs": True, "return_top_tokens": 3, "return_logits": False,
         "token_healing": False, "banned_strings": None, "identifier": "r1",
     }
+    healing = GenerationRequest("r3", (1,), SamplingParams(banned_strings=("As an AI",), token_healing=True))
+    assert job_fields(healing, EOS)["banned_strings"] == ["As an AI"] and job_fields(healing, EOS)["token_healing"]
     ignoring = GenerationRequest("r2", (1,), stopping=StopParams(ignore_eos=True))
     assert job_fields(ignoring, EOS)["stop_conditions"] == []
 
 
+def encode(text: str) -> list[int]:
+    """A stand-in tokenizer for sequence breakers: one id per character."""
+    return [ord(c) for c in text]
+
+
 def test_sampler_settings_override_every_non_neutral_default():
-    greedy = settings_fields(SamplingParams(temperature=0.0))
+    greedy = settings_fields(SamplingParams(temperature=0.0), encode)
     assert greedy["top_k"] == 1 and greedy["temperature"] == 1.0 and greedy["token_repetition_penalty"] == 1.0
-    sampled = settings_fields(SamplingParams(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.1, penalty_last_n=64))
+    sampled = settings_fields(
+        SamplingParams(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.1, penalty_last_n=64), encode
+    )
     assert (sampled["temperature"], sampled["top_k"], sampled["top_p"]) == (0.7, 0, 0.0)
     assert (sampled["token_repetition_penalty"], sampled["token_repetition_range"]) == (1.1, 64)
     # exllamav2's own defaults (top_k 50, top_p 0.8, repetition 1.025, temperature 0.8) never leak through.
     assert sampled["dry_multiplier"] == 0.0 and sampled["xtc_probability"] == 0.0 and sampled["mirostat"] is False
+    assert (sampled["top_a"], sampled["tfs"], sampled["skew"], sampled["smoothing_factor"]) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_sampler_settings_carry_dry_xtc_mirostat_and_exllamav2s_own_samplers():
+    params = SamplingParams(
+        temperature=0.9, dry=DryParams(multiplier=0.8, base=2.0, allowed_length=3, sequence_breakers=("\n", "ab")),
+        xtc=XtcParams(probability=0.5, threshold=0.2), mirostat=MirostatParams(tau=4.0, eta=0.2),
+        top_a=0.1, tfs=0.95, skew=0.5, smoothing_factor=0.3,
+    )
+    fields = settings_fields(params, encode)
+    assert (fields["dry_multiplier"], fields["dry_base"], fields["dry_allowed_length"]) == (0.8, 2.0, 3)
+    assert fields["dry_sequence_breakers"] == {ord("\n"), ord("b")}  # the last token of each breaker
+    assert (fields["dry_range"], fields["dry_max_ngram"]) == (0, 20)
+    assert (fields["xtc_probability"], fields["xtc_threshold"]) == (0.5, 0.2)
+    assert (fields["mirostat"], fields["mirostat_tau"], fields["mirostat_eta"]) == (True, 4.0, 0.2)
+    assert (fields["top_a"], fields["tfs"], fields["skew"], fields["smoothing_factor"]) == (0.1, 0.95, 0.5, 0.3)
+
+
+@pytest.mark.parametrize("last_n", [2, 3, 20, 21, 64, 4096])
+def test_a_dry_window_always_outlasts_the_longest_tracked_repeat(last_n):
+    fields = settings_fields(SamplingParams(dry=DryParams(multiplier=1.0, last_n=last_n)), encode)
+    assert fields["dry_range"] == last_n > fields["dry_max_ngram"] >= 1  # exllamav2 asserts the first
+
+
+def test_token_bias_is_padded_to_the_logit_width():
+    assert [padded_logit_width(v) for v in (32000, 32001, 49152, 151936)] == [32000, 32032, 49152, 151936]
 
 
 def test_the_engine_module_imports_without_exllamav2():
@@ -244,31 +286,25 @@ def test_the_engine_module_imports_without_exllamav2():
 
 
 def test_the_page_budget_is_checked_before_enqueue():
-    from backend.exllamav2.jobs import budget_problem
-
     assert budget_problem(100, 156, max_seq_len=4096, cache_tokens=256) == ""
     assert "context" in budget_problem(4000, 200, max_seq_len=4096, cache_tokens=65536)
     assert "2 cache pages; the cache has 1" in budget_problem(100, 157, max_seq_len=4096, cache_tokens=256)
 
 
+class PagedEngine:
+    """Just what validation reads of an exllamav2 engine."""
+
+    def __init__(self, samplers: tuple[str, ...] = SUPPORTED_SAMPLERS) -> None:
+        self.info = ModelInfo("m", "exllamav2", 4096, 32000, 8, 1, EOS, False, samplers)
+
+    def tokenize(self, text, add_special=True):
+        return list(range(len(text.split())))
+
+    def budget_problem(self, prompt_tokens, max_new_tokens):
+        return budget_problem(prompt_tokens, max_new_tokens, max_seq_len=4096, cache_tokens=512)
+
+
 def test_a_request_over_the_budget_is_out_of_range_before_it_reaches_the_engine():
-    import grpc
-
-    from backend.engine import ModelInfo
-    from backend.exllamav2.jobs import budget_problem
-    from service.errors import ServiceError
-    from service.validate import RequestValidator
-    from tokenspout.v1 import generation_pb2 as pb
-
-    class PagedEngine:  # just what validation reads
-        info = ModelInfo("m", "exllamav2", 4096, 32000, 8, 1, EOS, False, ())
-
-        def tokenize(self, text, add_special=True):
-            return list(range(len(text.split())))
-
-        def budget_problem(self, prompt_tokens, max_new_tokens):
-            return budget_problem(prompt_tokens, max_new_tokens, max_seq_len=4096, cache_tokens=512)
-
     validator = RequestValidator(PagedEngine())
     fits = pb.GenerateStreamRequest(prompt="a b c", stopping=pb.StoppingCriteria(max_new_tokens=500))
     assert validator.generation_request(fits).stopping.max_new_tokens == 500
@@ -276,3 +312,22 @@ def test_a_request_over_the_budget_is_out_of_range_before_it_reaches_the_engine(
     with pytest.raises(ServiceError) as refused:
         validator.generation_request(too_big)
     assert refused.value.code == grpc.StatusCode.OUT_OF_RANGE and "cache pages" in refused.value.message
+
+
+def test_exllamav2s_own_samplers_pass_validation_where_the_engine_has_them():
+    request = pb.GenerateStreamRequest(
+        prompt="a b c",
+        sampling=pb.SamplingParams(
+            top_a=0.25, skew=1.0, banned_strings=["As an AI"], token_healing=True, dry=pb.DrySampler(multiplier=0.8)
+        ),
+    )
+    request.sampling.logit_bias[5] = -100.0
+    sampling = RequestValidator(PagedEngine()).generation_request(request).sampling
+    assert (sampling.top_a, sampling.skew, sampling.banned_strings, sampling.token_healing) == (0.25, 1.0, ("As an AI",), True)
+    assert sampling.dry.multiplier == pytest.approx(0.8) and sampling.logit_bias == {5: -100.0}
+    with pytest.raises(ServiceError) as refused:  # the same request, to an engine with only the basics
+        RequestValidator(PagedEngine(("temperature", "seed"))).generation_request(request)
+    assert refused.value.code == grpc.StatusCode.UNIMPLEMENTED
+    assert {v.field for v in refused.value.violations} == {
+        f"sampling.{name}" for name in ("top_a", "skew", "banned_strings", "token_healing", "dry", "logit_bias")
+    }

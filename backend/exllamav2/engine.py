@@ -20,7 +20,7 @@ from backend.engine import CONSTRAINT_KINDS, ChatMessage, ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
 from backend.exllamav2.jobs import budget_problem, job_fields
-from backend.exllamav2.settings import settings_fields
+from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, settings_fields
 from backend.types import GenerationRequest
 from backend.worker import EngineWorker, WorkerEngine
 
@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 
 PAGE_SIZE = 256  # the dynamic generator's page: cache sizes and prefill chunks are multiples of it
 _PAGED_FLASH_ATTN = (2, 5, 7)
-SUPPORTED_SAMPLERS = (
-    "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
-    "frequency_penalty", "penalty_last_n", "seed",
-)
 
 
 @dataclass(frozen=True)
@@ -136,9 +132,14 @@ class ExLlamaV2Engine(WorkerEngine):
             if request.constraint is not None:
                 core = GrammarFilterCore(request.constraint, self.eos_token_ids, xconfig.vocab_size)
                 filters = [filter_type(self.model, self.tokenizer, core)]
+            settings = ExLlamaV2Sampler.Settings(**settings_fields(request.sampling, lambda text: self.tokenize(text, add_special=False)))
+            if request.sampling.logit_bias:
+                settings.token_bias = torch.zeros(padded_logit_width(xconfig.vocab_size), dtype=torch.float32)
+                for token, bias in request.sampling.logit_bias.items():
+                    settings.token_bias[token] = bias
             return ExLlamaV2DynamicJob(
                 input_ids=torch.tensor([request.prompt_token_ids], dtype=torch.long),
-                gen_settings=ExLlamaV2Sampler.Settings(**settings_fields(request.sampling)),
+                gen_settings=settings,
                 filters=filters,
                 **job_fields(request, self.eos_token_ids),
             )

@@ -30,7 +30,8 @@ def job_fields(request: GenerationRequest, eos_token_ids: tuple[int, ...]) -> di
         "return_probs": request.output.return_logprobs,
         "return_top_tokens": request.output.top_logprobs,
         "return_logits": False,
-        "token_healing": False,
-        "banned_strings": None,
+        "token_healing": request.sampling.token_healing,
+        # Validation refuses both with a constraint: they bypass exllamav2's filters.
+        "banned_strings": list(request.sampling.banned_strings) or None,
         "identifier": request.request_id,
     }

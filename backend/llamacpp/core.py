@@ -210,8 +210,9 @@ class LlamaCppCore:
         while self._waiting and self._free_slots:
             request, sink = self._waiting.popleft()
             slot = heapq.heappop(self._free_slots)
-            seq = _Sequence(slot, request, sink, build_sampler_chain(request.sampling, self.model.vocab_size))
-            if request.sampling.penalized:
+            chain = build_sampler_chain(request.sampling, self.model.vocab, self.model.vocab_size, self.context_length)
+            seq = _Sequence(slot, request, sink, chain)
+            if request.sampling.penalized or request.sampling.dry_on:  # they look back into the prompt too
                 for token in request.prompt_token_ids:
                     llama_cpp.llama_sampler_accept(seq.sampler, token)
             seq.output.mark_admitted()
@@ -329,6 +330,7 @@ class LlamaCppCore:
         deliver(seq.sink, output.on_token(self._describe(token, logits, seq.request), self._is_eos(token)))
         if not output.finished and output.constraint is not None:
             for forced in output.constraint.forced_tokens(self._max_forced):  # no choice left: skip sampling
+                llama_cpp.llama_sampler_accept(seq.sampler, forced)  # penalties and DRY still see it
                 generated.append(forced)
                 piece = GeneratedToken(forced, self.model.pieces[forced])
                 deliver(seq.sink, output.on_token(piece, self._is_eos(forced)))

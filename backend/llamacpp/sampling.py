@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import llama_cpp
 
 from backend.types import SamplingParams
@@ -18,11 +20,16 @@ SUPPORTED_SAMPLERS = (
     "penalty_last_n",
     "seed",
     "logit_bias",
+    "dry",
+    "xtc",
+    "mirostat",
 )
 
 
-def build_sampler_chain(params: SamplingParams, vocab_size: int) -> llama_cpp.llama_sampler_p:
-    """Builds a chain in llama.cpp's usual order: bias, penalties, truncation, temperature, draw.
+def build_sampler_chain(
+    params: SamplingParams, vocab: llama_cpp.llama_vocab_p, vocab_size: int, context_length: int
+) -> llama_cpp.llama_sampler_p:
+    """Builds a chain in llama.cpp's usual order: bias, penalties, DRY, truncation, XTC, temperature, draw.
 
     The caller owns the chain and frees it with `llama_cpp.llama_sampler_free`.
     """
@@ -45,6 +52,15 @@ def build_sampler_chain(params: SamplingParams, vocab_size: int) -> llama_cpp.ll
                 params.presence_penalty,
             )
         )
+    if params.dry_on:
+        dry = params.dry
+        breakers = (ctypes.c_char_p * len(dry.sequence_breakers))(*(b.encode() for b in dry.sequence_breakers))
+        # llama.cpp copies the breakers while building the sampler; its -1 (whole context) now means off.
+        add(
+            llama_cpp.llama_sampler_init_dry(
+                vocab, dry.multiplier, dry.base, dry.allowed_length, dry.last_n or context_length, breakers, len(breakers)
+            )
+        )
     if params.greedy:
         add(llama_cpp.llama_sampler_init_greedy())
         return chain
@@ -56,6 +72,11 @@ def build_sampler_chain(params: SamplingParams, vocab_size: int) -> llama_cpp.ll
         add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
     if params.min_p > 0.0:
         add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+    if params.xtc.probability > 0.0:
+        add(llama_cpp.llama_sampler_init_xtc(params.xtc.probability, params.xtc.threshold, 1, params.seed))
     add(llama_cpp.llama_sampler_init_temp(params.temperature))
-    add(llama_cpp.llama_sampler_init_dist(params.seed))
+    if params.mirostat is not None:
+        add(llama_cpp.llama_sampler_init_mirostat_v2(params.seed, params.mirostat.tau, params.mirostat.eta))
+    else:
+        add(llama_cpp.llama_sampler_init_dist(params.seed))
     return chain

@@ -85,7 +85,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "logit_bias", "penalty_last_n")
+    __slots__ = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "logit_bias", "penalty_last_n", "dry", "xtc", "mirostat", "top_a", "tfs", "skew", "smoothing_factor", "banned_strings", "token_healing")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,15 @@ class SamplingParams(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     PENALTY_LAST_N_FIELD_NUMBER: _ClassVar[int]
+    DRY_FIELD_NUMBER: _ClassVar[int]
+    XTC_FIELD_NUMBER: _ClassVar[int]
+    MIROSTAT_FIELD_NUMBER: _ClassVar[int]
+    TOP_A_FIELD_NUMBER: _ClassVar[int]
+    TFS_FIELD_NUMBER: _ClassVar[int]
+    SKEW_FIELD_NUMBER: _ClassVar[int]
+    SMOOTHING_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    BANNED_STRINGS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_HEALING_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -115,7 +124,46 @@ class SamplingParams(_message.Message):
     seed: int
     logit_bias: _containers.ScalarMap[int, float]
     penalty_last_n: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., penalty_last_n: _Optional[int] = ...) -> None: ...
+    dry: DrySampler
+    xtc: XtcSampler
+    mirostat: MirostatSampler
+    top_a: float
+    tfs: float
+    skew: float
+    smoothing_factor: float
+    banned_strings: _containers.RepeatedScalarFieldContainer[str]
+    token_healing: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., penalty_last_n: _Optional[int] = ..., dry: _Optional[_Union[DrySampler, _Mapping]] = ..., xtc: _Optional[_Union[XtcSampler, _Mapping]] = ..., mirostat: _Optional[_Union[MirostatSampler, _Mapping]] = ..., top_a: _Optional[float] = ..., tfs: _Optional[float] = ..., skew: _Optional[float] = ..., smoothing_factor: _Optional[float] = ..., banned_strings: _Optional[_Iterable[str]] = ..., token_healing: _Optional[bool] = ...) -> None: ...
+
+class DrySampler(_message.Message):
+    __slots__ = ("multiplier", "base", "allowed_length", "penalty_last_n", "sequence_breakers")
+    MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    PENALTY_LAST_N_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    multiplier: float
+    base: float
+    allowed_length: int
+    penalty_last_n: int
+    sequence_breakers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, multiplier: _Optional[float] = ..., base: _Optional[float] = ..., allowed_length: _Optional[int] = ..., penalty_last_n: _Optional[int] = ..., sequence_breakers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class XtcSampler(_message.Message):
+    __slots__ = ("probability", "threshold")
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    probability: float
+    threshold: float
+    def __init__(self, probability: _Optional[float] = ..., threshold: _Optional[float] = ...) -> None: ...
+
+class MirostatSampler(_message.Message):
+    __slots__ = ("tau", "eta")
+    TAU_FIELD_NUMBER: _ClassVar[int]
+    ETA_FIELD_NUMBER: _ClassVar[int]
+    tau: float
+    eta: float
+    def __init__(self, tau: _Optional[float] = ..., eta: _Optional[float] = ...) -> None: ...
 
 class StoppingCriteria(_message.Message):
     __slots__ = ("max_new_tokens", "min_new_tokens", "stop_sequences", "stop_token_ids", "include_stop_sequence", "ignore_eos", "time_limit_ms")
