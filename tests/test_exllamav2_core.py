@@ -185,6 +185,18 @@ def test_cancel_between_iterates_frees_the_job_and_drops_late_results(setup):
     assert len(events) == 2 and not core.has_work() and core.stats.cancelled_total == 1
 
 
+def test_a_paused_job_runs_on_and_loses_nothing(setup):
+    core, generators = setup
+    events: list = []
+    core.add(request("a"), collect(events))
+    generators[0].script = [[streaming("a", [10], "Hel")], [eos("a", "max_new_tokens", 2, token_ids=[[11]], text="lo")]]
+    core.pause("a")  # the slow-reader signal: exllamav2 cannot hold one job back
+    core.step()
+    core.step()
+    assert "".join(e.text for e in events) == "Hello" and events[-1].finish.reason is FinishReason.MAX_TOKENS
+    assert not generators[0].cancelled and not core.has_work()
+
+
 def test_cancel_of_a_pending_job_and_after_eos(setup):
     core, generators = setup
     events: list = []

@@ -76,7 +76,9 @@ class ExLlamaV2Core:
         self._publish()
 
     def pause(self, request_id: str) -> None:
-        """exllamav2 cannot hold one job back; a slow reader's tokens stay buffered (not yet bounded)."""
+        """A no-op: the generator cannot hold one job back. A slow reader's job runs on and its
+        tokens wait in the request's buffer (at most max_new_tokens of them), and its cache pages
+        go back to the others as soon as it ends rather than being held for a reader who may not return."""
 
     def resume(self, request_id: str) -> None:
         """See pause()."""
