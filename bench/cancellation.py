@@ -22,28 +22,18 @@ import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 
+from common import PROMPTS, greedy_request  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
-PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees grow", "Rivers run", "Bread is", "Snow is"]
-
-
-def request(prompt: str, tokens: int) -> pb.GenerateStreamRequest:
-    return pb.GenerateStreamRequest(
-        prompt=prompt,
-        sampling=pb.SamplingParams(temperature=0.0),
-        stopping=pb.StoppingCriteria(max_new_tokens=tokens, ignore_eos=True),
-    )
-
-
 def cancel_latency(stub) -> tuple[int, float, float]:
     """(engine steps, server ms, caller-observed ms) for one cancellation mid-stream."""
-    call = stub.GenerateStream(request(PROMPTS[0], 500), timeout=60)
+    call = stub.GenerateStream(greedy_request(PROMPTS[0], 500), timeout=60)
     for _, _message in zip(range(5), call):
         pass
     start = time.perf_counter()
@@ -59,7 +49,7 @@ def aggregate(stub, tokens: int) -> tuple[float, float]:
     """Tokens/s of the 8 streams, and the seconds they took."""
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        list(pool.map(lambda p: list(stub.GenerateStream(request(p, tokens), timeout=300)), PROMPTS))
+        list(pool.map(lambda p: list(stub.GenerateStream(greedy_request(p, tokens), timeout=300)), PROMPTS))
     elapsed = time.perf_counter() - start
     return len(PROMPTS) * tokens / elapsed, elapsed
 
@@ -68,7 +58,7 @@ def aggregate_beside_slow_reader(stub, address: str, tokens: int) -> tuple[float
     """Tokens/s of the 8 streams while a 9th caller reads one message per second, and the
     tokens/s of all nine (the slow reader still gets what it reads)."""
     channel = grpc.insecure_channel(address, options=[("grpc.http2.lookahead_bytes", 256), ("grpc.http2.bdp_probe", 0)])
-    slow = pb_grpc.GenerationServiceStub(channel).GenerateStream(request("Mountains are", 1000), timeout=300)
+    slow = pb_grpc.GenerationServiceStub(channel).GenerateStream(greedy_request("Mountains are", 1000), timeout=300)
     received = [next(slow).generated_tokens]
     stop = threading.Event()
 

@@ -26,7 +26,7 @@ import time
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 
@@ -34,8 +34,8 @@ from backend.llamacpp.core import LlamaCppConfig  # noqa: E402
 from backend.llamacpp.engine import LlamaCppEngine  # noqa: E402
 from backend.models import default_model_path  # noqa: E402
 from backend.types import GenerationRequest, SamplingParams, StopParams  # noqa: E402
+from common import aggregate_rate, timed_stream  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
 PROMPTS = [
@@ -70,32 +70,6 @@ def engine_run(engine: LlamaCppEngine, prompt: str, tokens: int) -> tuple[float,
         if event.finish is not None:
             break
     return stamps[0] - start, (tokens - 1) / (stamps[-1] - stamps[0])
-
-
-def grpc_run(stub, prompt: str, tokens: int) -> tuple[float, float]:
-    """One greedy stream through gRPC, timed by the caller: (seconds to first message, decode tokens/s)."""
-    request = pb.GenerateStreamRequest(
-        prompt=prompt,
-        sampling=pb.SamplingParams(temperature=0.0),
-        stopping=pb.StoppingCriteria(max_new_tokens=tokens, ignore_eos=True),
-    )
-    start = time.perf_counter()
-    first = last = None
-    received = 0
-    for message in stub.GenerateStream(request, timeout=300):
-        last = time.perf_counter()
-        first = first or last
-        received = message.generated_tokens
-    assert received == tokens
-    # Tokens after the first message, over the time they took to arrive.
-    return first - start, (tokens - 1) / (last - first)
-
-
-def grpc_aggregate(stub, streams: int, tokens: int) -> float:
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        list(pool.map(lambda p: grpc_run(stub, p, tokens), PROMPTS[:streams]))
-    return streams * tokens / (time.perf_counter() - start)
 
 
 def llama_server_aggregate(port: int, streams: int, tokens: int) -> float:
@@ -150,7 +124,7 @@ def aggregate_comparison(stub, reference_server, args) -> tuple[dict[int, float]
         llama_server_aggregate(reference_server[1], 1, 8)  # warm-up
     for _ in range(args.reps):
         for n in CONCURRENCY:
-            ours[n].append(grpc_aggregate(stub, n, args.tokens))
+            ours[n].append(aggregate_rate(stub, n, args.tokens, PROMPTS))
             if reference_server is not None:
                 reference[n].append(llama_server_aggregate(reference_server[1], n, args.tokens))
     median = lambda runs: {n: statistics.median(v) for n, v in runs.items() if v}  # noqa: E731
@@ -173,20 +147,20 @@ def main() -> int:
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)
-            grpc_run(stub, PROMPTS[0], 8)  # warm both paths
+            timed_stream(stub, PROMPTS[0], 8)  # warm both paths
             engine_run(engine, PROMPTS[0], 8)
             # Alternate the two so that machine noise hits both alike.
             direct, through_grpc = [], []
             for _ in range(args.reps):
                 direct.append(engine_run(engine, PROMPTS[0], args.tokens)[1])
-                through_grpc.append(grpc_run(stub, PROMPTS[0], args.tokens)[1])
+                through_grpc.append(timed_stream(stub, PROMPTS[0], args.tokens)[1])
             d, g = statistics.median(direct), statistics.median(through_grpc)
             print(f"single stream decode: in-process {d:.1f} tok/s, gRPC {g:.1f} tok/s, ratio {g / d:.3f} (target >= 0.97)")
 
             ttft_direct, ttft_grpc = [], []
             for _ in range(args.ttft_reps):
                 ttft_direct.append(engine_run(engine, PROMPTS[1], 2)[0])
-                ttft_grpc.append(grpc_run(stub, PROMPTS[1], 2)[0])
+                ttft_grpc.append(timed_stream(stub, PROMPTS[1], 2)[0])
             added = (statistics.median(ttft_grpc) - statistics.median(ttft_direct)) * 1000
             print(
                 f"time to first token: in-process {statistics.median(ttft_direct) * 1000:.1f} ms, "

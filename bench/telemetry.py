@@ -9,45 +9,20 @@ local receiver) divided by tracing off, at 1 and 8 streams (target >= 0.97).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import os
 import pathlib
 import statistics
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 
+from common import PROMPTS, aggregate_rate, timed_stream  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
 from otlp_collector import start_collector  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
-
-PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees grow", "Rivers run", "Bread is", "Snow is"]
-
-
-def decode_rate(stub, prompt: str, tokens: int) -> float:
-    request = pb.GenerateStreamRequest(
-        prompt=prompt,
-        sampling=pb.SamplingParams(temperature=0.0),
-        stopping=pb.StoppingCriteria(max_new_tokens=tokens, ignore_eos=True),
-    )
-    first = last = None
-    for _message in stub.GenerateStream(request, timeout=300):
-        last = time.perf_counter()
-        first = first or last
-    return (tokens - 1) / (last - first)
-
-
-def aggregate(stub, streams: int, tokens: int) -> float:
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        list(pool.map(lambda p: decode_rate(stub, p, tokens), PROMPTS[:streams]))
-    return streams * tokens / (time.perf_counter() - start)
-
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -66,19 +41,19 @@ def main() -> int:
         with grpc.insecure_channel(plain.address) as a, grpc.insecure_channel(traced.address) as b:
             stubs = {"off": pb_grpc.GenerationServiceStub(a), "on": pb_grpc.GenerationServiceStub(b)}
             for stub in stubs.values():
-                decode_rate(stub, PROMPTS[0], 8)
+                timed_stream(stub, PROMPTS[0], 8)
             for streams in (1, 8):
                 rates: dict[str, list[float]] = {"off": [], "on": []}
                 for _ in range(args.reps):  # alternate so that noise hits both alike
                     for mode, stub in stubs.items():
-                        rates[mode].append(aggregate(stub, streams, args.tokens))
+                        rates[mode].append(aggregate_rate(stub, streams, args.tokens))
                 off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
                 print(f"{streams} stream(s): tracing off {off:.1f} tok/s, on {on:.1f} tok/s, ratio {on / off:.3f} (target >= 0.97)")
-        print(f"spans received by the local collector: {len(collector.spans)}")
     finally:
         stop_server(plain)
-        stop_server(traced)
+        stop_server(traced)  # flushes its last batch of spans
         receiver.stop(None)
+    print(f"spans received by the local collector: {len(collector.spans)}")
     return 0
 
 

@@ -1,0 +1,43 @@
+"""What the benchmarks share: greedy requests, a caller-timed stream, and concurrent streams.
+
+Every figure is timed by the caller, the way a client sees it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+from tokenspout.v1 import generation_pb2 as pb
+
+PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees grow", "Rivers run", "Bread is", "Snow is"]
+
+
+def greedy_request(prompt: str, tokens: int) -> pb.GenerateStreamRequest:
+    """`tokens` greedy tokens, never cut short by an end-of-generation token."""
+    return pb.GenerateStreamRequest(
+        prompt=prompt,
+        sampling=pb.SamplingParams(temperature=0.0),
+        stopping=pb.StoppingCriteria(max_new_tokens=tokens, ignore_eos=True),
+    )
+
+
+def timed_stream(stub, prompt: str, tokens: int) -> tuple[float, float]:
+    """One greedy stream: (seconds to the first message, decode tokens/s after it)."""
+    start = time.perf_counter()
+    first = last = None
+    received = 0
+    for message in stub.GenerateStream(greedy_request(prompt, tokens), timeout=300):
+        last = time.perf_counter()
+        first = first or last
+        received = message.generated_tokens
+    assert received == tokens, f"{received} of {tokens} tokens"
+    return first - start, (tokens - 1) / (last - first)
+
+
+def aggregate_rate(stub, streams: int, tokens: int, prompts: list[str] = PROMPTS) -> float:
+    """Tokens/s of `streams` concurrent greedy streams (one per prompt), start to last token."""
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        list(pool.map(lambda p: timed_stream(stub, p, tokens), prompts[:streams]))
+    return streams * tokens / (time.perf_counter() - start)
