@@ -29,7 +29,9 @@ class RunningServer:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(tmp_dir: pathlib.Path, *flags: str, env: dict[str, str] | None = None) -> RunningServer:
+def start_server(
+    tmp_dir: pathlib.Path, *flags: str, env: dict[str, str] | None = None, timeout_s: float = 120
+) -> RunningServer:
     """Starts `tokenspout serve` on a free port and waits until it says it is serving."""
     log_path = tmp_dir / f"server-{time.monotonic_ns()}.log"
     log_file = open(log_path, "w")
@@ -40,7 +42,7 @@ def start_server(tmp_dir: pathlib.Path, *flags: str, env: dict[str, str] | None 
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         match = re.search(r"tokenspout serving .* on (\S+:\d+)", log_path.read_text())
         if match:

@@ -297,6 +297,16 @@ def test_the_engine_module_imports_without_exllamav2():
     assert module.PAGE_SIZE == 256
 
 
+def test_every_end_id_of_config_and_generation_config_is_kept():
+    from types import SimpleNamespace
+
+    from backend.exllamav2.engine import end_token_ids
+
+    assert end_token_ids(SimpleNamespace(eos_token_id=2)) == (2,)  # no generation_config.json
+    assert end_token_ids(SimpleNamespace(eos_token_id=1, generation_config={"eos_token_id": [1, 3]})) == (1, 3)
+    assert end_token_ids(SimpleNamespace(eos_token_id=None, generation_config={"eos_token_id": None})) == ()
+
+
 def test_the_page_budget_is_checked_before_enqueue():
     assert budget_problem(100, 156, max_seq_len=4096, cache_tokens=256) == ""
     assert "context" in budget_problem(4000, 200, max_seq_len=4096, cache_tokens=65536)

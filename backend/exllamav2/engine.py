@@ -92,9 +92,7 @@ class ExLlamaV2Engine(WorkerEngine):
         self.tokenizer = ExLlamaV2Tokenizer(xconfig, lazy_init=False)
         self.max_seq_len = xconfig.max_seq_len
         self.cache_tokens = cache_tokens
-        # config.json keeps one EOS id; generation_config.json may list several, and every one must stop a job.
-        generation_eos = _as_list((xconfig.generation_config or {}).get("eos_token_id"))
-        self.eos_token_ids = tuple(sorted({t for t in (xconfig.eos_token_id, *generation_eos) if t is not None}))
+        self.eos_token_ids = end_token_ids(xconfig)
         self._pieces = [p.encode() for p in self.tokenizer.get_id_to_piece_list(False)]
         tokenizer_config = self.tokenizer.tokenizer_config_dict or {}
         self._add_bos = bool(tokenizer_config.get("add_bos_token", False))
@@ -169,8 +167,10 @@ class ExLlamaV2Engine(WorkerEngine):
         self.model.unload()
 
 
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
+def end_token_ids(xconfig) -> tuple[int, ...]:
+    """Every id that ends generation: config.json keeps one (exllamav2 keeps the first of a list),
+    generation_config.json may list several, and each must stop a job."""
+    generation_config = getattr(xconfig, "generation_config", None) or {}  # set only when the file exists
+    listed = generation_config.get("eos_token_id") or []
+    listed = listed if isinstance(listed, (list, tuple)) else [listed]
+    return tuple(sorted({t for t in (xconfig.eos_token_id, *listed) if t is not None}))
