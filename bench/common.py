@@ -24,10 +24,16 @@ def greedy_request(prompt: str, tokens: int) -> pb.GenerateStreamRequest:
 
 def timed_stream(stub, prompt: str, tokens: int) -> tuple[float, float]:
     """One greedy stream: (seconds to the first message, decode tokens/s after it)."""
+    return timed_request(stub, greedy_request(prompt, tokens))
+
+
+def timed_request(stub, request: pb.GenerateStreamRequest) -> tuple[float, float]:
+    """One stream that must run to max_new_tokens: (seconds to the first message, decode tokens/s after it)."""
+    tokens = request.stopping.max_new_tokens
     start = time.perf_counter()
     first = last = None
     received = 0
-    for message in stub.GenerateStream(greedy_request(prompt, tokens), timeout=300):
+    for message in stub.GenerateStream(request, timeout=300):
         last = time.perf_counter()
         first = first or last
         received = message.generated_tokens

@@ -66,3 +66,18 @@ def test_errors_carry_details(server):
     assert result.returncode != 0
     assert "Code: InvalidArgument" in result.stderr
     assert "google.rpc.BadRequest" in result.stderr and "sampling.top_p" in result.stderr
+
+
+def test_sampler_messages_in_json_and_unimplemented_ones(server):
+    dry = grpcurl(
+        server,
+        "tokenspout.v1.GenerationService/GenerateStream",
+        data={"prompt": "Ten fruits, one per line:", "sampling": {"temperature": 0.8, "dry": {"multiplier": 0.8}},
+              "stopping": {"maxNewTokens": 8}},
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert json_stream(dry.stdout)[-1]["finish"]["reason"].startswith("FINISH_REASON_")
+    top_a = grpcurl(
+        server, "tokenspout.v1.GenerationService/GenerateStream", data={"prompt": "hi", "sampling": {"topA": 0.2}}
+    )
+    assert "Code: Unimplemented" in top_a.stderr and "sampling.top_a" in top_a.stderr
