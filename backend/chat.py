@@ -52,9 +52,10 @@ class ChatTemplate:
             strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt),
         )
         self._template = environment.from_string(template)
-        self._tokens = {"bos_token": bos_token, "eos_token": eos_token}
+        # Templates test `tools is not none` and the like: transformers defines them as None.
+        self._context = {"bos_token": bos_token, "eos_token": eos_token, "tools": None, "documents": None}
 
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
         """Raises on a template error (e.g. a role the template refuses)."""
         turns = [{"role": m.role, "content": m.content} for m in messages]
-        return self._template.render(messages=turns, add_generation_prompt=add_generation_prompt, **self._tokens)
+        return self._template.render(messages=turns, add_generation_prompt=add_generation_prompt, **self._context)

@@ -37,3 +37,13 @@ def test_template_helpers_and_errors():
     assert template.render(three) == '<s>"é""b">'
     with pytest.raises(ValueError, match="no tools"):
         template.render([ChatMessage("tool", "x")])
+
+
+def test_tools_and_documents_are_defined_as_none():
+    template = ChatTemplate(
+        "{% if tools is not none %}[TOOLS]{% endif %}{% if documents is not none %}[DOCS]{% endif %}"
+        "{{ messages[0].content }}",
+        "<s>",
+        "</s>",
+    )
+    assert template.render([ChatMessage("user", "hi")]) == "hi"

@@ -17,7 +17,7 @@ import grpc
 from backend.engine import ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.jobs import budget_problem, job_fields
-from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, settings_fields
+from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields
 from service.errors import ServiceError
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
@@ -185,6 +185,38 @@ def test_cancel_between_iterates_frees_the_job_and_drops_late_results(setup):
     assert len(events) == 2 and not core.has_work() and core.stats.cancelled_total == 1
 
 
+def test_a_banned_strings_rewind_drops_the_suppressed_tokens(setup):
+    core, generators = setup
+    events: list = []
+    banned = GenerationRequest("b", (1, 5, 6), SamplingParams(temperature=0.0, banned_strings=("lo",)), StopParams(16))
+    core.add(banned, collect(events))
+    generators[0].script = [
+        # As 0.3.2 emits it: the text is rewound, the token ids still hold the suppressed token.
+        [streaming("b", [10, 11], "Hel", suppressed_text="lo", suppressed_tokens=[[11]])],
+        [eos("b", "max_new_tokens", 2, token_ids=[[12]], text=" wor")],
+    ]
+    core.step()
+    core.step()
+    assert [t.token_id for e in events for t in e.tokens] == [10, 12]
+    assert [e.generated_tokens for e in events] == [1, 2] and events[-1].finish.usage.completion_tokens == 2
+
+
+def test_a_healed_job_counts_its_regenerated_token_within_max_new_tokens(setup):
+    core, generators = setup
+    healed = GenerationRequest(
+        "h", (1, 5, 6), SamplingParams(temperature=0.0, token_healing=True), StopParams(max_new_tokens=3, min_new_tokens=1)
+    )
+    fields = job_fields(healed, EOS)
+    assert (fields["max_new_tokens"], fields["min_new_tokens"], fields["token_healing"]) == (2, 0, True)
+    events: list = []
+    core.add(healed, collect(events))
+    # exllamav2 counts a healed job from -1, so its own new_tokens ends one short of the tokens it emitted.
+    generators[0].script = [[streaming("h", [13], "ld")], [eos("h", "max_new_tokens", 2, token_ids=[[10, 11]], text="Hello")]]
+    core.step()
+    core.step()
+    assert sum(len(e.tokens) for e in events) == 3 and events[-1].finish.usage.completion_tokens == 3
+
+
 def test_a_paused_job_runs_on_and_loses_nothing(setup):
     core, generators = setup
     events: list = []
@@ -245,16 +277,22 @@ def test_job_fields_are_explicit():
     assert job_fields(ignoring, EOS)["stop_conditions"] == []
 
 
-def encode(text: str) -> list[int]:
-    """A stand-in tokenizer for sequence breakers: one id per character."""
-    return [ord(c) for c in text]
+PIECE_LIST = ["a", "b", "\n", "c:", "dd", '":', "e"]
+
+
+def breaker_ids(breakers: tuple[str, ...]) -> set[int]:
+    return sequence_breaker_ids(PIECE_LIST, breakers)
+
+
+def sampled_job(prompt_tokens: int = 3, max_new_tokens: int = 16, **sampling) -> GenerationRequest:
+    return GenerationRequest("s", tuple(range(prompt_tokens)), SamplingParams(**sampling), StopParams(max_new_tokens))
 
 
 def test_sampler_settings_override_every_non_neutral_default():
-    greedy = settings_fields(SamplingParams(temperature=0.0), encode)
+    greedy = settings_fields(sampled_job(temperature=0.0), breaker_ids)
     assert greedy["top_k"] == 1 and greedy["temperature"] == 1.0 and greedy["token_repetition_penalty"] == 1.0
     sampled = settings_fields(
-        SamplingParams(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.1, penalty_last_n=64), encode
+        sampled_job(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.1, penalty_last_n=64), breaker_ids
     )
     assert (sampled["temperature"], sampled["top_k"], sampled["top_p"]) == (0.7, 0, 0.0)
     assert (sampled["token_repetition_penalty"], sampled["token_repetition_range"]) == (1.1, 64)
@@ -264,14 +302,14 @@ def test_sampler_settings_override_every_non_neutral_default():
 
 
 def test_sampler_settings_carry_dry_xtc_mirostat_and_exllamav2s_own_samplers():
-    params = SamplingParams(
-        temperature=0.9, dry=DryParams(multiplier=0.8, base=2.0, allowed_length=3, sequence_breakers=("\n", "ab")),
+    request = sampled_job(
+        temperature=0.9, dry=DryParams(multiplier=0.8, base=2.0, allowed_length=3, sequence_breakers=("\n", ":")),
         xtc=XtcParams(probability=0.5, threshold=0.2), mirostat=MirostatParams(tau=4.0, eta=0.2),
         top_a=0.1, tfs=0.95, skew=0.5, smoothing_factor=0.3,
     )
-    fields = settings_fields(params, encode)
+    fields = settings_fields(request, breaker_ids)
     assert (fields["dry_multiplier"], fields["dry_base"], fields["dry_allowed_length"]) == (0.8, 2.0, 3)
-    assert fields["dry_sequence_breakers"] == {ord("\n"), ord("b")}  # the last token of each breaker
+    assert fields["dry_sequence_breakers"] == {2, 3, 5}  # every token whose text holds a breaker
     assert (fields["dry_range"], fields["dry_max_ngram"]) == (0, 20)
     assert (fields["xtc_probability"], fields["xtc_threshold"]) == (0.5, 0.2)
     assert (fields["mirostat"], fields["mirostat_tau"], fields["mirostat_eta"]) == (True, 4.0, 0.2)
@@ -279,9 +317,22 @@ def test_sampler_settings_carry_dry_xtc_mirostat_and_exllamav2s_own_samplers():
 
 
 @pytest.mark.parametrize("last_n", [2, 3, 20, 21, 64, 4096])
-def test_a_dry_window_always_outlasts_the_longest_tracked_repeat(last_n):
-    fields = settings_fields(SamplingParams(dry=DryParams(multiplier=1.0, last_n=last_n)), encode)
-    assert fields["dry_range"] == last_n > fields["dry_max_ngram"] >= 1  # exllamav2 asserts the first
+@pytest.mark.parametrize("allowed_length", [1, 2, 19, 20, 64])
+def test_a_dry_window_always_outlasts_the_longest_tracked_repeat(last_n, allowed_length):
+    dry = DryParams(multiplier=1.0, last_n=last_n, allowed_length=allowed_length)
+    fields = settings_fields(sampled_job(prompt_tokens=100, max_new_tokens=4096, dry=dry), breaker_ids)
+    # exllamav2 asserts the first; it only penalizes repeats shorter than dry_max_ngram (the second).
+    assert fields["dry_range"] > fields["dry_max_ngram"] > allowed_length
+    assert fields["dry_range"] == max(last_n, fields["dry_max_ngram"] + 1)
+
+
+def test_a_dry_window_falls_back_to_the_whole_job_where_exllamav2_would_fail_or_it_changes_nothing():
+    dry = DryParams(multiplier=1.0, last_n=64)
+    assert settings_fields(sampled_job(prompt_tokens=1, dry=dry), breaker_ids)["dry_range"] == 0  # 0.3.2 fails
+    healed_two = sampled_job(prompt_tokens=2, dry=dry, token_healing=True)
+    assert settings_fields(healed_two, breaker_ids)["dry_range"] == 0
+    assert settings_fields(sampled_job(prompt_tokens=10, max_new_tokens=54, dry=dry), breaker_ids)["dry_range"] == 0
+    assert settings_fields(sampled_job(prompt_tokens=10, max_new_tokens=55, dry=dry), breaker_ids)["dry_range"] == 64
 
 
 def test_token_bias_is_padded_to_the_logit_width():
@@ -297,14 +348,18 @@ def test_the_engine_module_imports_without_exllamav2():
     assert module.PAGE_SIZE == 256
 
 
-def test_every_end_id_of_config_and_generation_config_is_kept():
-    from types import SimpleNamespace
+def test_every_end_id_of_config_generation_config_and_tokenizer_is_kept(tmp_path):
+    import json
 
     from backend.exllamav2.engine import end_token_ids
 
-    assert end_token_ids(SimpleNamespace(eos_token_id=2)) == (2,)  # no generation_config.json
-    assert end_token_ids(SimpleNamespace(eos_token_id=1, generation_config={"eos_token_id": [1, 3]})) == (1, 3)
-    assert end_token_ids(SimpleNamespace(eos_token_id=None, generation_config={"eos_token_id": None})) == ()
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    assert end_token_ids(tmp_path, None) == (2, 7)  # no generation_config.json; a list in config.json
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
+    assert end_token_ids(tmp_path, 1) == (1, 2, 7, 9)
+    (tmp_path / "config.json").write_text(json.dumps({}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": None}))
+    assert end_token_ids(tmp_path, 5) == (5,)
 
 
 def test_the_page_budget_is_checked_before_enqueue():

@@ -8,7 +8,9 @@ core) are tested on CPU against a fake generator.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import json
 import logging
 import pathlib
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from backend.engine import CONSTRAINT_KINDS, ChatMessage, ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
 from backend.exllamav2.jobs import budget_problem, job_fields
-from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, settings_fields
+from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields
 from backend.types import GenerationRequest
 from backend.worker import EngineWorker, WorkerEngine
 
@@ -92,7 +94,7 @@ class ExLlamaV2Engine(WorkerEngine):
         self.tokenizer = ExLlamaV2Tokenizer(xconfig, lazy_init=False)
         self.max_seq_len = xconfig.max_seq_len
         self.cache_tokens = cache_tokens
-        self.eos_token_ids = end_token_ids(xconfig)
+        self.eos_token_ids = end_token_ids(model_dir, self.tokenizer.eos_token_id)
         self._pieces = [p.encode() for p in self.tokenizer.get_id_to_piece_list(False)]
         tokenizer_config = self.tokenizer.tokenizer_config_dict or {}
         self._add_bos = bool(tokenizer_config.get("add_bos_token", False))
@@ -118,6 +120,11 @@ class ExLlamaV2Engine(WorkerEngine):
             constraint_kinds=CONSTRAINT_KINDS,
         )
         filter_type = filter_class()
+        pieces_with_special = self.tokenizer.get_id_to_piece_list(True)
+
+        @functools.lru_cache(maxsize=16)  # one scan of the vocabulary per set of breakers
+        def breaker_ids(breakers: tuple[str, ...]) -> frozenset[int]:
+            return frozenset(sequence_breaker_ids(pieces_with_special, breakers))
 
         def make_generator():
             return ExLlamaV2DynamicGenerator(
@@ -130,7 +137,7 @@ class ExLlamaV2Engine(WorkerEngine):
             if request.constraint is not None:
                 core = GrammarFilterCore(request.constraint, self.eos_token_ids, xconfig.vocab_size)
                 filters = [filter_type(self.model, self.tokenizer, core)]
-            settings = ExLlamaV2Sampler.Settings(**settings_fields(request.sampling, lambda text: self.tokenize(text, add_special=False)))
+            settings = ExLlamaV2Sampler.Settings(**settings_fields(request, breaker_ids))
             if request.sampling.logit_bias:
                 settings.token_bias = torch.zeros(padded_logit_width(xconfig.vocab_size), dtype=torch.float32)
                 for token, bias in request.sampling.logit_bias.items():
@@ -167,10 +174,12 @@ class ExLlamaV2Engine(WorkerEngine):
         self.model.unload()
 
 
-def end_token_ids(xconfig) -> tuple[int, ...]:
-    """Every id that ends generation: config.json keeps one (exllamav2 keeps the first of a list),
-    generation_config.json may list several, and each must stop a job."""
-    generation_config = getattr(xconfig, "generation_config", None) or {}  # set only when the file exists
-    listed = generation_config.get("eos_token_id") or []
-    listed = listed if isinstance(listed, (list, tuple)) else [listed]
-    return tuple(sorted({t for t in (xconfig.eos_token_id, *listed) if t is not None}))
+def end_token_ids(model_dir: pathlib.Path, tokenizer_eos: int | None) -> tuple[int, ...]:
+    """Every id that ends generation, each of which must stop a job: config.json's (read here:
+    exllamav2 keeps only the first of a list), generation_config.json's, and the tokenizer's."""
+    ids: set[int] = set() if tokenizer_eos is None else {tokenizer_eos}
+    for name in ("config.json", "generation_config.json"):
+        path = model_dir / name
+        listed = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        ids.update(listed if isinstance(listed, list) else [] if listed is None else [listed])
+    return tuple(sorted(ids))

@@ -21,9 +21,11 @@ def job_fields(request: GenerationRequest, eos_token_ids: tuple[int, ...]) -> di
     stopping = request.stopping
     # exllamav2 adds no EOS of its own: every EOS id must be a stop condition, unless ignored.
     stop_ids = set(stopping.stop_token_ids) | (set() if stopping.ignore_eos else set(eos_token_ids))
+    # A healed job counts from -1: the regenerated last prompt token comes first, and it is ours to count.
+    healed = int(request.sampling.token_healing)
     return {
-        "max_new_tokens": stopping.max_new_tokens,
-        "min_new_tokens": stopping.min_new_tokens,
+        "max_new_tokens": stopping.max_new_tokens - healed,
+        "min_new_tokens": max(stopping.min_new_tokens - healed, 0),
         "seed": request.sampling.seed,
         "stop_conditions": [*stopping.stop_sequences, *sorted(stop_ids)],
         "decode_special_tokens": False,

@@ -40,7 +40,8 @@ class JobResults:
         reason, stop_sequence, stop_token_id = self._reason(result)
         if reason in (FinishReason.EOS_TOKEN, FinishReason.STOP_TOKEN):
             text += self._held_text(result)
-        self.generated = result.get("new_tokens", self.generated)
+        if "new_tokens" in result:  # the generator's count; a healed job's starts at -1
+            self.generated = result["new_tokens"] + self._request.sampling.token_healing
         finish = Finish(
             reason=reason,
             usage=Usage(result.get("prompt_tokens", len(self._request.prompt_token_ids)), self.generated,
@@ -54,6 +55,10 @@ class JobResults:
 
     def _tokens(self, result: dict[str, Any]) -> tuple[GeneratedToken, ...]:
         ids = _first_row(result["token_ids"]) if "token_ids" in result else []
+        suppressed = _first_row(result["suppressed_tokens"]) if "suppressed_tokens" in result else []
+        if suppressed and ids[-len(suppressed) :] == suppressed:
+            # 0.3.2 rewinds a banned string's text but not its token ids (a typo in rewind_checkpoint).
+            ids = ids[: -len(suppressed)]
         probs = _first_row(result["token_probs"]) if "token_probs" in result else [None] * len(ids)
         return tuple(GeneratedToken(int(t), self._piece(int(t)), _logprob(p)) for t, p in zip(ids, probs))
 

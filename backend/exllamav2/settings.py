@@ -6,9 +6,9 @@ temperature 0.8, repetition penalty 1.025), so nothing is left to them.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
-from backend.types import SamplingParams
+from backend.types import DryParams, GenerationRequest
 
 SUPPORTED_SAMPLERS = (
     "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
@@ -18,13 +18,14 @@ SUPPORTED_SAMPLERS = (
 _DRY_MAX_NGRAM = 20  # exllamav2's default longest repeat tracked
 
 
-def settings_fields(params: SamplingParams, encode: Callable[[str], list[int]]) -> dict[str, object]:
+def settings_fields(request: GenerationRequest, breaker_ids: Callable[[tuple[str, ...]], set[int]]) -> dict[str, object]:
     """Keyword values for a fresh `ExLlamaV2Sampler.Settings` (one per job: it carries DRY and mirostat state).
 
-    `encode` tokenizes a DRY sequence breaker; its last token is the one that breaks a repeat.
+    `breaker_ids` gives the ids of every token whose text holds one of the DRY sequence breakers.
     """
+    params = request.sampling
     greedy = params.greedy
-    dry, xtc, mirostat = params.dry, params.xtc, params.mirostat
+    xtc, mirostat = params.xtc, params.mirostat
     penalize = params.penalty_last_n > 0
     return {
         # exllamav2 treats temperature < 0.01 as greedy; say it outright, as top_k = 1.
@@ -49,17 +50,37 @@ def settings_fields(params: SamplingParams, encode: Callable[[str], list[int]]) 
         "token_presence_penalty": params.presence_penalty if penalize else 0.0,
         "token_repetition_range": params.penalty_last_n if penalize else 0,
         "token_repetition_decay": 0,
-        "dry_multiplier": dry.multiplier,
-        "dry_base": dry.base,
-        "dry_allowed_length": dry.allowed_length,
-        # exllamav2 asserts a search window longer than the longest repeat it tracks.
-        "dry_range": dry.last_n,
-        "dry_max_ngram": min(_DRY_MAX_NGRAM, dry.last_n - 1) if dry.last_n else _DRY_MAX_NGRAM,
-        "dry_sequence_breakers": {encode(b)[-1] for b in dry.sequence_breakers if encode(b)} if params.dry_on else None,
+        **_dry_fields(params.dry, request, breaker_ids),
         "xtc_probability": 0.0 if greedy else xtc.probability,
         "xtc_threshold": xtc.threshold,
         "cfg_scale": None,
     }
+
+
+def _dry_fields(dry: DryParams, request: GenerationRequest, breaker_ids) -> dict[str, object]:
+    if dry.multiplier == 0.0:
+        return {"dry_multiplier": 0.0}
+    # exllamav2 penalizes only repeats shorter than dry_max_ngram, so it must exceed allowed_length,
+    # and it asserts a search window longer than dry_max_ngram.
+    max_ngram = max(_DRY_MAX_NGRAM, dry.allowed_length + 1)
+    window = max(dry.last_n, max_ngram + 1) if dry.last_n else 0
+    first_sequence = len(request.prompt_token_ids) - request.sampling.token_healing
+    if window >= first_sequence + request.stopping.max_new_tokens or first_sequence < 2:
+        # The window holds the whole job anyway; and 0.3.2 fails a windowed DRY on a 1-token sequence.
+        window = 0
+    return {
+        "dry_multiplier": dry.multiplier,
+        "dry_base": dry.base,
+        "dry_allowed_length": dry.allowed_length,
+        "dry_range": window,
+        "dry_max_ngram": max_ngram,
+        "dry_sequence_breakers": breaker_ids(dry.sequence_breakers),
+    }
+
+
+def sequence_breaker_ids(pieces: Sequence[str], breakers: tuple[str, ...]) -> set[int]:
+    """Ids of the tokens whose text holds a breaker, as llama.cpp's DRY treats them (":" breaks at '":' too)."""
+    return {token for token, piece in enumerate(pieces) if any(breaker in piece for breaker in breakers)}
 
 
 def padded_logit_width(vocab_size: int) -> int:

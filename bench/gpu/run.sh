@@ -16,6 +16,9 @@ WORK=${WORK:-/tmp/tokenspout-gpu}
 mkdir -p "$OUT" "$WORK"
 stamp() { echo "[$(date +%T)] $*"; }
 
+for tool in nvcc ninja nvidia-smi; do  # exllamav2 compiles its extension with them on first import
+    command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
+done
 python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$WORK/site" .whl/*.whl
 export PYTHONPATH="$WORK/site:$PWD:$PWD/clients/python" PYTHONUNBUFFERED=1
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)}
@@ -30,8 +33,10 @@ CAL=$(python3 -c "import importlib.util, pathlib; print(pathlib.Path(importlib.u
 python3 bench/gpu/tiny_llama.py "$WORK/model" --text "$CAL"/*.utf8
 
 stamp "EXL2 with exllamav2's converter"
-if ! python3 -m exllamav2.conversion.convert_exl2 -i "$WORK/model/fp16" -o "$WORK/exl2-work" -cf "$WORK/model/exl2" \
-        -b 4.0 -hb 6 -l 512 -ml 512 -nr > "$OUT/convert.log" 2>&1; then
+# The converter exits 0 on some errors: its output directory is the proof.
+python3 -m exllamav2.conversion.convert_exl2 -i "$WORK/model/fp16" -o "$WORK/exl2-work" -cf "$WORK/model/exl2" \
+    -b 4.0 -hb 6 -l 512 -ml 512 -nr > "$OUT/convert.log" 2>&1 || true
+if [ ! -f "$WORK/model/exl2/config.json" ] || ! ls "$WORK/model/exl2"/*.safetensors >/dev/null 2>&1; then
     tail -40 "$OUT/convert.log"; exit 1
 fi
 
