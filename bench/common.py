@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from typing import Callable
 
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -41,9 +42,12 @@ def timed_request(stub, request: pb.GenerateStreamRequest) -> tuple[float, float
     return first - start, (tokens - 1) / (last - first)
 
 
-def aggregate_rate(stub, streams: int, tokens: int, prompts: list[str] = PROMPTS) -> float:
-    """Tokens/s of `streams` concurrent greedy streams (one per prompt), start to last token."""
+def aggregate_rate(
+    stub, streams: int, tokens: int, prompts: list[str] = PROMPTS, make_request: Callable = greedy_request
+) -> float:
+    """Tokens/s of `streams` concurrent streams (one per prompt; greedy unless `make_request`
+    says otherwise), start to last token."""
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        list(pool.map(lambda p: timed_stream(stub, p, tokens), prompts[:streams]))
+        list(pool.map(lambda p: timed_request(stub, make_request(p, tokens)), prompts[:streams]))
     return streams * tokens / (time.perf_counter() - start)

@@ -10,19 +10,17 @@ by plain sampling (temperature 1, same seed) measured alternately in the same ru
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import os
 import pathlib
 import statistics
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 
-from common import PROMPTS, timed_request  # noqa: E402
+from common import aggregate_rate  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
@@ -49,10 +47,7 @@ def request(prompt: str, tokens: int, settings: dict) -> pb.GenerateStreamReques
 
 
 def rate(stub, streams: int, tokens: int, settings: dict) -> float:
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        list(pool.map(lambda p: timed_request(stub, request(p, tokens, settings)), PROMPTS[:streams]))
-    return streams * tokens / (time.perf_counter() - start)
+    return aggregate_rate(stub, streams, tokens, make_request=lambda prompt, n: request(prompt, n, settings))
 
 
 def main() -> int:
