@@ -41,6 +41,10 @@ class ModelInfo:
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 
 
+class EngineUnavailable(Exception):
+    """The engine's own libraries are missing or fail to load on this machine."""
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """A snapshot the engine thread publishes after every change; safe to read from any thread."""

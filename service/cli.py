@@ -35,12 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)
+    from backend.engine import EngineUnavailable
     from backend.models import ModelNotFound
     from service import server
 
     try:
         return asyncio.run(server.run(config))
-    except ModelNotFound as exc:
+    except (ModelNotFound, EngineUnavailable) as exc:
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
 

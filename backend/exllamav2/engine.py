@@ -18,7 +18,7 @@ from typing import Sequence
 
 from backend.chat import NO_TEMPLATE, ChatTemplate
 from backend.constraints import ConstraintCompiler
-from backend.engine import CONSTRAINT_KINDS, ChatMessage, ModelInfo
+from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineUnavailable, ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
 from backend.exllamav2.jobs import budget_problem, job_fields
@@ -62,12 +62,19 @@ def paged_attention_available() -> bool:
 class ExLlamaV2Engine(WorkerEngine):
     def __init__(self, model_dir: pathlib.Path, config: ExLlamaV2Config = ExLlamaV2Config(), model_id: str = "") -> None:
         import llguidance
-        import torch
-        from exllamav2 import (
-            ExLlamaV2, ExLlamaV2Cache, ExLlamaV2Cache_Q4, ExLlamaV2Cache_Q6, ExLlamaV2Cache_Q8, ExLlamaV2Tokenizer,
-        )
-        from exllamav2 import ExLlamaV2Config as XConfig
-        from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
+
+        try:  # importing exllamav2 compiles its CUDA extension, which can fail in many ways
+            import torch
+            from exllamav2 import (
+                ExLlamaV2, ExLlamaV2Cache, ExLlamaV2Cache_Q4, ExLlamaV2Cache_Q6, ExLlamaV2Cache_Q8, ExLlamaV2Tokenizer,
+            )
+            from exllamav2 import ExLlamaV2Config as XConfig
+            from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
+        except (ImportError, OSError, RuntimeError) as exc:
+            raise EngineUnavailable(
+                "the exllamav2 engine needs a CUDA build of torch and exllamav2, which compiles its extension "
+                f"on first import (pip install 'tokenspout[exllamav2]'): {type(exc).__name__}: {exc}"
+            ) from exc
 
         self._torch = torch
         xconfig = XConfig(str(model_dir))
