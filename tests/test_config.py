@@ -57,6 +57,8 @@ def test_the_example_config_file_loads():
 
     config = load_config({}, environ={}, config_file=str(ROOT / "deploy" / "tokenspout.toml"))
     assert config.listen == "0.0.0.0:50051" and config.max_batch_size == 8
+    gpu = load_config({"model": "/models/x-exl2"}, environ={}, config_file=str(ROOT / "deploy" / "tokenspout-exllamav2.toml"))
+    assert (gpu.engine, gpu.cache_type, gpu.cache_tokens, gpu.model) == ("exllamav2", "q8", 32768, "/models/x-exl2")
 
 
 def test_a_local_gguf_is_served_under_its_name(tmp_path):
