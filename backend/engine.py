@@ -36,6 +36,7 @@ class ModelInfo:
     has_chat_template: bool
     samplers: tuple[str, ...]
     constraint_kinds: tuple[str, ...] = field(default_factory=tuple)
+    quantization: str = ""
 
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")

@@ -89,6 +89,7 @@ def model_info(info: ModelInfo, limits) -> pb.GetModelInfoResponse:
         samplers=info.samplers,
         constraint_kinds=info.constraint_kinds,
         has_chat_template=info.has_chat_template,
+        quantization=info.quantization,
         limits=pb.Limits(
             max_batch_size=info.max_batch_size,
             max_new_tokens=info.context_length,

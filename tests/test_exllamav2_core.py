@@ -351,7 +351,7 @@ def test_the_engine_module_imports_without_exllamav2():
 def test_every_end_id_of_config_generation_config_and_tokenizer_is_kept(tmp_path):
     import json
 
-    from backend.exllamav2.engine import end_token_ids
+    from backend.exllamav2.model_files import end_token_ids
 
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     assert end_token_ids(tmp_path, None) == (2, 7)  # no generation_config.json; a list in config.json
@@ -360,6 +360,32 @@ def test_every_end_id_of_config_generation_config_and_tokenizer_is_kept(tmp_path
     (tmp_path / "config.json").write_text(json.dumps({}))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": None}))
     assert end_token_ids(tmp_path, 5) == (5,)
+
+
+def safetensors_with(path, *names: str) -> None:
+    import json
+    import struct
+
+    header = json.dumps({name: {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]} for name in names}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
+
+
+def test_the_weight_format_comes_from_the_config_or_the_tensor_names(tmp_path):
+    import json
+
+    from backend.exllamav2.model_files import weight_format
+
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "exl2", "bits": 4.0}}))
+    assert weight_format(tmp_path) == "EXL2 4.0 bpw"
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 4}}))
+    assert weight_format(tmp_path) == "GPTQ 4-bit"
+    (tmp_path / "config.json").write_text("{}")
+    safetensors_with(tmp_path / "model.safetensors", "model.layers.0.mlp.up_proj.weight")
+    assert weight_format(tmp_path) == "FP16"
+    safetensors_with(tmp_path / "model-2.safetensors", "model.layers.0.mlp.up_proj.qweight")
+    assert weight_format(tmp_path) == "GPTQ"
+    safetensors_with(tmp_path / "model-2.safetensors", "model.layers.0.mlp.up_proj.q_weight")
+    assert weight_format(tmp_path) == "EXL2"
 
 
 def test_the_page_budget_is_checked_before_enqueue():

@@ -235,6 +235,7 @@ def test_model_info(stub):
     assert info.model_id == "SmolLM2-135M-Instruct-Q4_1" and info.engine == "llama.cpp"
     assert info.context_length == SERVER_CONTEXT_LENGTH and info.vocab_size == 49152
     assert info.has_chat_template and len(info.special_tokens.eos_token_ids) >= 1
+    assert info.quantization == "Q4_1"
     assert {"temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "logit_bias"} <= set(info.samplers)
     assert info.limits.max_batch_size == 8
     assert json_format.MessageToDict(info)  # serializes for grpcurl users

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import json
 import logging
 import pathlib
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineUnavailable, Mod
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
 from backend.exllamav2.jobs import budget_problem, job_fields
+from backend.exllamav2.model_files import end_token_ids, weight_format
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields
 from backend.types import GenerationRequest
 from backend.worker import EngineWorker, WorkerEngine
@@ -125,6 +125,7 @@ class ExLlamaV2Engine(WorkerEngine):
             has_chat_template=self._chat is not None,
             samplers=SUPPORTED_SAMPLERS,
             constraint_kinds=CONSTRAINT_KINDS,
+            quantization=weight_format(model_dir),
         )
         filter_type = filter_class()
         pieces_with_special = self.tokenizer.get_id_to_piece_list(True)
@@ -179,14 +180,3 @@ class ExLlamaV2Engine(WorkerEngine):
     def close(self) -> None:
         self._worker.close()
         self.model.unload()
-
-
-def end_token_ids(model_dir: pathlib.Path, tokenizer_eos: int | None) -> tuple[int, ...]:
-    """Every id that ends generation, each of which must stop a job: config.json's (read here:
-    exllamav2 keeps only the first of a list), generation_config.json's, and the tokenizer's."""
-    ids: set[int] = set() if tokenizer_eos is None else {tokenizer_eos}
-    for name in ("config.json", "generation_config.json"):
-        path = model_dir / name
-        listed = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
-        ids.update(listed if isinstance(listed, list) else [] if listed is None else [listed])
-    return tuple(sorted(ids))

@@ -28,6 +28,7 @@ class LlamaCppEngine(WorkerEngine):
             has_chat_template=self.model.chat_template is not None,
             samplers=SUPPORTED_SAMPLERS,
             constraint_kinds=CONSTRAINT_KINDS,
+            quantization=self.model.quantization,
         )
         self.constraints = ConstraintCompiler(self.model.constraint_tokenizer())
         self._worker = EngineWorker(self.core, name="llama.cpp-engine")

@@ -55,6 +55,9 @@ class GgufModel:
         self.vocab_size: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.context_length_trained: int = llama_cpp.llama_model_n_ctx_train(model)
         self.name = self.metadata("general.name") or path.stem
+        description = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(model, description, len(description))
+        self.quantization = description.value.decode(errors="replace").rsplit(" ", 1)[-1]  # "llama 135M Q4_1"
         self.add_bos: bool = llama_cpp.llama_vocab_get_add_bos(self.vocab)
         bos = llama_cpp.llama_vocab_bos(self.vocab)
         self.bos_token_id: int | None = bos if bos >= 0 else None

@@ -84,7 +84,9 @@ class Checks:
         if self.expect_exllamav2:
             assert self.info.engine.startswith("exllamav2"), self.info.engine
             assert EXLLAMAV2_ONLY <= samplers, EXLLAMAV2_ONLY - samplers
-        return f"engine {self.info.engine!r}, batch {self.info.limits.max_batch_size}, {len(samplers)} samplers"
+            assert self.info.quantization.split()[0] in ("EXL2", "GPTQ", "FP16"), self.info.quantization
+        info = self.info
+        return f"engine {info.engine!r}, {info.quantization}, batch {info.limits.max_batch_size}, {len(samplers)} samplers"
 
     def streams_incrementally(self) -> str:
         request = greedy_request(PROMPT, 64)

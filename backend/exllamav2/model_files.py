@@ -1,0 +1,46 @@
+"""What a model directory says about itself, read from its files without loading it."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import struct
+
+
+def _config(model_dir: pathlib.Path, name: str) -> dict:
+    path = model_dir / name
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def end_token_ids(model_dir: pathlib.Path, tokenizer_eos: int | None) -> tuple[int, ...]:
+    """Every id that ends generation, each of which must stop a job: config.json's (read here:
+    exllamav2 keeps only the first of a list), generation_config.json's, and the tokenizer's."""
+    ids: set[int] = set() if tokenizer_eos is None else {tokenizer_eos}
+    for name in ("config.json", "generation_config.json"):
+        listed = _config(model_dir, name).get("eos_token_id")
+        ids.update(listed if isinstance(listed, list) else [] if listed is None else [listed])
+    return tuple(sorted(ids))
+
+
+def weight_format(model_dir: pathlib.Path) -> str:
+    """"EXL2 4.0 bpw", "GPTQ 4-bit" or "FP16": from config.json's quantization_config, else from
+    the tensor names in the safetensors headers (exllamav2 itself decides by those)."""
+    quantization = _config(model_dir, "config.json").get("quantization_config") or {}
+    method, bits = str(quantization.get("quant_method", "")).lower(), quantization.get("bits")
+    if method == "exl2":
+        return f"EXL2 {bits} bpw" if bits else "EXL2"
+    if method == "gptq":
+        return f"GPTQ {bits}-bit" if bits else "GPTQ"
+    names = {name for path in sorted(model_dir.glob("*.safetensors")) for name in _tensor_names(path)}
+    if any(name.endswith(".q_weight") for name in names):
+        return "EXL2"
+    if any(name.endswith(".qweight") for name in names):
+        return "GPTQ"
+    return "FP16"
+
+
+def _tensor_names(path: pathlib.Path) -> list[str]:
+    """A safetensors file starts with an 8-byte little-endian length and that much JSON header."""
+    with path.open("rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        return [name for name in json.loads(file.read(length)) if name != "__metadata__"]
