@@ -388,6 +388,20 @@ def test_the_weight_format_comes_from_the_config_or_the_tensor_names(tmp_path):
     assert weight_format(tmp_path) == "EXL2"
 
 
+def test_bos_follows_the_tokenizer_config_else_the_post_processor(tmp_path):
+    import json
+
+    from backend.exllamav2.model_files import adds_bos
+
+    assert adds_bos(tmp_path, "<s>") is False  # nothing says so
+    llama3 = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|begin_of_text|>"}}, {"Sequence": {"id": "A"}}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"post_processor": {"type": "Sequence", "processors": [
+        {"type": "ByteLevel"}, llama3]}}))
+    assert adds_bos(tmp_path, "<|begin_of_text|>") is True
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False}))
+    assert adds_bos(tmp_path, "<|begin_of_text|>") is False  # the config's word wins
+
+
 def test_the_page_budget_is_checked_before_enqueue():
     assert budget_problem(100, 156, max_seq_len=4096, cache_tokens=256) == ""
     assert "context" in budget_problem(4000, 200, max_seq_len=4096, cache_tokens=65536)

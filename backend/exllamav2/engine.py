@@ -21,7 +21,7 @@ from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineUnavailable, Mod
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
 from backend.exllamav2.jobs import budget_problem, job_fields
-from backend.exllamav2.model_files import end_token_ids, weight_format
+from backend.exllamav2.model_files import adds_bos, end_token_ids, weight_format
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields
 from backend.types import GenerationRequest
 from backend.worker import EngineWorker, WorkerEngine
@@ -104,7 +104,7 @@ class ExLlamaV2Engine(WorkerEngine):
         self.eos_token_ids = end_token_ids(model_dir, self.tokenizer.eos_token_id)
         self._pieces = [p.encode() for p in self.tokenizer.get_id_to_piece_list(False)]
         tokenizer_config = self.tokenizer.tokenizer_config_dict or {}
-        self._add_bos = bool(tokenizer_config.get("add_bos_token", False))
+        self._add_bos = adds_bos(model_dir, self.tokenizer.bos_token or "")
         template = tokenizer_config.get("chat_template")
         self._chat = (
             ChatTemplate(template, self.tokenizer.bos_token or "", self.tokenizer.eos_token or "")

@@ -22,6 +22,19 @@ def end_token_ids(model_dir: pathlib.Path, tokenizer_eos: int | None) -> tuple[i
     return tuple(sorted(ids))
 
 
+def adds_bos(model_dir: pathlib.Path, bos_token: str) -> bool:
+    """Whether a plain prompt starts with BOS, as transformers would encode it: tokenizer_config.json's
+    add_bos_token when it says, else whether tokenizer.json's post-processor puts BOS first (Llama 3)."""
+    setting = _config(model_dir, "tokenizer_config.json").get("add_bos_token")
+    if setting is not None:
+        return bool(setting)
+    processor = _config(model_dir, "tokenizer.json").get("post_processor") or {}
+    for step in processor.get("processors", [processor]):
+        if step.get("type") == "TemplateProcessing" and step.get("single"):
+            return step["single"][0].get("SpecialToken", {}).get("id") == bos_token
+    return False
+
+
 def weight_format(model_dir: pathlib.Path) -> str:
     """"EXL2 4.0 bpw", "GPTQ 4-bit" or "FP16": from config.json's quantization_config, else from
     the tensor names in the safetensors headers (exllamav2 itself decides by those)."""
