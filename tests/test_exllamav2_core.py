@@ -89,7 +89,7 @@ def setup():
         generators.append(FakeGenerator())
         return generators[-1]
 
-    core = ExLlamaV2Core(make_generator, FakeJob, EOS, lambda t: PIECES.get(t, b"?"), cache_tokens=4096)
+    core = ExLlamaV2Core(make_generator, FakeJob, EOS, lambda t: PIECES.get(t, b"?"), vocab_size=16, cache_tokens=4096)
     return core, generators
 
 
@@ -154,13 +154,24 @@ def test_eos_reasons_map_to_finish_reasons(setup, reason, extra, expected):
         assert finish.stop_token_id == 13
 
 
-def test_logprobs_come_from_token_probs(setup):
+def test_logprobs_and_alternatives_come_from_the_steps_logits(setup):
     core, generators = setup
     events: list = []
-    core.add(request("a"), collect(events))
-    generators[0].script = [[streaming("a", [10, 11], "Hello", token_probs=[[0.5, 0.0]])]]
+    wants = GenerationRequest("a", (1, 5, 6), SamplingParams(temperature=0.0), StopParams(16),
+                              OutputParams(return_logprobs=True, top_logprobs=2))
+    assert job_fields(wants, EOS)["return_logits"] and not job_fields(wants, EOS)["return_probs"]
+    core.add(wants, collect(events))
+    step = [-math.inf] * 20  # padded past the 16-token vocabulary; the padding must not count
+    first, second = list(step), list(step)
+    first[10], first[12], first[13], first[18] = math.log(0.5), math.log(0.3), math.log(0.2), 99.0
+    second[11], second[13], second[19] = 0.0, -math.inf, 99.0
+    generators[0].script = [[streaming("a", [10, 11], "Hello", logits=[[first, second]])]]
     core.step()
-    assert [t.logprob for t in events[0].tokens] == [math.log(0.5), -math.inf]
+    tokens = events[0].tokens
+    assert [t.logprob for t in tokens] == pytest.approx([math.log(0.5), 0.0])
+    assert [(top.token_id, top.piece) for top in tokens[0].top_logprobs] == [(10, b"Hel"), (12, b" wor")]
+    assert tokens[0].top_logprobs[1].logprob == pytest.approx(math.log(0.3))
+    assert tokens[1].top_logprobs[0].token_id == 11
 
 
 def test_an_enqueue_assertion_fails_only_that_request(setup):
@@ -268,7 +279,7 @@ def test_job_fields_are_explicit():
     )
     assert job_fields(req, EOS) == {
         "max_new_tokens": 40, "min_new_tokens": 2, "seed": 5, "stop_conditions": ["\n\n", 2, 7],
-        "decode_special_tokens": False, "return_probs": True, "return_top_tokens": 3, "return_logits": False,
+        "decode_special_tokens": False, "return_probs": False, "return_top_tokens": 0, "return_logits": True,
         "token_healing": False, "banned_strings": None, "identifier": "r1",
     }
     healing = GenerationRequest("r3", (1,), SamplingParams(banned_strings=("As an AI",), token_healing=True))

@@ -18,7 +18,7 @@ def load_check_module():
 def test_the_gpu_checks_pass_against_the_llama_cpp_engine(stub):
     results = load_check_module().Checks(stub, expect_exllamav2=False).run_all()
     assert [r["check"] for r in results if not r["ok"]] == [], results
-    assert len(results) == 10
+    assert len(results) == 11
 
 
 def test_the_gpu_checks_fail_an_engine_that_is_not_exllamav2(stub):

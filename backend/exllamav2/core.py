@@ -39,6 +39,7 @@ class ExLlamaV2Core:
         make_job: Callable[[GenerationRequest], Any],
         eos_token_ids: tuple[int, ...],
         piece: Callable[[int], bytes],
+        vocab_size: int,
         cache_tokens: int,
     ) -> None:
         self._make_generator = make_generator
@@ -46,6 +47,7 @@ class ExLlamaV2Core:
         self._make_job = make_job
         self._eos_token_ids = frozenset(eos_token_ids)
         self._piece = piece
+        self._vocab_size = vocab_size
         self._jobs: dict[str, _Job] = {}
         self.steps = 0
         self.stats = EngineStats(cache_tokens_total=cache_tokens)
@@ -57,7 +59,7 @@ class ExLlamaV2Core:
         except AssertionError as exc:  # validation should have caught it; never let it reach iterate()
             deliver(sink, ErrorEvent(f"the generator refused the job: {exc}"))
             return
-        self._jobs[request.request_id] = _Job(request, job, sink, JobResults(request, self._eos_token_ids, self._piece))
+        self._jobs[request.request_id] = _Job(request, job, sink, JobResults(request, self._eos_token_ids, self._piece, self._vocab_size))
         self._publish()
 
     def cancel(self, order: CancelOrder | str) -> None:

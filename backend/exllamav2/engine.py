@@ -157,7 +157,9 @@ class ExLlamaV2Engine(WorkerEngine):
                 **job_fields(request, self.eos_token_ids),
             )
 
-        self.core = ExLlamaV2Core(make_generator, make_job, self.eos_token_ids, self.token_piece, cache_tokens)
+        self.core = ExLlamaV2Core(
+            make_generator, make_job, self.eos_token_ids, self.token_piece, len(self._pieces), cache_tokens
+        )
         self._worker = EngineWorker(self.core, name="exllamav2-engine")
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

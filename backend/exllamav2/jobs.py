@@ -29,9 +29,10 @@ def job_fields(request: GenerationRequest, eos_token_ids: tuple[int, ...]) -> di
         "seed": request.sampling.seed,
         "stop_conditions": [*stopping.stop_sequences, *sorted(stop_ids)],
         "decode_special_tokens": False,
-        "return_probs": request.output.return_logprobs,
-        "return_top_tokens": request.output.top_logprobs,
-        "return_logits": False,
+        # The contract's logprobs come from the step's logits (exllamav2's own probs are after truncation).
+        "return_probs": False,
+        "return_top_tokens": 0,
+        "return_logits": request.output.return_logprobs or request.output.top_logprobs > 0,
         "token_healing": request.sampling.token_healing,
         # Validation refuses both with a constraint: they bypass exllamav2's filters.
         "banned_strings": list(request.sampling.banned_strings) or None,

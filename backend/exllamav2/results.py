@@ -9,19 +9,22 @@ only in `held`; usage counts come from `new_tokens`, not from summing ids.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+import numpy as np
+
+from backend.logprobs import with_logprobs
 from backend.types import Finish, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings, Usage
 
 
 class JobResults:
     """Translates one job's results, in order."""
 
-    def __init__(self, request: GenerationRequest, eos_token_ids: frozenset[int], piece) -> None:
+    def __init__(self, request: GenerationRequest, eos_token_ids: frozenset[int], piece, vocab_size: int) -> None:
         self._request = request
         self._eos_token_ids = eos_token_ids
         self._piece = piece  # token id -> bytes
+        self._vocab_size = vocab_size  # the logits are padded beyond it
         self.generated = 0
         self._deadline = request.end_by
 
@@ -59,8 +62,11 @@ class JobResults:
         if suppressed and ids[-len(suppressed) :] == suppressed:
             # 0.3.2 rewinds a banned string's text but not its token ids (a typo in rewind_checkpoint).
             ids = ids[: -len(suppressed)]
-        probs = _first_row(result["token_probs"]) if "token_probs" in result else [None] * len(ids)
-        return tuple(GeneratedToken(int(t), self._piece(int(t)), _logprob(p)) for t, p in zip(ids, probs))
+        if "logits" not in result:
+            return tuple(GeneratedToken(int(t), self._piece(int(t))) for t in ids)
+        rows = np.asarray(result["logits"], dtype=np.float32)[0, :, : self._vocab_size]  # (1, n, vocab)
+        top_n = self._request.output.top_logprobs
+        return tuple(with_logprobs(int(t), row, self._piece, top_n) for t, row in zip(ids, rows))
 
     def _reason(self, result: dict[str, Any]) -> tuple[FinishReason, str | None, int | None]:
         reason = result.get("eos_reason")
@@ -93,9 +99,3 @@ def _first_row(value: Any) -> list:
     """Result tensors have shape (1, n); fakes may pass nested lists."""
     rows = value.tolist() if hasattr(value, "tolist") else value
     return list(rows[0])
-
-
-def _logprob(probability: float | None) -> float | None:
-    if probability is None:
-        return None
-    return math.log(probability) if probability > 0 else -math.inf

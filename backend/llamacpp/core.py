@@ -29,8 +29,9 @@ from backend.engine import EngineStats, EventSink
 from backend.llamacpp.model import GgufModel
 from backend.constraints import apply_bitmask
 from backend.llamacpp.sampling import build_sampler_chain
+from backend.logprobs import with_logprobs
 from backend.sequence import SequenceOutput
-from backend.types import ErrorEvent, FinishReason, GeneratedToken, GenerationRequest, TopLogprob
+from backend.types import ErrorEvent, FinishReason, GeneratedToken, GenerationRequest
 from backend.worker import CancelOrder, deliver
 
 log = logging.getLogger(__name__)
@@ -352,13 +353,7 @@ class LlamaCppCore:
         if not wanted.return_logprobs and not wanted.top_logprobs:
             return GeneratedToken(token, piece)
         row = np.ctypeslib.as_array(logits, shape=(self.model.vocab_size,))
-        logprobs = row - np.logaddexp.reduce(row[np.isfinite(row)])
-        top = ()
-        if wanted.top_logprobs:
-            best = np.argpartition(-logprobs, wanted.top_logprobs)[: wanted.top_logprobs]
-            best = best[np.argsort(-logprobs[best])]
-            top = tuple(TopLogprob(int(t), self.model.pieces[t], float(logprobs[t])) for t in best)
-        return GeneratedToken(token, piece, float(logprobs[token]), top)
+        return with_logprobs(token, row, self.model.pieces.__getitem__, wanted.top_logprobs)
 
     # -- endings -----------------------------------------------------------------
 

@@ -100,6 +100,16 @@ class Checks:
         assert len(tokens) == 64
         return f"{len(messages)} messages, {len(tokens)} tokens, equal to the unary result"
 
+    def logprobs_and_alternatives(self) -> str:
+        request = greedy_request(PROMPT, 8)
+        request.output.return_logprobs, request.output.top_logprobs = True, 3
+        tokens = [t for m in stream(self.stub, request) for t in m.tokens]
+        assert len(tokens) == 8
+        for token in tokens:
+            assert token.logprob <= 0 and len(token.top_logprobs) == 3, token
+            assert token.top_logprobs[0].id == token.id, "greedy picks the likeliest"
+        return f"8 tokens, each with its logprob and 3 alternatives (first: {tokens[0].logprob:.3f})"
+
     def every_eos_id_ends_a_stream(self) -> str:
         for eos in self.info.special_tokens.eos_token_ids:
             request = pb.GenerateStreamRequest(
@@ -198,7 +208,7 @@ class Checks:
     def run_all(self) -> list[dict]:
         results = []
         for name in (
-            "model_info", "streams_incrementally", "every_eos_id_ends_a_stream", "stop_sequence_is_held_back", "chat",
+            "model_info", "streams_incrementally", "logprobs_and_alternatives", "every_eos_id_ends_a_stream", "stop_sequence_is_held_back", "chat",
             "cancel_mid_stream", "json_schema_stream", "samplers_run", "over_budget_is_out_of_range",
             "concurrent_streams",
         ):
