@@ -77,7 +77,7 @@ class RequestValidator:
                     violations.append(FieldViolation(f"sampling.{name}", "cannot be used with a constraint"))
         if violations:
             raise invalid_argument(violations)
-        self.unsupported(sampling)
+        self.refuse_unsupported(sampling)
         prompt = self.prompt_tokens(request)
         problem = self._engine.budget_problem(len(prompt), stopping.max_new_tokens)
         if problem:
@@ -192,22 +192,22 @@ class RequestValidator:
         temperature = params.get("temperature", 1.0)
         if "seed" not in params:
             params["seed"] = 0 if temperature == 0.0 else secrets.randbelow(MAX_SEED + 1)
+        xtc = _checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5))
+        mirostat = _checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True))
         return SamplingParams(
             **params,
             logit_bias=dict(s.logit_bias),
             dry=self._dry(s.dry, violations),
-            xtc=XtcParams(**_checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5))),
-            mirostat=MirostatParams(**_checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True)))
-            if s.HasField("mirostat")
-            else None,
+            xtc=XtcParams(**xtc),
+            mirostat=MirostatParams(**mirostat) if s.HasField("mirostat") else None,
             banned_strings=tuple(s.banned_strings),
             token_healing=s.token_healing,
         )
 
     def _dry(self, d: pb.DrySampler, violations: list[FieldViolation]) -> DryParams:
         params = _checked(
-            d, "sampling.dry", violations,
-            multiplier=(0.0, 10.0), base=(1.0, 10.0, True), allowed_length=(1, 64), penalty_last_n=(0, self._info.context_length),
+            d, "sampling.dry", violations, multiplier=(0.0, 10.0), base=(1.0, 10.0, True), allowed_length=(1, 64),
+            penalty_last_n=(0, self._info.context_length),
         )
         if params.get("penalty_last_n") == 1:
             violations.append(FieldViolation("sampling.dry.penalty_last_n", "must be 0 (whole context) or at least 2"))
@@ -227,16 +227,12 @@ class RequestValidator:
             if not 0 < len(value) <= longest
         ]
 
-    def unsupported(self, sampling: SamplingParams) -> None:
+    def refuse_unsupported(self, sampling: SamplingParams) -> None:
         """Raises UNIMPLEMENTED, naming every one, when the request turns on samplers this engine lacks."""
         missing = sorted(sampling.in_effect() - set(self._info.samplers))
+        description = "this engine has no such sampler; GetModelInfo.samplers lists the ones it has"
         if missing:
-            raise unimplemented(
-                [
-                    FieldViolation(f"sampling.{name}", f"the {self._info.engine} engine has no such sampler; see GetModelInfo.samplers")
-                    for name in missing
-                ]
-            )
+            raise unimplemented([FieldViolation(f"sampling.{name}", description) for name in missing])
 
     def _stopping(self, s: pb.StoppingCriteria, violations: list[FieldViolation]) -> StopParams:
         check = _RangeChecker("stopping", s, violations)
