@@ -9,7 +9,6 @@ core) are tested on CPU against a fake generator.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import logging
 import pathlib
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from backend.worker import EngineWorker, WorkerEngine
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 256  # the dynamic generator's page: cache sizes and prefill chunks are multiples of it
-_PAGED_FLASH_ATTN = (2, 5, 7)
 
 
 @dataclass(frozen=True)
@@ -49,16 +47,6 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def paged_attention_available() -> bool:
-    """Continuous batching needs flash-attn >= 2.5.7; without it the generator runs one job at a time."""
-    try:
-        version = importlib.metadata.version("flash-attn")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    parts = tuple(int(p) for p in version.split("+")[0].split(".")[:3] if p.isdigit())
-    return parts >= _PAGED_FLASH_ATTN
-
-
 class ExLlamaV2Engine(WorkerEngine):
     def __init__(self, model_dir: pathlib.Path, config: ExLlamaV2Config = ExLlamaV2Config(), model_id: str = "") -> None:
         import llguidance
@@ -69,6 +57,7 @@ class ExLlamaV2Engine(WorkerEngine):
                 ExLlamaV2, ExLlamaV2Cache, ExLlamaV2Cache_Q4, ExLlamaV2Cache_Q6, ExLlamaV2Cache_Q8, ExLlamaV2Tokenizer,
             )
             from exllamav2 import ExLlamaV2Config as XConfig
+            from exllamav2.attn import has_flash_attn_with_paged
             from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
         except (ImportError, OSError, RuntimeError) as exc:
             raise EngineUnavailable(
@@ -84,7 +73,8 @@ class ExLlamaV2Engine(WorkerEngine):
         chunk = max(PAGE_SIZE, min(_round_up(config.max_chunk_size, PAGE_SIZE), xconfig.max_seq_len))
         xconfig.max_input_len = chunk
         xconfig.max_attention_size = chunk**2
-        self.paged = paged_attention_available()
+        # exllamav2's own verdict: flash-attn >= 2.5.7 that imports, unless EXLLAMA_NO_FLASH_ATTN is set.
+        self.paged = has_flash_attn_with_paged
         batch_size = config.max_batch_size if self.paged else 1
         if not self.paged:
             log.warning("flash-attn >= 2.5.7 not found: exllamav2 runs unpaged, one request at a time")

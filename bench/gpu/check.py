@@ -230,14 +230,13 @@ def grpc_rate(stub, reps: int = 3) -> float:
 def direct_rate(model_dir: pathlib.Path, reps: int = 3) -> float:
     """Decode tokens/s of the same greedy job, exllamav2 driven directly with the engine's settings."""
     from exllamav2 import ExLlamaV2, ExLlamaV2Cache, ExLlamaV2Config, ExLlamaV2Tokenizer
+    from exllamav2.attn import has_flash_attn_with_paged
     from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
-
-    from backend.exllamav2.engine import paged_attention_available
 
     config = ExLlamaV2Config(str(model_dir))
     config.arch_compat_overrides()
     config.max_seq_len = CONTEXT
-    paged = paged_attention_available()
+    paged = has_flash_attn_with_paged
     batch = BATCH if paged else 1
     model = ExLlamaV2(config)
     cache = ExLlamaV2Cache(model, max_seq_len=CONTEXT * batch, lazy=True)
