@@ -131,10 +131,6 @@ class SequenceOutput:
             prefill_s=(self.prefill_done_at or now) - admitted,
             decode_s=now - first,
             total_s=now - arrival,
-            constraint_compile_s=self._compile_s(),
+            constraint_compile_s=self.request.constraint.fresh_compile_s if self.request.constraint else 0.0,
             constraint_mask_s=self.constraint.mask_s if self.constraint is not None else 0.0,
         )
-
-    def _compile_s(self) -> float:
-        compiled = self.request.constraint
-        return compiled.compile_s if compiled is not None and not compiled.cached else 0.0

@@ -89,8 +89,19 @@ def setup():
         generators.append(FakeGenerator())
         return generators[-1]
 
-    core = ExLlamaV2Core(make_generator, FakeJob, EOS, lambda t: PIECES.get(t, b"?"), vocab_size=16, cache_tokens=4096)
+    core = ExLlamaV2Core(make_generator, make_job, EOS, lambda t: PIECES.get(t, b"?"), vocab_size=16, cache_tokens=4096)
+    JOB_CONSTRAINTS.clear()
     return core, generators
+
+
+JOB_CONSTRAINTS: dict = {}
+"""request id -> the grammar filter core its job carries (tests with constraints fill it)."""
+
+
+def make_job(request: GenerationRequest):
+    if request.request_id == "explode":
+        raise TypeError("Settings.__init__() got an unexpected keyword argument")
+    return FakeJob(request), JOB_CONSTRAINTS.get(request.request_id)
 
 
 def collect(events: list):
@@ -226,6 +237,33 @@ def test_a_healed_job_counts_its_regenerated_token_within_max_new_tokens(setup):
     core.step()
     core.step()
     assert sum(len(e.tokens) for e in events) == 3 and events[-1].finish.usage.completion_tokens == 3
+
+
+def test_a_job_that_cannot_be_built_fails_alone(setup):
+    core, generators = setup
+    failed: list = []
+    core.add(request("explode"), collect(failed))
+    assert isinstance(failed[0], ErrorEvent) and "unexpected keyword" in failed[0].message
+    later: list = []
+    core.add(request("b"), collect(later))
+    generators[0].script = [[eos("b", "max_new_tokens", 1, token_ids=[[10]], text="Hel")]]
+    core.step()
+    assert later[-1].finish.reason is FinishReason.MAX_TOKENS
+
+
+def test_a_failed_rebuild_fails_new_requests_until_one_succeeds(setup):
+    core, generators = setup
+    core.add(request("a"), collect([]))
+    generators[0].explode = True
+    core._make_generator = lambda: (_ for _ in ()).throw(RuntimeError("CUDA out of memory"))
+    core.step()  # iterate() fails, and so does the rebuild
+    refused: list = []
+    core.add(request("b"), collect(refused))
+    assert isinstance(refused[0], ErrorEvent) and "rebuilt" in refused[0].message
+    core._make_generator = FakeGenerator
+    served: list = []
+    core.add(request("c"), collect(served))
+    assert served == [] and core.has_work()
 
 
 def test_a_paused_job_runs_on_and_loses_nothing(setup):

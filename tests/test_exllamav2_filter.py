@@ -53,3 +53,97 @@ def test_begin_resets_for_the_first_sampling_step(model, compiler):
     assert core.error
     core.begin()
     assert not core.error and allowed(core, model.vocab_size) - set(model.eos_token_ids)
+
+
+# -- a constrained job's finish, through the owner-thread core (the generator is a fake; the filter core is real)
+
+
+@pytest.fixture
+def constrained(model, compiler):
+    from test_exllamav2_core import JOB_CONSTRAINTS, FakeGenerator, make_job
+
+    from backend.exllamav2.core import ExLlamaV2Core
+
+    generators: list = []
+
+    def make_generator():
+        generators.append(FakeGenerator())
+        return generators[-1]
+
+    core = ExLlamaV2Core(make_generator, make_job, model.eos_token_ids, model.pieces.__getitem__, model.vocab_size, 4096)
+    JOB_CONSTRAINTS.clear()
+
+    def add(request_id: str, pattern: str, events: list, max_new_tokens: int = 16):
+        from backend.types import GenerationRequest, SamplingParams, StopParams
+
+        compiled = compiler.compile(ConstraintSpec("regex", pattern))
+        filter_core = GrammarFilterCore(compiled, model.eos_token_ids, model.vocab_size)
+        filter_core.begin()
+        JOB_CONSTRAINTS[request_id] = filter_core
+        request = GenerationRequest(request_id, (1, 2), SamplingParams(temperature=0.0), StopParams(max_new_tokens),
+                                    constraint=compiled)
+        core.add(request, events.append)
+        return filter_core
+
+    return core, generators, add
+
+
+def feed_text(filter_core: GrammarFilterCore, model, text: str) -> list[int]:
+    """What exllamav2 does with each sampled token: compute the mask, then feed the token."""
+    tokens = model.tokenize(text, add_special=False)
+    for token in tokens:
+        filter_core.prepare_mask()
+        filter_core.feed(token)
+    return tokens
+
+
+def test_a_finished_grammar_ends_as_constraint_complete(model, constrained):
+    from test_exllamav2_core import eos
+
+    from backend.types import FinishReason
+
+    core, generators, add = constrained
+    events: list = []
+    filter_core = add("c", "[0-9]{3}", events)
+    tokens = feed_text(filter_core, model, "123")
+    assert allowed(filter_core, model.vocab_size) == set(model.eos_token_ids)  # then EOS is forced and sampled
+    end_id = model.eos_token_ids[0]
+    generators[0].script = [[eos("c", "stop_token", len(tokens) + 1, token_ids=[tokens], text="123",
+                                 eos_triggering_token_id=end_id, eos_triggering_token_str="")]]
+    core.step()
+    finish = events[-1].finish
+    assert finish.reason is FinishReason.CONSTRAINT_COMPLETE and finish.constraint_satisfied is True
+    assert finish.timings.constraint_mask_s > 0 and sum(e.mask_s for e in events) == pytest.approx(finish.timings.constraint_mask_s)
+
+
+def test_a_grammar_cut_short_by_max_tokens_is_reported_unsatisfied(model, constrained):
+    from test_exllamav2_core import eos
+
+    from backend.types import FinishReason
+
+    core, generators, add = constrained
+    events: list = []
+    filter_core = add("m", "[0-9]{3}", events, max_new_tokens=1)
+    tokens = feed_text(filter_core, model, "1")
+    generators[0].script = [[eos("m", "max_new_tokens", 1, token_ids=[tokens], text="1")]]
+    core.step()
+    finish = events[-1].finish
+    assert finish.reason is FinishReason.MAX_TOKENS and finish.constraint_satisfied is False
+
+
+def test_a_constraint_error_fails_that_stream_only(model, constrained):
+    from test_exllamav2_core import eos, streaming
+
+    from backend.types import ErrorEvent, FinishReason
+
+    core, generators, add = constrained
+    broken: list = []
+    fine: list = []
+    bad = add("bad", "[0-9]+", broken)
+    add("ok", "[a-z]+", fine)
+    bad.feed(model.tokenize("abc", add_special=False)[0])  # a token the grammar rejects
+    generators[0].script = [[streaming("bad", [5], "x"), eos("ok", "max_new_tokens", 1, token_ids=[[6]], text="y")]]
+    core.step()
+    assert isinstance(broken[-1], ErrorEvent) and "constraint failed" in broken[-1].message
+    assert [job.identifier for job in generators[0].cancelled] == ["bad"]
+    assert fine[-1].finish.reason is FinishReason.MAX_TOKENS

@@ -28,6 +28,11 @@ class CompiledConstraint:
     cached: bool
     warnings: tuple[str, ...]
 
+    @property
+    def fresh_compile_s(self) -> float:
+        """The compile time a request using this paid: none when it came from the cache."""
+        return 0.0 if self.cached else self.compile_s
+
     def new_matcher(self) -> llguidance.LLMatcher:
         """A fresh matcher for one sequence (a copy; compiling is not repeated)."""
         return self.template.deep_copy()

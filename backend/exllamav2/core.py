@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from backend.engine import EngineStats, EventSink
+from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.exllamav2.results import JobResults
 from backend.types import ErrorEvent, Finish, FinishReason, GenerationRequest, TokenEvent, Timings, Usage
 from backend.worker import CancelOrder, deliver
@@ -32,18 +33,22 @@ class _Job:
     results: JobResults
 
 
+JobFactory = Callable[[GenerationRequest], tuple[Any, GrammarFilterCore | None]]
+"""Builds a request's exllamav2 job, and the grammar filter core it carries, if constrained."""
+
+
 class ExLlamaV2Core:
     def __init__(
         self,
         make_generator: Callable[[], Any],
-        make_job: Callable[[GenerationRequest], Any],
+        make_job: JobFactory,
         eos_token_ids: tuple[int, ...],
         piece: Callable[[int], bytes],
         vocab_size: int,
         cache_tokens: int,
     ) -> None:
         self._make_generator = make_generator
-        self._generator = make_generator()
+        self._generator: Any = make_generator()
         self._make_job = make_job
         self._eos_token_ids = frozenset(eos_token_ids)
         self._piece = piece
@@ -53,13 +58,17 @@ class ExLlamaV2Core:
         self.stats = EngineStats(cache_tokens_total=cache_tokens)
 
     def add(self, request: GenerationRequest, sink: EventSink) -> None:
-        job = self._make_job(request)
         try:
+            if self._generator is None and not self._rebuild():
+                raise RuntimeError("the generator could not be rebuilt after a failure")
+            job, constraint = self._make_job(request)
             self._generator.enqueue(job)
-        except AssertionError as exc:  # validation should have caught it; never let it reach iterate()
+        except Exception as exc:  # validation should have caught it; never let it reach iterate() or this thread
+            log.exception("exllamav2 refused request %s", request.request_id)
             deliver(sink, ErrorEvent(f"the generator refused the job: {exc}"))
             return
-        self._jobs[request.request_id] = _Job(request, job, sink, JobResults(request, self._eos_token_ids, self._piece, self._vocab_size))
+        results = JobResults(request, self._eos_token_ids, self._piece, self._vocab_size, constraint)
+        self._jobs[request.request_id] = _Job(request, job, sink, results)
         self._publish()
 
     def cancel(self, order: CancelOrder | str) -> None:
@@ -106,7 +115,7 @@ class ExLlamaV2Core:
             for entry in list(self._jobs.values()):
                 deliver(entry.sink, ErrorEvent(f"the generator failed: {exc}"))
             self._jobs.clear()
-            self._generator = self._make_generator()
+            self._rebuild()
             self._publish()
             return
         for result in results:
@@ -114,12 +123,24 @@ class ExLlamaV2Core:
             if entry is None:
                 continue  # a job cancelled between iterates: its late results are dropped
             event = entry.results.translate(result)
-            if event is None:
-                continue
-            deliver(entry.sink, dataclasses.replace(event, step=self.steps))
-            if event.finish is not None:
+            if isinstance(event, ErrorEvent):  # its constraint failed: end it, the others carry on
+                self._generator.cancel(entry.job)
                 del self._jobs[entry.request.request_id]
+                deliver(entry.sink, event)
+            elif event is not None:
+                deliver(entry.sink, dataclasses.replace(event, step=self.steps))
+                if event.finish is not None:
+                    del self._jobs[entry.request.request_id]
         self._publish()
+
+    def _rebuild(self) -> bool:
+        """A fresh generator; None, and False, when that fails too (the next request tries again)."""
+        try:
+            self._generator = self._make_generator()
+        except Exception:
+            log.exception("exllamav2 generator rebuild failed")
+            self._generator = None
+        return self._generator is not None
 
     def close(self) -> None:
         for entry in list(self._jobs.values()):

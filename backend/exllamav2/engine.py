@@ -131,21 +131,22 @@ class ExLlamaV2Engine(WorkerEngine):
             )
 
         def make_job(request: GenerationRequest):
-            filters = None
+            constraint = filters = None
             if request.constraint is not None:
-                core = GrammarFilterCore(request.constraint, self.eos_token_ids, xconfig.vocab_size)
-                filters = [filter_type(self.model, self.tokenizer, core)]
+                constraint = GrammarFilterCore(request.constraint, self.eos_token_ids, xconfig.vocab_size)
+                filters = [filter_type(self.model, self.tokenizer, constraint)]
             settings = ExLlamaV2Sampler.Settings(**settings_fields(request, breaker_ids))
             if request.sampling.logit_bias:
                 settings.token_bias = torch.zeros(padded_logit_width(xconfig.vocab_size), dtype=torch.float32)
                 for token, bias in request.sampling.logit_bias.items():
                     settings.token_bias[token] = bias
-            return ExLlamaV2DynamicJob(
+            job = ExLlamaV2DynamicJob(
                 input_ids=torch.tensor([request.prompt_token_ids], dtype=torch.long),
                 gen_settings=settings,
                 filters=filters,
                 **job_fields(request, self.eos_token_ids),
             )
+            return job, constraint
 
         self.core = ExLlamaV2Core(
             make_generator, make_job, self.eos_token_ids, self.token_piece, len(self._pieces), cache_tokens

@@ -2,12 +2,14 @@
 
 exllamav2 calls a job's filter from its worker threads, and an exception
 there ends every job in the generator, so nothing here raises: a matcher
-error puts the filter in an error state in which only EOS is allowed (the
-engine then reports the error on that stream). The `ExLlamaV2Filter`
-subclass the generator sees is a thin shell over this (`filter_class`).
+error puts the filter in an error state in which only EOS is allowed, and
+JobResults reports the error on that stream. The `ExLlamaV2Filter` subclass
+the generator sees is a thin shell over this (`filter_class`).
 """
 
 from __future__ import annotations
+
+import time
 
 import llguidance.numpy
 import numpy as np
@@ -24,6 +26,8 @@ class GrammarFilterCore:
         self._vocab_size = vocab_size
         self._bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
         self.error = ""
+        self.mask_s = 0.0
+        """Time spent computing masks (on exllamav2's filter thread)."""
 
     def begin(self) -> None:
         self._matcher = self._compiled.new_matcher()
@@ -37,16 +41,27 @@ class GrammarFilterCore:
 
     @property
     def complete(self) -> bool:
+        """The grammar can produce nothing more."""
         return self._matcher.is_stopped()
+
+    @property
+    def satisfied(self) -> bool:
+        """The output so far is a complete sentence of the grammar."""
+        return not self.error and (self._matcher.is_accepting() or self._matcher.is_stopped())
 
     def prepare_mask(self) -> bool:
         """Computes the next mask (GIL released inside llguidance); True, as exllamav2 asserts."""
+        start = time.perf_counter()
         try:
             if not self.error and not self.complete:
                 llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
-                return True
+                if not self._matcher.is_error():  # an error inside llguidance comes back as an EOS-only mask
+                    return True
+                self.error = self._matcher.get_error()
         except Exception as exc:  # never let it reach the generator's iterate()
             self.error = f"mask computation failed: {exc}"
+        finally:
+            self.mask_s += time.perf_counter() - start
         self._eos_only()
         return True
 

@@ -13,36 +13,59 @@ from typing import Any
 
 import numpy as np
 
+from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.logprobs import with_logprobs
-from backend.types import Finish, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings, Usage
+from backend.types import (
+    ErrorEvent, Finish, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings, Usage,
+)
 
 
 class JobResults:
     """Translates one job's results, in order."""
 
-    def __init__(self, request: GenerationRequest, eos_token_ids: frozenset[int], piece, vocab_size: int) -> None:
+    def __init__(
+        self,
+        request: GenerationRequest,
+        eos_token_ids: frozenset[int],
+        piece,
+        vocab_size: int,
+        constraint: GrammarFilterCore | None = None,
+    ) -> None:
         self._request = request
         self._eos_token_ids = eos_token_ids
         self._piece = piece  # token id -> bytes
         self._vocab_size = vocab_size  # the logits are padded beyond it
+        self._constraint = constraint
+        self._mask_reported = 0.0
         self.generated = 0
         self._deadline = request.end_by
 
     def deadline_passed(self, now: float) -> bool:
         return self._deadline is not None and now >= self._deadline
 
-    def translate(self, result: dict[str, Any]) -> TokenEvent | None:
-        """The event for one result dict, or None for results that carry nothing for the caller."""
+    def translate(self, result: dict[str, Any]) -> TokenEvent | ErrorEvent | None:
+        """The event for one result dict, or None for results that carry nothing for the caller.
+
+        An ErrorEvent means the job's constraint failed: the job must be ended.
+        """
         if result.get("stage") != "streaming":
             return None
+        constraint = self._constraint
+        if constraint is not None and constraint.error:
+            return ErrorEvent(f"the constraint failed: {constraint.error}")
         tokens = self._tokens(result)
         text = result.get("text", "")
         self.generated += len(tokens)
         if not result.get("eos"):
-            return TokenEvent(tokens, text, self.generated)
+            return TokenEvent(tokens, text, self.generated, mask_s=self._mask_since_last())
         reason, stop_sequence, stop_token_id = self._reason(result)
-        if reason in (FinishReason.EOS_TOKEN, FinishReason.STOP_TOKEN):
+        if result.get("eos_reason") == "stop_token":
             text += self._held_text(result)
+        if constraint is not None and (
+            (reason is FinishReason.EOS_TOKEN and constraint.satisfied) or constraint.complete
+        ):
+            # The mask path never yields exllamav2's own "end_filter": a finished grammar allows only EOS.
+            reason = FinishReason.CONSTRAINT_COMPLETE
         if "new_tokens" in result:  # the generator's count; a healed job's starts at -1
             self.generated = result["new_tokens"] + self._request.sampling.token_healing
         finish = Finish(
@@ -53,8 +76,16 @@ class JobResults:
             seed=self._request.sampling.seed,
             stop_sequence=stop_sequence,
             stop_token_id=stop_token_id,
+            constraint_satisfied=constraint.satisfied if constraint is not None else None,
         )
-        return TokenEvent(tokens, text, self.generated, finish)
+        return TokenEvent(tokens, text, self.generated, finish, mask_s=self._mask_since_last())
+
+    def _mask_since_last(self) -> float:
+        if self._constraint is None:
+            return 0.0
+        total = self._constraint.mask_s
+        delta, self._mask_reported = total - self._mask_reported, total
+        return delta
 
     def _tokens(self, result: dict[str, Any]) -> tuple[GeneratedToken, ...]:
         ids = _first_row(result["token_ids"]) if "token_ids" in result else []
@@ -92,7 +123,12 @@ class JobResults:
         queue_s = float(result.get("time_enqueued", 0.0))
         prefill_s = float(result.get("time_prefill", 0.0))
         decode_s = float(result.get("time_generate", 0.0))
-        return Timings(queue_s, queue_s + prefill_s, prefill_s, decode_s, queue_s + prefill_s + decode_s)
+        compiled = self._request.constraint
+        return Timings(
+            queue_s, queue_s + prefill_s, prefill_s, decode_s, queue_s + prefill_s + decode_s,
+            constraint_compile_s=compiled.fresh_compile_s if compiled is not None else 0.0,
+            constraint_mask_s=self._constraint.mask_s if self._constraint is not None else 0.0,
+        )
 
 
 def _first_row(value: Any) -> list:
