@@ -59,8 +59,9 @@ def _build_exllamav2(config: ServeConfig) -> Engine:
     from backend.models import ModelNotFound
 
     model_dir = pathlib.Path(config.model).expanduser()
-    if not (model_dir / "config.json").is_file():
-        raise ModelNotFound(f"exllamav2 needs a model directory with config.json; got {model_dir}")
+    missing = [name for name in ("config.json", "tokenizer.json") if not (model_dir / name).is_file()]
+    if missing:  # exllamav2 reads only tokenizer.json; SentencePiece-only models are not supported
+        raise ModelNotFound(f"exllamav2 needs a model directory with config.json and tokenizer.json; {model_dir} lacks {', '.join(missing)}")
     engine_config = ExLlamaV2Config(
         max_seq_len=config.context_length,
         cache_tokens=config.cache_tokens,

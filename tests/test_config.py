@@ -88,12 +88,16 @@ def test_a_missing_model_file_is_reported_without_a_traceback(capsys):
 
 def test_exllamav2_wants_a_model_directory(capsys, tmp_path):
     assert main(["serve", "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
-    assert "model directory with config.json" in capsys.readouterr().err
+    assert "model directory with config.json and tokenizer.json" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["serve", "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
+    assert "lacks tokenizer.json" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(importlib.util.find_spec("exllamav2") is not None, reason="exllamav2 is installed here")
 def test_exllamav2_missing_is_reported_without_a_traceback(capsys, tmp_path):
     (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
     assert main(["serve", "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert "pip install 'tokenspout[exllamav2]'" in error and "Traceback" not in error
