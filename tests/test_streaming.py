@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 
 import grpc
+import pytest
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -239,6 +240,17 @@ def test_model_info(stub):
     assert {"temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "logit_bias"} <= set(info.samplers)
     assert info.limits.max_batch_size == 8
     assert json_format.MessageToDict(info)  # serializes for grpcurl users
+
+
+@pytest.mark.parametrize(
+    "description, expected",
+    [("llama 135M Q4_1", "Q4_1"), ("llama 8B Q4_K - Medium", "Q4_K - Medium"),
+     ("qwen2 7B (guessed) IQ2_XXS - 2.0625 bpw", "IQ2_XXS - 2.0625 bpw")],
+)
+def test_the_gguf_type_is_read_whole_from_llama_cpps_description(description, expected):
+    from backend.llamacpp.model import gguf_type
+
+    assert gguf_type(description) == expected
 
 
 def test_logit_bias_bans_and_forces_tokens(stub):

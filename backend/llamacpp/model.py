@@ -57,7 +57,7 @@ class GgufModel:
         self.name = self.metadata("general.name") or path.stem
         description = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(model, description, len(description))
-        self.quantization = description.value.decode(errors="replace").rsplit(" ", 1)[-1]  # "llama 135M Q4_1"
+        self.quantization = gguf_type(description.value.decode(errors="replace"))
         self.add_bos: bool = llama_cpp.llama_vocab_get_add_bos(self.vocab)
         bos = llama_cpp.llama_vocab_bos(self.vocab)
         self.bos_token_id: int | None = bos if bos >= 0 else None
@@ -140,3 +140,10 @@ class GgufModel:
         if token is None or token < 0:
             return ""
         return self._piece(token, special=True).decode("utf-8", "replace")
+
+
+def gguf_type(description: str) -> str:
+    """The weight type from llama.cpp's model description "<arch> <size> <type>", e.g. "Q4_1" from
+    "llama 135M Q4_1" or "Q4_K - Medium" from "llama 8B (guessed) Q4_K - Medium"."""
+    parts = description.split(" ", 2)
+    return parts[2].removeprefix("(guessed) ") if len(parts) == 3 else description
