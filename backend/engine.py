@@ -41,6 +41,12 @@ class ModelInfo:
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 
+COMMON_SAMPLERS = (
+    "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "penalty_last_n", "seed", "logit_bias", "dry", "xtc", "mirostat",
+)
+"""SamplingParams fields every engine honours (GetModelInfo.samplers lists an engine's own)."""
+
 
 class EngineUnavailable(Exception):
     """The engine's own libraries are missing or fail to load on this machine."""

@@ -13,7 +13,6 @@ Prints:
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import os
 import pathlib
 import statistics
@@ -26,7 +25,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 
-from common import PROMPTS, greedy_request  # noqa: E402
+from common import PROMPTS, aggregate_rate, greedy_request  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
@@ -48,10 +47,8 @@ def cancel_latency(stub) -> tuple[int, float, float]:
 def aggregate(stub, tokens: int) -> tuple[float, float]:
     """Tokens/s of the 8 streams, and the seconds they took."""
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        list(pool.map(lambda p: list(stub.GenerateStream(greedy_request(p, tokens), timeout=300)), PROMPTS))
-    elapsed = time.perf_counter() - start
-    return len(PROMPTS) * tokens / elapsed, elapsed
+    rate = aggregate_rate(stub, len(PROMPTS), tokens)
+    return rate, time.perf_counter() - start
 
 
 def aggregate_beside_slow_reader(stub, address: str, tokens: int) -> tuple[float, float]:

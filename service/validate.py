@@ -35,6 +35,10 @@ class Limits:
     max_request_id_length: int = 128
     max_choices: int = 1024
     max_constraint_chars: int = 1_000_000
+    max_banned_strings: int = 64
+    max_banned_string_length: int = 256
+    max_dry_breakers: int = 16
+    max_dry_breaker_length: int = 32
 
 
 class RequestValidator:
@@ -77,7 +81,7 @@ class RequestValidator:
                     violations.append(FieldViolation(f"sampling.{name}", "cannot be used with a constraint"))
         if violations:
             raise invalid_argument(violations)
-        self.refuse_unsupported(sampling)
+        self._refuse_unsupported(sampling)
         prompt = self.prompt_tokens(request)
         problem = self._engine.budget_problem(len(prompt), stopping.max_new_tokens)
         if problem:
@@ -187,7 +191,12 @@ class RequestValidator:
         check.range("tfs", 0.0, 1.0, low_open=True)
         check.range("skew", -5.0, 5.0)
         check.range("smoothing_factor", 0.0, 10.0)
-        violations.extend(self._listed_strings("sampling.banned_strings", s.banned_strings, 64, 256))
+        violations.extend(
+            self._listed_strings(
+                "sampling.banned_strings", s.banned_strings,
+                self.limits.max_banned_strings, self.limits.max_banned_string_length,
+            )
+        )
         params = check.values()
         temperature = params.get("temperature", 1.0)
         if "seed" not in params:
@@ -211,7 +220,12 @@ class RequestValidator:
         )
         if params.get("penalty_last_n") == 1:
             violations.append(FieldViolation("sampling.dry.penalty_last_n", "must be 0 (whole context) or at least 2"))
-        violations.extend(self._listed_strings("sampling.dry.sequence_breakers", d.sequence_breakers, 16, 32))
+        violations.extend(
+            self._listed_strings(
+                "sampling.dry.sequence_breakers", d.sequence_breakers,
+                self.limits.max_dry_breakers, self.limits.max_dry_breaker_length,
+            )
+        )
         if "penalty_last_n" in params:
             params["last_n"] = params.pop("penalty_last_n")
         return DryParams(**params, sequence_breakers=tuple(d.sequence_breakers) or DEFAULT_DRY_BREAKERS)
@@ -227,7 +241,7 @@ class RequestValidator:
             if not 0 < len(value) <= longest
         ]
 
-    def refuse_unsupported(self, sampling: SamplingParams) -> None:
+    def _refuse_unsupported(self, sampling: SamplingParams) -> None:
         """Raises UNIMPLEMENTED, naming every one, when the request turns on samplers this engine lacks."""
         missing = sorted(sampling.in_effect() - set(self._info.samplers))
         description = "this engine has no such sampler; GetModelInfo.samplers lists the ones it has"

@@ -10,70 +10,23 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 import grpc
+import pytest
 
 from backend.engine import ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.jobs import budget_problem, job_fields
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields
-from service.errors import ServiceError
-from service.validate import RequestValidator
-from tokenspout.v1 import generation_pb2 as pb
 from backend.types import (
     DryParams, ErrorEvent, FinishReason, GenerationRequest, MirostatParams, OutputParams, SamplingParams, StopParams,
     XtcParams,
 )
+from exllamav2_fakes import EOS, FakeGenerators, FakeJobs, eos, streaming
+from service.errors import ServiceError
+from service.validate import RequestValidator
+from tokenspout.v1 import generation_pb2 as pb
 
-EOS = (2,)
 PIECES = {10: b"Hel", 11: b"lo", 12: b" wor", 13: b"ld", 2: b""}
-
-
-class FakeJob:
-    def __init__(self, request: GenerationRequest) -> None:
-        self.identifier = request.request_id
-        self.fields = job_fields(request, EOS)
-
-
-class FakeGenerator:
-    """Scripted results per iterate(); records enqueue and cancel calls."""
-
-    def __init__(self) -> None:
-        self.script: list[list[dict]] = []
-        self.enqueued: list[FakeJob] = []
-        self.cancelled: list[FakeJob] = []
-        self.refuse = False
-        self.explode = False
-
-    def enqueue(self, job: FakeJob) -> int:
-        assert not self.refuse, "Job requires 33 pages (only 32 available) and cannot be enqueued"
-        self.enqueued.append(job)
-        return len(self.enqueued)
-
-    def cancel(self, job: FakeJob) -> None:
-        self.cancelled.append(job)  # exllamav2 emits no result for a cancelled job
-
-    def iterate(self) -> list[dict]:
-        if self.explode:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return self.script.pop(0) if self.script else []
-
-
-def streaming(identifier: str, ids: list[int] | None = None, text: str | None = None, **extra) -> dict:
-    result = {"job": None, "stage": "streaming", "eos": False, "serial": 1, "identifier": identifier}
-    if ids is not None:
-        result["token_ids"] = [ids]
-    if text is not None:
-        result["text"] = text
-    result.update(extra)
-    return result
-
-
-def eos(identifier: str, reason: str, new_tokens: int, **extra) -> dict:
-    return streaming(identifier, eos=True, eos_reason=reason, new_tokens=new_tokens, prompt_tokens=3,
-                     time_enqueued=0.01, time_prefill=0.02, time_generate=0.3, cached_tokens=0,
-                     full_completion="", **extra)
 
 
 def request(request_id: str, **stopping) -> GenerationRequest:
@@ -83,25 +36,9 @@ def request(request_id: str, **stopping) -> GenerationRequest:
 
 @pytest.fixture
 def setup():
-    generators: list[FakeGenerator] = []
-
-    def make_generator() -> FakeGenerator:
-        generators.append(FakeGenerator())
-        return generators[-1]
-
-    core = ExLlamaV2Core(make_generator, make_job, EOS, lambda t: PIECES.get(t, b"?"), vocab_size=16, cache_tokens=4096)
-    JOB_CONSTRAINTS.clear()
+    generators = FakeGenerators()
+    core = ExLlamaV2Core(generators, FakeJobs(), EOS, lambda t: PIECES.get(t, b"?"), vocab_size=16, cache_tokens=4096)
     return core, generators
-
-
-JOB_CONSTRAINTS: dict = {}
-"""request id -> the grammar filter core its job carries (tests with constraints fill it)."""
-
-
-def make_job(request: GenerationRequest):
-    if request.request_id == "explode":
-        raise TypeError("Settings.__init__() got an unexpected keyword argument")
-    return FakeJob(request), JOB_CONSTRAINTS.get(request.request_id)
 
 
 def collect(events: list):
@@ -255,15 +192,17 @@ def test_a_failed_rebuild_fails_new_requests_until_one_succeeds(setup):
     core, generators = setup
     core.add(request("a"), collect([]))
     generators[0].explode = True
-    core._make_generator = lambda: (_ for _ in ()).throw(RuntimeError("CUDA out of memory"))
+    generators.failing = True
     core.step()  # iterate() fails, and so does the rebuild
     refused: list = []
     core.add(request("b"), collect(refused))
-    assert isinstance(refused[0], ErrorEvent) and "rebuilt" in refused[0].message
-    core._make_generator = FakeGenerator
+    assert isinstance(refused[0], ErrorEvent) and "could not be rebuilt" in refused[0].message
+    generators.failing = False
     served: list = []
-    core.add(request("c"), collect(served))
-    assert served == [] and core.has_work()
+    core.add(request("c"), collect(served))  # rebuilds first
+    generators[-1].script = [[eos("c", "max_new_tokens", 1, token_ids=[[10]], text="Hel")]]
+    core.step()
+    assert len(generators) == 2 and served[-1].finish.reason is FinishReason.MAX_TOKENS
 
 
 def test_a_paused_job_runs_on_and_loses_nothing(setup):

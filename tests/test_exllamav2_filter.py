@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from backend.constraints import ConstraintCompiler
+from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore
-from backend.types import ConstraintSpec
+from backend.types import ConstraintSpec, ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
+from exllamav2_fakes import FakeGenerators, FakeJobs, eos, streaming
 
 
 @pytest.fixture(scope="module")
@@ -60,26 +62,13 @@ def test_begin_resets_for_the_first_sampling_step(model, compiler):
 
 @pytest.fixture
 def constrained(model, compiler):
-    from test_exllamav2_core import JOB_CONSTRAINTS, FakeGenerator, make_job
+    generators, jobs = FakeGenerators(), FakeJobs()
+    core = ExLlamaV2Core(generators, jobs, model.eos_token_ids, model.pieces.__getitem__, model.vocab_size, 4096)
 
-    from backend.exllamav2.core import ExLlamaV2Core
-
-    generators: list = []
-
-    def make_generator():
-        generators.append(FakeGenerator())
-        return generators[-1]
-
-    core = ExLlamaV2Core(make_generator, make_job, model.eos_token_ids, model.pieces.__getitem__, model.vocab_size, 4096)
-    JOB_CONSTRAINTS.clear()
-
-    def add(request_id: str, pattern: str, events: list, max_new_tokens: int = 16):
-        from backend.types import GenerationRequest, SamplingParams, StopParams
-
+    def add(request_id: str, pattern: str, events: list, max_new_tokens: int = 16) -> GrammarFilterCore:
         compiled = compiler.compile(ConstraintSpec("regex", pattern))
-        filter_core = GrammarFilterCore(compiled, model.eos_token_ids, model.vocab_size)
+        filter_core = jobs.constraints[request_id] = GrammarFilterCore(compiled, model.eos_token_ids, model.vocab_size)
         filter_core.begin()
-        JOB_CONSTRAINTS[request_id] = filter_core
         request = GenerationRequest(request_id, (1, 2), SamplingParams(temperature=0.0), StopParams(max_new_tokens),
                                     constraint=compiled)
         core.add(request, events.append)
@@ -98,10 +87,6 @@ def feed_text(filter_core: GrammarFilterCore, model, text: str) -> list[int]:
 
 
 def test_a_finished_grammar_ends_as_constraint_complete(model, constrained):
-    from test_exllamav2_core import eos
-
-    from backend.types import FinishReason
-
     core, generators, add = constrained
     events: list = []
     filter_core = add("c", "[0-9]{3}", events)
@@ -117,10 +102,6 @@ def test_a_finished_grammar_ends_as_constraint_complete(model, constrained):
 
 
 def test_a_grammar_cut_short_by_max_tokens_is_reported_unsatisfied(model, constrained):
-    from test_exllamav2_core import eos
-
-    from backend.types import FinishReason
-
     core, generators, add = constrained
     events: list = []
     filter_core = add("m", "[0-9]{3}", events, max_new_tokens=1)
@@ -132,10 +113,6 @@ def test_a_grammar_cut_short_by_max_tokens_is_reported_unsatisfied(model, constr
 
 
 def test_a_constraint_error_fails_that_stream_only(model, constrained):
-    from test_exllamav2_core import eos, streaming
-
-    from backend.types import ErrorEvent, FinishReason
-
     core, generators, add = constrained
     broken: list = []
     fine: list = []

@@ -69,14 +69,17 @@ def test_errors_carry_details(server):
 
 
 def test_sampler_messages_in_json_and_unimplemented_ones(server):
-    dry = grpcurl(
-        server,
-        "tokenspout.v1.GenerationService/GenerateStream",
-        data={"prompt": "Ten fruits, one per line:", "sampling": {"temperature": 0.8, "dry": {"multiplier": 0.8}},
-              "stopping": {"maxNewTokens": 8}},
-    )
-    assert dry.returncode == 0, dry.stderr
-    assert json_stream(dry.stdout)[-1]["finish"]["reason"].startswith("FINISH_REASON_")
+    def text(sampling: dict) -> str:
+        result = grpcurl(
+            server,
+            "tokenspout.v1.GenerationService/GenerateStream",
+            data={"prompt": "The cat sat on the mat. The cat sat on the mat. The cat",
+                  "sampling": {"temperature": 0, **sampling}, "stopping": {"maxNewTokens": 24}},
+        )
+        assert result.returncode == 0, result.stderr
+        return "".join(message.get("text", "") for message in json_stream(result.stdout))
+
+    assert text({"dry": {"multiplier": 0.8}}) != text({})  # the JSON form reaches the sampler
     top_a = grpcurl(
         server, "tokenspout.v1.GenerationService/GenerateStream", data={"prompt": "hi", "sampling": {"topA": 0.2}}
     )

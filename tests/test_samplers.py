@@ -6,6 +6,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from backend.engine import COMMON_SAMPLERS
+from backend.exllamav2.settings import EXLLAMAV2_ONLY_SAMPLERS
+from backend.types import DryParams, MirostatParams, SamplingParams, XtcParams
 from helpers import bad_request_fields, error_reason, greedy, rpc_error, stream, token_ids_of
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -44,11 +47,11 @@ def test_dry_breaks_repetition(stub):
     assert longest_repeat(dry_ids) < longest_repeat(plain_ids) / 2
 
 
-def test_dry_stays_off_without_a_multiplier(stub):
-    plain = token_ids_of(stream(stub, greedy(REPETITIVE, max_new_tokens=30)))
-    off = greedy(REPETITIVE, max_new_tokens=30)
-    off.sampling.dry.base = 3.0  # multiplier unset: DRY is off
-    assert token_ids_of(stream(stub, off)) == plain
+def test_a_sampler_configured_but_off_asks_nothing_of_the_engine():
+    off = SamplingParams(dry=DryParams(base=3.0), xtc=XtcParams(threshold=0.3), top_a=0.0, tfs=1.0)
+    assert off.in_effect() == set()
+    on = SamplingParams(dry=DryParams(multiplier=0.5), xtc=XtcParams(probability=0.1), mirostat=MirostatParams())
+    assert on.in_effect() == {"dry", "xtc", "mirostat"}
 
 
 def test_xtc_changes_a_seeded_draw_and_replays(stub):
@@ -68,7 +71,10 @@ def test_mirostat_replaces_the_draw_and_replays(stub):
 def test_model_info_names_the_samplers_the_engine_has(stub):
     samplers = set(stub.GetModelInfo(pb.GetModelInfoRequest()).samplers)
     assert {"dry", "xtc", "mirostat", "logit_bias", "min_p", "typical_p"} <= samplers
-    assert not {"top_a", "tfs", "skew", "smoothing_factor", "banned_strings", "token_healing"} & samplers
+    assert set(COMMON_SAMPLERS) == samplers and not set(EXLLAMAV2_ONLY_SAMPLERS) & samplers
+    # Every SamplingParams field is either common or exllamav2's own, and the proto has each one.
+    assert set(SamplingParams.__dataclass_fields__) == set(COMMON_SAMPLERS) | set(EXLLAMAV2_ONLY_SAMPLERS)
+    assert set(SamplingParams.__dataclass_fields__) == set(pb.SamplingParams.DESCRIPTOR.fields_by_name)
 
 
 def test_samplers_the_engine_lacks_are_unimplemented_all_named(stub):

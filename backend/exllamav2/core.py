@@ -58,9 +58,10 @@ class ExLlamaV2Core:
         self.stats = EngineStats(cache_tokens_total=cache_tokens)
 
     def add(self, request: GenerationRequest, sink: EventSink) -> None:
+        if self._generator is None and not self._rebuild():
+            deliver(sink, ErrorEvent("the generator failed and could not be rebuilt; see the server log"))
+            return
         try:
-            if self._generator is None and not self._rebuild():
-                raise RuntimeError("the generator could not be rebuilt after a failure")
             job, constraint = self._make_job(request)
             self._generator.enqueue(job)
         except Exception as exc:  # validation should have caught it; never let it reach iterate() or this thread

@@ -4,7 +4,10 @@ The generator already holds back partial UTF-8 and partial stop strings, so
 its `text` is passed through. Its quirks, as documented for 0.3.2: many
 streaming results carry no `text` at all; a stop-token EOS carries no text,
 and what was held then (say, a prefix that never became a stop string) is
-only in `held`; usage counts come from `new_tokens`, not from summing ids.
+only in `held`; usage counts come from `new_tokens` (plus one for a healed
+job, which counts from -1), not from summing ids; a banned-string rewind
+leaves the suppressed ids in `token_ids`; and on the mask path a finished
+grammar ends as a stop-token EOS, never as "end_filter".
 """
 
 from __future__ import annotations

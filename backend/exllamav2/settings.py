@@ -6,23 +6,22 @@ temperature 0.8, repetition penalty 1.025), so nothing is left to them.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import AbstractSet, Callable, Sequence
 
-from backend.types import DryParams, GenerationRequest
+from backend.engine import COMMON_SAMPLERS
+from backend.types import GenerationRequest
 
-SUPPORTED_SAMPLERS = (
-    "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
-    "frequency_penalty", "penalty_last_n", "seed", "logit_bias", "dry", "xtc", "mirostat", "top_a", "tfs", "skew",
-    "smoothing_factor", "banned_strings", "token_healing",
-)
+EXLLAMAV2_ONLY_SAMPLERS = ("top_a", "tfs", "skew", "smoothing_factor", "banned_strings", "token_healing")
+SUPPORTED_SAMPLERS = COMMON_SAMPLERS + EXLLAMAV2_ONLY_SAMPLERS
 _DRY_MAX_NGRAM = 20  # exllamav2's default longest repeat tracked
 
 
-def settings_fields(request: GenerationRequest, breaker_ids: Callable[[tuple[str, ...]], set[int]]) -> dict[str, object]:
-    """Keyword values for a fresh `ExLlamaV2Sampler.Settings` (one per job: it carries DRY and mirostat state).
+BreakerIds = Callable[[tuple[str, ...]], AbstractSet[int]]
+"""The ids of every token whose text holds one of the given DRY sequence breakers."""
 
-    `breaker_ids` gives the ids of every token whose text holds one of the DRY sequence breakers.
-    """
+
+def settings_fields(request: GenerationRequest, breaker_ids: BreakerIds) -> dict[str, object]:
+    """Keyword values for a fresh `ExLlamaV2Sampler.Settings` (one per job: it carries DRY and mirostat state)."""
     params = request.sampling
     greedy = params.greedy
     xtc, mirostat = params.xtc, params.mirostat
@@ -50,14 +49,15 @@ def settings_fields(request: GenerationRequest, breaker_ids: Callable[[tuple[str
         "token_presence_penalty": params.presence_penalty if penalize else 0.0,
         "token_repetition_range": params.penalty_last_n if penalize else 0,
         "token_repetition_decay": 0,
-        **_dry_fields(params.dry, request, breaker_ids),
+        **_dry_fields(request, breaker_ids),
         "xtc_probability": 0.0 if greedy else xtc.probability,
         "xtc_threshold": xtc.threshold,
         "cfg_scale": None,
     }
 
 
-def _dry_fields(dry: DryParams, request: GenerationRequest, breaker_ids) -> dict[str, object]:
+def _dry_fields(request: GenerationRequest, breaker_ids: BreakerIds) -> dict[str, object]:
+    dry = request.sampling.dry
     if dry.multiplier == 0.0:
         return {"dry_multiplier": 0.0}
     # exllamav2 penalizes only repeats shorter than dry_max_ngram, so it must exceed allowed_length,

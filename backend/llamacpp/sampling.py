@@ -6,24 +6,10 @@ import ctypes
 
 import llama_cpp
 
+from backend.engine import COMMON_SAMPLERS
 from backend.types import SamplingParams
 
-SUPPORTED_SAMPLERS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "penalty_last_n",
-    "seed",
-    "logit_bias",
-    "dry",
-    "xtc",
-    "mirostat",
-)
+SUPPORTED_SAMPLERS = COMMON_SAMPLERS
 
 
 def build_sampler_chain(

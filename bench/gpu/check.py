@@ -31,6 +31,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 import grpc  # noqa: E402
 import jsonschema  # noqa: E402
 
+from backend.exllamav2.settings import SUPPORTED_SAMPLERS  # noqa: E402
 from common import greedy_request, timed_stream  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
@@ -62,7 +63,6 @@ SAMPLER_SETTINGS = {
     "min_p": {"min_p": 0.05},
     "typical_p": {"typical_p": 0.9},
 }
-EXLLAMAV2_ONLY = {"top_a", "tfs", "skew", "smoothing_factor", "banned_strings", "token_healing"}
 
 
 def stream(stub, request: pb.GenerateStreamRequest) -> list[pb.GenerateStreamResponse]:
@@ -73,7 +73,17 @@ def text_of(messages) -> str:
     return "".join(m.text for m in messages)
 
 
+class Skipped(Exception):
+    """A check that does not apply to the engine being checked."""
+
+
 class Checks:
+    NAMES = (
+        "model_info", "streams_incrementally", "logprobs_and_alternatives", "every_eos_id_ends_a_stream",
+        "stop_sequence_is_held_back", "chat", "cancel_mid_stream", "json_schema_stream", "samplers_run",
+        "over_budget_is_out_of_range", "concurrent_streams",
+    )
+
     def __init__(self, stub: pb_grpc.GenerationServiceStub, expect_exllamav2: bool) -> None:
         self.stub = stub
         self.info = stub.GetModelInfo(pb.GetModelInfoRequest())
@@ -83,7 +93,7 @@ class Checks:
         samplers = set(self.info.samplers)
         if self.expect_exllamav2:
             assert self.info.engine.startswith("exllamav2"), self.info.engine
-            assert EXLLAMAV2_ONLY <= samplers, EXLLAMAV2_ONLY - samplers
+            assert set(SUPPORTED_SAMPLERS) <= samplers, set(SUPPORTED_SAMPLERS) - samplers
             assert self.info.quantization.split()[0] in ("EXL2", "GPTQ", "FP16"), self.info.quantization
         info = self.info
         return f"engine {info.engine!r}, {info.quantization}, batch {info.limits.max_batch_size}, {len(samplers)} samplers"
@@ -132,7 +142,7 @@ class Checks:
 
     def chat(self) -> str:
         if not self.info.has_chat_template:
-            return "no chat template: skipped"
+            raise Skipped("the model has no chat template")
         chat = pb.Chat(messages=[pb.ChatMessage(role="user", content="Hello there")])
         prompt = self.stub.Tokenize(pb.TokenizeRequest(chat=chat)).token_ids
         messages = stream(self.stub, pb.GenerateStreamRequest(chat=chat, stopping=pb.StoppingCriteria(max_new_tokens=8)))
@@ -187,7 +197,7 @@ class Checks:
 
     def over_budget_is_out_of_range(self) -> str:
         if not self.expect_exllamav2:
-            return "llama.cpp takes it and ends with FINISH_REASON_CONTEXT_LIMIT: skipped"
+            raise Skipped("llama.cpp takes such a request and ends it with FINISH_REASON_CONTEXT_LIMIT")
         request = greedy_request(PROMPT, self.info.context_length)
         try:
             stream(self.stub, request)
@@ -207,18 +217,17 @@ class Checks:
 
     def run_all(self) -> list[dict]:
         results = []
-        for name in (
-            "model_info", "streams_incrementally", "logprobs_and_alternatives", "every_eos_id_ends_a_stream", "stop_sequence_is_held_back", "chat",
-            "cancel_mid_stream", "json_schema_stream", "samplers_run", "over_budget_is_out_of_range",
-            "concurrent_streams",
-        ):
+        for name in self.NAMES:
+            skipped = False
             try:
                 detail, ok = getattr(self, name)(), True
+            except Skipped as reason:
+                detail, ok, skipped = str(reason), True, True
             except Exception as exc:  # a failed check is reported, and the others still run
                 detail, ok = f"{type(exc).__name__}: {exc}"[:400], False
                 traceback.print_exc()
-            print(f"  {'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
-            results.append({"check": name, "ok": ok, "detail": detail})
+            print(f"  {'SKIP' if skipped else 'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+            results.append({"check": name, "ok": ok, "skipped": skipped, "detail": detail})
         return results
 
 

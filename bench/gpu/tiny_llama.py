@@ -6,7 +6,7 @@ ChatML turn tokens and a chat template), FP16 safetensors weights from a fixed
 seed, and a 4-bit GPTQ copy (round-to-nearest, symmetric, group 128, in the
 AutoGPTQ layout that exllamav2 loads). EXL2 comes from exllamav2's converter.
 
-    python bench/gpu/tiny_llama.py OUT_DIR [--text FILE ...]
+    python bench/gpu/tiny_llama.py OUT_DIR --text FILE [FILE ...]
       -> OUT_DIR/fp16 and OUT_DIR/gptq
 """
 
