@@ -25,21 +25,20 @@ def greedy_request(prompt: str, tokens: int) -> pb.GenerateStreamRequest:
 
 def timed_stream(stub, prompt: str, tokens: int) -> tuple[float, float]:
     """One greedy stream: (seconds to the first message, decode tokens/s after it)."""
-    return timed_request(stub, greedy_request(prompt, tokens))
+    return timed_request(stub, greedy_request(prompt, tokens))[:2]
 
 
-def timed_request(stub, request: pb.GenerateStreamRequest) -> tuple[float, float]:
-    """One stream that must run to max_new_tokens: (seconds to the first message, decode tokens/s after it)."""
+def timed_request(stub, request: pb.GenerateStreamRequest) -> tuple[float, float, pb.GenerateStreamResponse]:
+    """One stream that must run to max_new_tokens: (seconds to the first message, decode tokens/s
+    after it, the last message)."""
     tokens = request.stopping.max_new_tokens
     start = time.perf_counter()
     first = last = None
-    received = 0
     for message in stub.GenerateStream(request, timeout=300):
         last = time.perf_counter()
         first = first or last
-        received = message.generated_tokens
-    assert received == tokens, f"{received} of {tokens} tokens"
-    return first - start, (tokens - 1) / (last - first)
+    assert message.generated_tokens == tokens, f"{message.generated_tokens} of {tokens} tokens: {message.finish}"
+    return first - start, (tokens - 1) / (last - first), message
 
 
 def aggregate_rate(

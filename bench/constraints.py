@@ -21,7 +21,7 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 
@@ -29,6 +29,7 @@ from backend.constraints import ConstraintCompiler, ConstraintError  # noqa: E40
 from backend.llamacpp.model import GgufModel  # noqa: E402
 from backend.models import default_model_path  # noqa: E402
 from backend.types import ConstraintSpec  # noqa: E402
+from common import timed_request  # noqa: E402
 from conftest import SHARED_DATA, start_server, stop_server  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
@@ -65,12 +66,8 @@ def request(tokens: int, constrained: bool) -> pb.GenerateStreamRequest:
 
 def one_stream(stub, tokens: int, constrained: bool) -> tuple[float, pb.Finish]:
     """Decode tokens/s seen by the caller (first message to last), and the final Finish."""
-    first = last = None
-    for message in stub.GenerateStream(request(tokens, constrained), timeout=300):
-        last = time.perf_counter()
-        first = first or last
-    assert message.generated_tokens == tokens, message.finish
-    return (tokens - 1) / (last - first), message.finish
+    _, rate, last = timed_request(stub, request(tokens, constrained))
+    return rate, last.finish
 
 
 def aggregate(stub, streams: int, tokens: int, constrained: bool) -> tuple[float, list[pb.Finish]]:

@@ -125,8 +125,7 @@ class ExLlamaV2Core:
                 continue  # a job cancelled between iterates: its late results are dropped
             event = entry.results.translate(result)
             if isinstance(event, ErrorEvent):  # its constraint failed: end it, the others carry on
-                self._generator.cancel(entry.job)
-                del self._jobs[entry.request.request_id]
+                self._remove(entry)
                 deliver(entry.sink, event)
             elif event is not None:
                 deliver(entry.sink, dataclasses.replace(event, step=self.steps))
@@ -147,9 +146,12 @@ class ExLlamaV2Core:
         for entry in list(self._jobs.values()):
             self._end(entry, FinishReason.CANCELLED)
 
-    def _end(self, entry: _Job, reason: FinishReason) -> None:
+    def _remove(self, entry: _Job) -> None:
         self._generator.cancel(entry.job)  # frees its pages; emits nothing
         del self._jobs[entry.request.request_id]
+
+    def _end(self, entry: _Job, reason: FinishReason) -> None:
+        self._remove(entry)
         now = time.monotonic()
         elapsed = now - entry.request.arrival_time
         finish = Finish(

@@ -34,6 +34,7 @@ import jsonschema  # noqa: E402
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS  # noqa: E402
 from common import greedy_request, timed_stream  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
+from helpers import stream, text_of  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -63,14 +64,6 @@ SAMPLER_SETTINGS = {
     "min_p": {"min_p": 0.05},
     "typical_p": {"typical_p": 0.9},
 }
-
-
-def stream(stub, request: pb.GenerateStreamRequest) -> list[pb.GenerateStreamResponse]:
-    return list(stub.GenerateStream(request, timeout=120))
-
-
-def text_of(messages) -> str:
-    return "".join(m.text for m in messages)
 
 
 class Skipped(Exception):
