@@ -14,17 +14,20 @@ from backend.text import StopSequenceFilter, Utf8Stream
 from backend.types import Finish, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings, Usage
 
 
-class ConstraintViolation(Exception):
-    """A sampled token the grammar rejects: a bug, since the mask should have prevented it."""
+class ConstraintFailed(Exception):
+    """The sequence's constraint matcher failed (llguidance's limits, or a token it rejects).
+
+    The caller's constraint, not the engine, is at fault: the stream ends with that error.
+    """
 
 
 class SequenceOutput:
-    def __init__(self, request: GenerationRequest, cached_tokens: int = 0) -> None:
+    def __init__(self, request: GenerationRequest) -> None:
         self.request = request
         self._stopping = request.stopping
         self._utf8 = Utf8Stream()
         self._stops = StopSequenceFilter(request.stopping.stop_sequences, request.stopping.include_stop_sequence)
-        self._cached_tokens = cached_tokens
+        self.cached_tokens = 0  # prompt tokens the engine took from its prefix cache
         self.generated = 0
         self.finish: Finish | None = None
         self.admitted_at: float | None = None
@@ -46,6 +49,13 @@ class SequenceOutput:
         """End-of-generation tokens are masked until min_new_tokens, or always with ignore_eos."""
         return not self._stopping.ignore_eos and self.generated >= self._stopping.min_new_tokens
 
+    def check_constraint(self) -> None:
+        """Raises ConstraintFailed if the matcher has failed (e.g. computing this step's mask)."""
+        if self.constraint is not None:
+            failure = self.constraint.failure()
+            if failure:
+                raise ConstraintFailed(failure)
+
     def deadline_passed(self, now: float) -> bool:
         """The caller's deadline or the request's own time limit has passed."""
         return self._deadline is not None and now >= self._deadline
@@ -53,7 +63,7 @@ class SequenceOutput:
     def on_token(self, token: GeneratedToken, is_eos: bool) -> TokenEvent:
         """Accounts for one generated token (sampled, or forced by the grammar).
 
-        Raises ConstraintViolation when the grammar rejects the token.
+        Raises ConstraintFailed when the matcher has failed or rejects the token.
         """
         now = time.monotonic()
         if self.first_token_at is None:
@@ -62,13 +72,14 @@ class SequenceOutput:
         self.generated += 1
         constraint_done = False
         if self.constraint is not None:
+            self.check_constraint()
             if is_eos:
-                # The mask allows EOS only where the grammar may end (or, sticky, after a matcher error).
+                # The mask allows EOS only where the grammar may end.
                 if not self.constraint.satisfied:
-                    raise ConstraintViolation(f"end of generation before the constraint was complete {self.constraint.error}")
+                    raise ConstraintFailed("end of generation before the constraint was complete")
                 return self._finish_event((token,), "", FinishReason.CONSTRAINT_COMPLETE)
             if not self.constraint.consume(token.token_id):
-                raise ConstraintViolation(f"token {token.token_id} rejected: {self.constraint.error}")
+                raise ConstraintFailed(f"token {token.token_id} rejected: {self.constraint.failure()}")
             constraint_done = self.constraint.complete
         if is_eos and not self._stopping.ignore_eos:
             return self._finish_event((token,), "", FinishReason.EOS_TOKEN)
@@ -103,11 +114,12 @@ class SequenceOutput:
                 reason, stop_sequence = FinishReason.STOP_SEQUENCE, self._stops.matched.stop_sequence
             else:
                 text += self._stops.flush()
-        self.finish = Finish(
-            reason=reason,
-            usage=Usage(len(self.request.prompt_token_ids), self.generated, self._cached_tokens),
-            timings=self._timings(),
-            seed=self.request.sampling.seed,
+        self.finish = make_finish(
+            self.request,
+            reason,
+            self.generated,
+            self._timings(),
+            cached_tokens=self.cached_tokens,
             stop_sequence=stop_sequence,
             stop_token_id=stop_token_id,
             constraint_satisfied=self.constraint.satisfied if self.constraint is not None else None,
@@ -134,3 +146,28 @@ class SequenceOutput:
             constraint_compile_s=self.request.constraint.fresh_compile_s if self.request.constraint else 0.0,
             constraint_mask_s=self.constraint.mask_s if self.constraint is not None else 0.0,
         )
+
+
+def make_finish(
+    request: GenerationRequest,
+    reason: FinishReason,
+    completion_tokens: int,
+    timings: Timings,
+    *,
+    cached_tokens: int = 0,
+    prompt_tokens: int | None = None,
+    stop_sequence: str | None = None,
+    stop_token_id: int | None = None,
+    constraint_satisfied: bool | None = None,
+) -> Finish:
+    """The one place every engine builds a Finish (prompt_tokens defaults to the request's prompt)."""
+    prompt = len(request.prompt_token_ids) if prompt_tokens is None else prompt_tokens
+    return Finish(
+        reason=reason,
+        usage=Usage(prompt, completion_tokens, cached_tokens),
+        timings=timings,
+        seed=request.sampling.seed,
+        stop_sequence=stop_sequence,
+        stop_token_id=stop_token_id,
+        constraint_satisfied=constraint_satisfied,
+    )

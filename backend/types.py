@@ -226,9 +226,16 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class ErrorEvent:
-    """The engine failed this one sequence; other sequences carry on."""
+    """This one sequence failed; other sequences carry on.
+
+    `constraint_failed` says the caller's constraint could not be enforced any further
+    (llguidance's limits, an empty language): the caller's input, not an engine fault.
+    """
 
     message: str
+    constraint_failed: bool = False
+    paused_too_long: bool = False
+    """The caller read nothing for max_pause_s, so its sequence was ended to free its place."""
 
 
 Event = TokenEvent | ErrorEvent

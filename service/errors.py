@@ -1,11 +1,14 @@
-"""Errors the service answers with, and their one mapping to gRPC status.
+"""Errors the service answers with, and the one table that turns exceptions into gRPC status.
 
 Every error carries google.rpc details (AIP-193): always an ErrorInfo with a
 stable reason, plus BadRequest field violations or RetryInfo where they apply.
+Whatever the input, a status stays small enough to deliver (`MAX_STATUS_BYTES`):
+quoted input is clipped and long violation lists end with "... and N more".
 """
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass, field
 
 import grpc
@@ -13,7 +16,30 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from backend.chat import ChatTemplateError
+from backend.constraints import ConstraintError
+
 DOMAIN = "tokenspout.v1"
+
+# The serialized google.rpc.Status (message and details) stays under this; clients refuse
+# trailers past 16 kB, and an error must never read as RESOURCE_EXHAUSTED for its size.
+MAX_STATUS_BYTES = 4096
+_MAX_MESSAGE_BYTES = 768
+_MAX_FIELD_BYTES = 96
+_MAX_DESCRIPTION_BYTES = 256
+_MAX_METADATA_BYTES = 128
+_MAX_VIOLATIONS = 8
+
+CURRENT_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+"""The id of the request the current RPC serves, once known (named in INTERNAL errors)."""
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, on a character boundary, marked when cut."""
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", errors="ignore") + "..."
 
 
 @dataclass(frozen=True)
@@ -37,13 +63,38 @@ class ServiceError(Exception):
         return self.message
 
     def to_status(self) -> grpc.Status:
-        details = [error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN, metadata=self.metadata)]
-        if self.violations:
+        status = self._status_pb(self._bounded_violations(_MAX_VIOLATIONS))
+        # Only a pathological mix of multi-byte input gets here; fewer violations always fit.
+        for keep in range(_MAX_VIOLATIONS - 1, -1, -1):
+            if status.ByteSize() <= MAX_STATUS_BYTES:
+                break
+            status = self._status_pb(self._bounded_violations(keep))
+        grpc_status = rpc_status.to_status(status)
+        if self.code is grpc.StatusCode.RESOURCE_EXHAUSTED and self.retry_after_s is not None:
+            # gRPC's own retry policy honours this (gRFC A6), so clients back off as advised.
+            pushback = (("grpc-retry-pushback-ms", str(int(self.retry_after_s * 1000))),)
+            grpc_status = grpc_status._replace(trailing_metadata=grpc_status.trailing_metadata + pushback)
+        return grpc_status
+
+    def _bounded_violations(self, keep: int) -> list[FieldViolation]:
+        shown = [
+            FieldViolation(clip(v.field, _MAX_FIELD_BYTES), clip(v.description, _MAX_DESCRIPTION_BYTES))
+            for v in self.violations[:keep]
+        ]
+        hidden = len(self.violations) - len(shown)
+        if hidden > 0:
+            shown.append(FieldViolation("...", f"and {hidden} more"))
+        return shown
+
+    def _status_pb(self, violations: list[FieldViolation]) -> status_pb2.Status:
+        metadata = {clip(k, _MAX_METADATA_BYTES): clip(v, _MAX_METADATA_BYTES) for k, v in self.metadata.items()}
+        details = [error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN, metadata=metadata)]
+        if violations:
             details.append(
                 error_details_pb2.BadRequest(
                     field_violations=[
                         error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                        for v in self.violations
+                        for v in violations
                     ]
                 )
             )
@@ -56,17 +107,49 @@ class ServiceError(Exception):
             any_detail = any_pb2.Any()
             any_detail.Pack(detail)
             packed.append(any_detail)
-        status = status_pb2.Status(code=getattr(code_pb2, self.code.name), message=self.message, details=packed)
-        return rpc_status.to_status(status)
+        return status_pb2.Status(
+            code=getattr(code_pb2, self.code.name), message=clip(self.message, _MAX_MESSAGE_BYTES), details=packed
+        )
 
 
 def _summary(violations: list[FieldViolation]) -> str:
-    return "; ".join(f"{v.field}: {v.description}" for v in violations)
+    shown = "; ".join(f"{clip(v.field, 64)}: {clip(v.description, 128)}" for v in violations[:_MAX_VIOLATIONS])
+    hidden = len(violations) - _MAX_VIOLATIONS
+    return shown + (f"; ... and {hidden} more" if hidden > 0 else "")
 
 
 def invalid_argument(violations: list[FieldViolation]) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", f"invalid request: {_summary(violations)}", violations
+    )
+
+
+def malformed_request(message_name: str) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "MALFORMED_REQUEST",
+        f"the request bytes are not a valid {message_name} protobuf message",
+    )
+
+
+def invalid_constraint(error: ConstraintError) -> ServiceError:
+    where = f"constraint.{error.kind}" if error.kind else "constraint"
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+        f"invalid request: {where}: cannot be enforced: {clip(str(error), 512)}",
+        [FieldViolation(where, f"cannot be enforced: {error}")],
+    )
+
+
+def constraint_failed(request_id: str, message: str) -> ServiceError:
+    """A matcher failed mid-stream: the caller's constraint, not the engine, is at fault."""
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "CONSTRAINT_FAILED",
+        f"request {request_id}: the constraint could not be enforced past this point: {message}",
+        [FieldViolation("constraint", message)],
+        metadata={"request_id": request_id},
     )
 
 
@@ -83,9 +166,9 @@ def not_found_model(model: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.NOT_FOUND,
         "MODEL_NOT_FOUND",
-        f"model {model!r} is not served here; see GetModelInfo",
+        f"model {clip(model, 128)!r} is not served here; see GetModelInfo",
         [FieldViolation("model", "unknown model")],
-        metadata={"model": model[:256]},
+        metadata={"model": model},
     )
 
 
@@ -124,3 +207,24 @@ def internal(request_id: str, message: str) -> ServiceError:
         f"request {request_id} failed in the engine: {message}",
         metadata={"request_id": request_id},
     )
+
+
+def unexpected(request_id: str) -> ServiceError:
+    """A bug: the caller learns only the request id to report; the log has the traceback."""
+    return ServiceError(
+        grpc.StatusCode.INTERNAL,
+        "INTERNAL",
+        f"request {request_id} failed on an unexpected server error; it is logged under this id",
+        metadata={"request_id": request_id},
+    )
+
+
+def from_exception(exc: BaseException, request_id: str) -> ServiceError:
+    """The one table from an exception a handler let escape to the status the caller gets."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, ConstraintError):
+        return invalid_constraint(exc)
+    if isinstance(exc, ChatTemplateError):
+        return invalid_argument([FieldViolation("chat", f"the chat template refused it: {exc}")])
+    return unexpected(request_id)

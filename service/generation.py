@@ -25,7 +25,10 @@ from backend.engine import Engine
 from backend.types import ErrorEvent, GenerationRequest
 from service import convert
 from service.config import ServeConfig
-from service.errors import FieldViolation, ServiceError, already_exists, internal, invalid_argument, overloaded, unavailable
+from service.errors import (
+    CURRENT_REQUEST_ID, FieldViolation, ServiceError, already_exists, constraint_failed, internal, invalid_argument,
+    overloaded, unavailable,
+)
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
 from service.tracing import RequestTrace
@@ -57,25 +60,19 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def GenerateStream(
         self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
-        try:
-            with self._slot():
-                generation = await self._validate(request, context)
-                async for message in self._stream(request, generation):
-                    yield message
-        except ServiceError as error:
-            await self._abort(context, error)
+        with self._slot():
+            generation = await self._validate(request, context)
+            async for message in self._stream(request, generation):
+                yield message
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         # Same fields under the same numbers: the wire bytes are a valid stream request.
         stream_request = pb.GenerateStreamRequest.FromString(request.SerializeToString())
         stream_request.output.max_tokens_per_message = 0
         stream_request.output.heartbeat_interval_ms = 0
-        try:
-            with self._slot():
-                generation = await self._validate(stream_request, context)
-                messages = [m async for m in self._stream(stream_request, generation, streaming=False)]
-        except ServiceError as error:
-            await self._abort(context, error)
+        with self._slot():
+            generation = await self._validate(stream_request, context)
+            messages = [m async for m in self._stream(stream_request, generation, streaming=False)]
         return convert.unary_response(messages)
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
@@ -109,48 +106,42 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             rejected_total=self.rejected_total,
             draining=self.draining,
             started_total=stats.started_total,
+            cached_prefixes=stats.prefix_cache_entries,
+            cached_prefix_tokens=stats.prefix_cache_tokens,
+            prompt_tokens_total=stats.prompt_tokens_total,
+            cached_prompt_tokens_total=stats.cached_prompt_tokens_total,
+            prefix_cache_hit_rate=stats.prefix_hit_rate,
+            preempted_total=stats.preempted_total,
+            preempted_sequences=stats.preempted_sequences,
+            recomputed_tokens_total=stats.recomputed_tokens_total,
         )
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
-        try:
-            self._validator.check_model(request.model)
-            tokens = self._validator.prompt_tokens(request)
-        except ServiceError as error:
-            await self._abort(context, error)
+        self._validator.check_model(request.model)
+        tokens = self._validator.prompt_tokens(request)
         pieces = [self._engine.token_piece(t) for t in tokens]
         return pb.TokenizeResponse(token_ids=tokens, pieces=pieces, count=len(tokens))
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetModelInfoResponse:
-        try:
-            self._validator.check_model(request.model)
-        except ServiceError as error:
-            await self._abort(context, error)
+        self._validator.check_model(request.model)
         return convert.model_info(self._engine.info, self._validator.limits)
 
     async def CompileConstraint(
         self, request: pb.CompileConstraintRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompileConstraintResponse:
-        try:
-            self._validator.check_model(request.model)
-            violations: list[FieldViolation] = []
-            spec = self._validator.constraint_spec(request.constraint, violations)
-            if violations:
-                raise invalid_argument(violations)
-            compiled = await asyncio.to_thread(self._validator.compile, spec)
-        except ServiceError as error:
-            await self._abort(context, error)
+        self._validator.check_model(request.model)
+        violations: list[FieldViolation] = []
+        spec = self._validator.constraint_spec(request.constraint, violations)
+        if violations:
+            raise invalid_argument(violations)
+        compiled = await asyncio.to_thread(self._validator.compile, spec)
         return pb.CompileConstraintResponse(
             compile_ms=0.0 if compiled.cached else compiled.compile_s * 1000,
             cached=compiled.cached,
             warnings=compiled.warnings,
         )
-
-    async def _abort(self, context: grpc.aio.ServicerContext, error: ServiceError) -> None:
-        if self._telemetry.enabled:
-            self._telemetry.errors.add(1, {"rpc.grpc.status_code": error.code.name})
-        await context.abort_with_status(error.to_status())
 
     @contextlib.contextmanager
     def _slot(self) -> Iterator[None]:
@@ -178,6 +169,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             generation = await asyncio.to_thread(self._validator.generation_request, request)
         else:
             generation = self._validator.generation_request(request)
+        CURRENT_REQUEST_ID.set(generation.request_id)
         remaining = context.time_remaining()
         if remaining is not None:
             generation = dataclasses.replace(generation, deadline=time.monotonic() + remaining)
@@ -214,9 +206,15 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     continue
                 if isinstance(batch, ErrorEvent):
                     finish = batch
-                    log.error("request %s failed in the engine: %s", request_id, batch.message, extra=_ids(request_id))
                     if tracing:
                         tracing.failed(batch.message)
+                    if batch.constraint_failed:
+                        log.info("request %s: its constraint failed: %s", request_id, batch.message, extra=_ids(request_id))
+                        raise constraint_failed(request_id, batch.message)
+                    if batch.paused_too_long:  # the caller, not the engine: its slot went to others
+                        log.info("request %s ended: %s", request_id, batch.message, extra=_ids(request_id))
+                        raise ServiceError(grpc.StatusCode.ABORTED, "PAUSED_TOO_LONG", f"request {request_id}: {batch.message}")
+                    log.error("request %s failed in the engine: %s", request_id, batch.message, extra=_ids(request_id))
                     raise internal(request_id, batch.message)
                 message = convert.stream_response(request_id, batch, generation.output.return_tokens, input_tokens)
                 input_tokens = 0  # only on the first message

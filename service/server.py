@@ -1,19 +1,35 @@
-"""Builds and runs the gRPC server: generation, health, reflection, TLS, drain."""
+"""Builds and runs the gRPC server: generation, health, reflection, TLS, auth, drain, liveness.
+
+The port is bound before the model loads, so a busy port fails in a second, not
+after a long load. On SIGTERM the server drains visibly: health says NOT_SERVING
+and new calls get UNAVAILABLE (DRAINING) while the listener stays open for
+`grace_period_s`; streams still running then end with UNAVAILABLE too. If the
+engine thread dies, health says NOT_SERVING, every waiting and new call gets
+UNAVAILABLE (ENGINE_DOWN) and the process exits non-zero for a restart.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import errno
 import pathlib
 import signal
+import socket
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection_pb2
 
 from backend.engine import Engine
+from service import auth
+from service.boundary import ErrorBoundary
 from service.config import ServeConfig
+from service.errors import ServiceError, unavailable
 from service.generation import GenerationServicer
+from service.guard import guarded
+from service.reflection import ReflectionServicer, load_descriptor_set
 from service.telemetry import Telemetry, from_environment
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
@@ -47,11 +63,14 @@ def build_engine(config: ServeConfig) -> Engine:
         threads=config.threads,
         batch_tokens=config.batch_tokens,
         gpu_layers=config.gpu_layers,
+        prefix_cache=config.prefix_cache,
+        prefix_cache_slots=config.prefix_cache_slots,
+        max_pause_s=config.max_pause_s,
         fail_requests_with_prefix=config.test_fail_requests_with_prefix,
     )
     path = resolve_model_path(config.model)
     model_id = config.model_id or (DEFAULT_MODEL_ID if config.model == "default" else path.stem)
-    return LlamaCppEngine(path, engine_config, model_id=model_id)
+    return LlamaCppEngine(path, engine_config, model_id=model_id, constraint_limits=config.constraint_limits())
 
 
 def _build_exllamav2(config: ServeConfig) -> Engine:
@@ -69,7 +88,72 @@ def _build_exllamav2(config: ServeConfig) -> Engine:
         max_batch_size=config.max_batch_size,
         gpu_split=tuple(float(gb) for gb in config.gpu_split.split(",") if gb),
     )
-    return ExLlamaV2Engine(model_dir, engine_config, model_id=config.model_id)
+    return ExLlamaV2Engine(model_dir, engine_config, model_id=config.model_id, constraint_limits=config.constraint_limits())
+
+
+# After the grace period, how long cut streams get to send their UNAVAILABLE before the listener closes.
+_CUT_WAIT_S = 2.0
+# After the engine died: how long health probes and callers see NOT_SERVING / UNAVAILABLE before the exit.
+_ENGINE_DOWN_LINGER_S = 3.0
+ENGINE_DOWN_EXIT_CODE = 3
+
+# Calls that stay open while draining: a caller may still cancel its stream and watch the load.
+_OPEN_WHILE_DRAINING = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Cancel", "GetServerStatus"))
+
+
+class StartupError(Exception):
+    """A start-up problem the operator fixes (a busy port, unreadable certificates): one line, exit 2."""
+
+
+def engine_down(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, "ENGINE_DOWN", message, retry_after_s=0.0)
+
+
+class Admission(grpc.aio.ServerInterceptor):
+    """While draining or after the engine died, new GenerationService calls are refused at once.
+
+    Decided when a call arrives, so admitted calls pay nothing per message.
+    """
+
+    def __init__(self) -> None:
+        self.refusal: ServiceError | None = None
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or self.refusal is None or not method.startswith(f"/{SERVICE_NAME}/"):
+            return handler
+        if method in _OPEN_WHILE_DRAINING and self.refusal.reason == "DRAINING":
+            return handler
+        refusal = self.refusal
+
+        def refuse(context: grpc.aio.ServicerContext) -> None:
+            raise refusal
+
+        return guarded(handler, refuse)
+
+
+def _check_port(listen: str) -> None:
+    """A busy port fails here, in one line of ours, rather than in gRPC's own error log lines."""
+    host, _, port = listen.rpartition(":")
+    if port == "0" or "/" in listen or listen.startswith("unix:"):
+        return
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+    except (socket.gaierror, ValueError) as exc:
+        raise StartupError(f"cannot listen on {listen}: {exc}") from None
+    problems = []
+    for family, kind, protocol, _, address in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                problems.append(exc)
+    busy = [p for p in problems if p.errno == errno.EADDRINUSE]
+    if busy or len(problems) == len(addresses):
+        raise StartupError(f"cannot listen on {listen}: {(busy or problems)[0].strerror}")
 
 
 def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
@@ -84,27 +168,53 @@ def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
 
 
 class TokenspoutServer:
-    def __init__(self, engine: Engine, config: ServeConfig, telemetry: Telemetry | None = None) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine | None, config: ServeConfig, telemetry: Telemetry | None = None) -> None:
+        """Binds the port at once; the engine may come later, through `attach`, before `start`."""
         self.config = config
-        telemetry = telemetry or from_environment(config.trace_content, config.prometheus_port)
-        if telemetry.enabled:
-            telemetry.observe_engine(lambda: engine.stats)
-        self.server = grpc.aio.server(interceptors=telemetry.interceptors(), options=_CHANNEL_OPTIONS)
-        self.health = health.aio.HealthServicer()
-        model_names = (config.model,) if config.model != "default" else ()
-        self.servicer = GenerationServicer(engine, RequestValidator(engine, model_names=model_names), config, telemetry)
-        pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            self.server,
+        self.telemetry = telemetry = telemetry or from_environment(config.trace_content, config.prometheus_port)
+        self.auth = auth.interceptor(config)
+        self.admission = Admission()
+        access = [self.auth, self.admission] if self.auth else [self.admission]
+        # The error boundary goes last: innermost, so tracing sees the status it chose.
+        boundary = ErrorBoundary(on_error=telemetry.count_error)
+        self.server = grpc.aio.server(
+            interceptors=[*telemetry.interceptors(), *access, boundary], options=_CHANNEL_OPTIONS
         )
-        credentials = _credentials(config)
-        if credentials is None:
-            self.port = self.server.add_insecure_port(config.listen)
-        else:
-            self.port = self.server.add_secure_port(config.listen, credentials)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection = ReflectionServicer.for_modules(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
+            load_descriptor_set(), health_pb2, reflection_pb2,
+        )
+        self.server.add_generic_rpc_handlers(reflection.handlers())
+        self.port = self._bind()
+        if engine is not None:
+            self.attach(engine)
+
+    def _bind(self) -> int:
+        _check_port(self.config.listen)
+        try:
+            credentials = _credentials(self.config)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise StartupError(f"cannot use the TLS files: {exc}") from None
+        try:
+            if credentials is None:
+                return self.server.add_insecure_port(self.config.listen)
+            return self.server.add_secure_port(self.config.listen, credentials)
+        except RuntimeError:
+            raise StartupError(f"cannot listen on {self.config.listen}: the port is in use or the address is not local") from None
+
+    def attach(self, engine: Engine) -> None:
+        """Serves generation with this engine."""
+        self.engine = engine
+        if self.telemetry.enabled:
+            self.telemetry.observe_engine(lambda: engine.stats)
+        model_names = (self.config.model,) if self.config.model != "default" else ()
+        validator = RequestValidator(
+            engine, model_names=model_names, special_tokens_in_chat_content=self.config.special_tokens_in_chat_content
+        )
+        self.servicer = GenerationServicer(engine, validator, self.config, self.telemetry)
+        pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
 
     async def start(self) -> None:
         await self.server.start()
@@ -112,16 +222,78 @@ class TokenspoutServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def drain(self) -> None:
-        """Health goes NOT_SERVING, new calls are refused, running streams get the grace period."""
+        """Health goes NOT_SERVING and new calls are refused at once, while the listener stays open and
+        running streams get the grace period; those still running then end with UNAVAILABLE."""
+        refusal = unavailable("the server is shutting down; retry on another replica")
+        self.admission.refusal = refusal
         self.servicer.draining = True
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.config.grace_period_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.grace_period_s
+        while self.servicer.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.servicer.in_flight:
+            log.warning("grace period over: %d requests end with UNAVAILABLE", self.servicer.in_flight)
+            await self._end_all(refusal)
+        await self.server.stop(_CUT_WAIT_S)
+
+    async def fail_engine(self) -> None:
+        """The engine thread died: NOT_SERVING, every call UNAVAILABLE, then the listener closes."""
+        error = self.servicer.ended or engine_down("the engine stopped; retry on another replica")
+        self.admission.refusal = error
+        await self.health.enter_graceful_shutdown()
+        await self._end_all(error)
+        await asyncio.sleep(_ENGINE_DOWN_LINGER_S)
+        await self.server.stop(_CUT_WAIT_S)
+
+    async def _end_all(self, error: ServiceError) -> None:
+        self.servicer.end_all(error)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CUT_WAIT_S
+        while self.servicer.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+    def watch_engine(self, died: asyncio.Event) -> None:
+        """Sets `died` if the engine thread dies; its requests fail with ENGINE_DOWN from that moment."""
+        loop = asyncio.get_running_loop()
+        servicer = self.servicer
+
+        def on_death(exc: BaseException) -> None:  # on the engine thread, before it closes its requests
+            servicer.ended = engine_down(f"the engine stopped ({type(exc).__name__}); retry on another replica")
+            loop.call_soon_threadsafe(died.set)
+
+        self.engine.on_death(on_death)
+
+
+def _kill_engine_after(engine: Engine, steps: int) -> None:
+    """Test-only (test_kill_engine_after_steps): the engine thread dies as a bug in its loop would.
+
+    Wraps the core's step from outside; nothing in the engine or its sampling knows.
+    """
+    step = engine.core.step
+    count = itertools.count(1)
+
+    def dying_step():
+        if next(count) > steps:
+            raise RuntimeError(f"test_kill_engine_after_steps: the engine thread dies after {steps} steps")
+        return step()
+
+    engine.core.step = dying_step
 
 
 async def run(config: ServeConfig) -> int:
-    engine = await asyncio.to_thread(build_engine, config)
+    server = TokenspoutServer(None, config)  # the port first: a busy one fails before the model loads
     try:
-        server = TokenspoutServer(engine, config)
+        engine = await asyncio.to_thread(build_engine, config)
+    except BaseException:
+        await server.server.stop(None)
+        raise
+    try:
+        if config.test_kill_engine_after_steps:
+            _kill_engine_after(engine, config.test_kill_engine_after_steps)
+        server.attach(engine)
+        died = asyncio.Event()
+        server.watch_engine(died)
         await server.start()
         host = config.listen.rsplit(":", 1)[0]
         # Tests and scripts read this line to learn the port (listen may say :0).
@@ -130,7 +302,16 @@ async def run(config: ServeConfig) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _on_signal, stop)
-        await stop.wait()
+        if server.auth is not None and server.auth.keys is not None and config.api_keys_file:
+            loop.add_signal_handler(signal.SIGHUP, server.auth.keys.reload_if_changed, True)
+        signalled, engine_died = asyncio.create_task(stop.wait()), asyncio.create_task(died.wait())
+        await asyncio.wait((signalled, engine_died), return_when=asyncio.FIRST_COMPLETED)
+        if died.is_set():
+            log.error("the engine thread died: health NOT_SERVING, calls UNAVAILABLE, exiting for a restart")
+            signalled.cancel()
+            await server.fail_engine()
+            return ENGINE_DOWN_EXIT_CODE
+        engine_died.cancel()
         log.info("draining: up to %.0f s for running streams", config.grace_period_s)
         await server.drain()
         return 0

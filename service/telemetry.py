@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+import grpc
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from opentelemetry.metrics import Observation
@@ -61,6 +62,10 @@ class Telemetry:
             "tokenspout.server.requests.errors", unit="{request}", description="Failed calls by rpc.grpc.status_code"
         )
 
+    def count_error(self, code: grpc.StatusCode) -> None:
+        if self.enabled:
+            self.errors.add(1, {"rpc.grpc.status_code": code.name})
+
     def interceptors(self) -> list:
         """The RPC span for every call (health checks excepted), joined to the caller's trace."""
         if not self.enabled:
@@ -74,10 +79,23 @@ class Telemetry:
             "tokenspout.server.queued_requests": ("{request}", lambda s: s.queued_requests),
             "tokenspout.server.cache.tokens_used": ("{token}", lambda s: s.cache_tokens_used),
         }
+        # The Gateway API Inference Extension's model-server protocol (TotalQueuedRequests,
+        # TotalRunningRequests, KVCacheUtilization): gauges named after vLLM's, so an endpoint
+        # picker or a Prometheus adapter configured for vLLM needs only the prefix changed.
+        gauges.update({
+            "tokenspout.num_requests_waiting": ("", lambda s: s.queued_requests),
+            "tokenspout.num_requests_running": ("", lambda s: s.running_sequences + s.paused_sequences),
+            "tokenspout.kv_cache_usage_perc": ("", _cache_utilisation),
+        })
         for name, (unit, read) in gauges.items():
             self.meter.create_observable_gauge(
                 name, unit=unit, callbacks=[lambda options, read=read: [Observation(read(stats()))]]
             )
+
+
+def _cache_utilisation(stats: EngineStats) -> float:
+    """A fraction from 0 to 1, as vLLM's kv_cache_usage_perc despite its name."""
+    return stats.cache_tokens_used / stats.cache_tokens_total if stats.cache_tokens_total else 0.0
 
 
 def from_environment(record_content: bool = False, prometheus_port: int = 0) -> Telemetry:

@@ -13,7 +13,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from backend.constraints import CompiledConstraint, ConstraintError
+from backend.constraints import CompiledConstraint
 from backend.engine import ChatMessage, Engine
 from backend.types import (
     DEFAULT_DRY_BREAKERS, ConstraintSpec, DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams,
@@ -42,8 +42,15 @@ class Limits:
 
 
 class RequestValidator:
-    def __init__(self, engine: Engine, limits: Limits = Limits(), model_names: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        limits: Limits = Limits(),
+        model_names: tuple[str, ...] = (),
+        special_tokens_in_chat_content: bool = False,
+    ) -> None:
         self._engine = engine
+        self._special_tokens_in_chat_content = special_tokens_in_chat_content
         self._info = engine.info
         self.limits = limits
         self._model_names = {"", "default", self._info.model_id, *model_names}
@@ -64,8 +71,10 @@ class RequestValidator:
             if request.stopping.ignore_eos:
                 violations.append(FieldViolation("stopping.ignore_eos", "cannot be used with a constraint"))
             constraint = self.constraint_spec(request.constraint, violations)
-        if len(request.request_id) > self.limits.max_request_id_length:
-            violations.append(FieldViolation("request_id", f"at most {self.limits.max_request_id_length} characters"))
+        if len(request.request_id) > self.limits.max_request_id_length or not _printable_ascii(request.request_id):
+            violations.append(
+                FieldViolation("request_id", f"printable ASCII, at most {self.limits.max_request_id_length} characters")
+            )
         sampling = self._sampling(request.sampling, violations)
         stopping = self._stopping(request.stopping, violations)
         output = self._output(request.output, violations)
@@ -129,10 +138,8 @@ class RequestValidator:
         )
 
     def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
-        try:
-            return self._engine.constraints.compile(spec)
-        except ConstraintError as exc:
-            raise invalid_argument([FieldViolation(f"constraint.{spec.kind}", f"cannot be enforced: {exc}")]) from None
+        """Raises ConstraintError (INVALID_ARGUMENT at the error boundary)."""
+        return self._engine.constraints.compile(spec)
 
     def needs_compiling(self, request: pb.GenerateStreamRequest) -> bool:
         """Whether validating this request would compile a constraint (worth a worker thread)."""
@@ -147,10 +154,8 @@ class RequestValidator:
         if field_name == "chat":
             messages = [ChatMessage(m.role, m.content) for m in request.chat.messages]
             add_prompt = request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
-            try:
-                tokens = self._engine.render_chat(messages, add_prompt)
-            except Exception as exc:  # template errors are the caller's input problem
-                raise invalid_argument([FieldViolation("chat", f"chat template failed: {exc}")]) from exc
+            # ChatTemplateError: the caller's input
+            tokens = self._engine.render_chat(messages, add_prompt, self._special_tokens_in_chat_content)
         else:
             text = request.prompt if isinstance(request, pb.GenerateStreamRequest) else request.text
             add_special = True
@@ -315,6 +320,11 @@ def _checked(message, prefix: str, violations: list[FieldViolation], **ranges: t
     for name, bounds in ranges.items():
         check.range(name, *bounds)
     return check.values()
+
+
+def _printable_ascii(text: str) -> bool:
+    """Request ids go into logs and metadata: no control characters, no line breaks."""
+    return all(" " <= c <= "~" for c in text)
 
 
 def _chat_violations(chat: pb.Chat) -> list[FieldViolation]:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from grpc_status import rpc_status
 
 from conftest import SERVER_CONTEXT_LENGTH
-from helpers import bad_request_fields, greedy, rpc_error, stream
+from helpers import bad_request_fields, error_reason, greedy, rpc_error, stream
+from service.errors import MAX_STATUS_BYTES
 from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -63,20 +66,22 @@ def test_every_violation_is_reported_at_once(stub):
 
 
 @pytest.mark.parametrize(
-    "request_",
+    "request_, expected",
     [
-        pb.GenerateStreamRequest(),
-        pb.GenerateStreamRequest(chat=pb.Chat()),
-        pb.GenerateStreamRequest(chat=pb.Chat(messages=[pb.ChatMessage(content="no role")])),
-        pb.GenerateStreamRequest(prompt="x", stopping=pb.StoppingCriteria(max_new_tokens=4, min_new_tokens=5)),
-        pb.GenerateStreamRequest(prompt="x", stopping=pb.StoppingCriteria(stop_sequences=["s"] * 17)),
-        pb.GenerateStreamRequest(prompt="x", request_id="r" * 200),
+        (pb.GenerateStreamRequest(), "prompt"),
+        (pb.GenerateStreamRequest(chat=pb.Chat()), "chat.messages"),
+        (pb.GenerateStreamRequest(chat=pb.Chat(messages=[pb.ChatMessage(content="no role")])), "chat.messages[0].role"),
+        (pb.GenerateStreamRequest(prompt="x", stopping=pb.StoppingCriteria(max_new_tokens=4, min_new_tokens=5)),
+         "stopping.min_new_tokens"),
+        (pb.GenerateStreamRequest(prompt="x", stopping=pb.StoppingCriteria(stop_sequences=["s"] * 17)),
+         "stopping.stop_sequences"),
+        (pb.GenerateStreamRequest(prompt="x", request_id="r" * 200), "request_id"),
     ],
     ids=["no-input", "empty-chat", "no-role", "min-over-max", "too-many-stops", "long-request-id"],
 )
-def test_malformed_requests(stub, request_):
+def test_malformed_requests(stub, request_, expected):
     error = generate_error(stub, request_)
-    assert error.code() == INVALID and bad_request_fields(error)
+    assert error.code() == INVALID and set(bad_request_fields(error)) == {expected}
 
 
 def test_a_prompt_longer_than_the_context_is_out_of_range(stub):
@@ -119,3 +124,101 @@ def test_bad_requests_do_not_disturb_a_running_stream(stub):
     rest = list(call)
     assert rest[-1].finish.reason == pb.FinishReason.FINISH_REASON_MAX_TOKENS
     assert first.generated_tokens + sum(len(m.tokens) for m in rest) == 48
+
+
+# -- the error boundary: malformed bytes, oversized errors, unexpected failures -------------------
+
+
+def test_malformed_request_bytes_are_invalid_argument_without_a_traceback(server, channel):
+    not_a_message = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, a length past the end of the data
+    for method in ("Generate", "Tokenize", "CompileConstraint"):
+        call = channel.unary_unary(f"/tokenspout.v1.GenerationService/{method}")
+        error = rpc_error(lambda: call(not_a_message, timeout=10))
+        assert error.code() == INVALID and error_reason(error) == "MALFORMED_REQUEST", error.details()
+    stream = channel.unary_stream("/tokenspout.v1.GenerationService/GenerateStream")
+    error = rpc_error(lambda: stream(not_a_message, timeout=10))
+    assert error.code() == INVALID and "GenerateStreamRequest" in error.details()
+    assert "Traceback" not in server.log()
+
+
+def status_size(error: grpc.RpcError) -> int:
+    status = rpc_status.from_call(error)
+    assert status is not None
+    return status.ByteSize()
+
+
+def oversized_requests() -> dict[str, pb.GenerateStreamRequest]:
+    bias = greedy("hi")
+    for token in range(10**7, 10**7 + 100):
+        bias.sampling.logit_bias[token] = 1.0
+    stops = greedy("hi")
+    stops.stopping.stop_token_ids.extend(range(-300, 0))
+    model = greedy("hi")
+    model.model = "m" * 16_384
+    wide = greedy("hi")
+    wide.stopping.stop_sequences.extend(["\U0001f642" * 5000] * 16)
+    return {"logit-bias": bias, "stop-token-ids": stops, "model-name": model, "multibyte-stops": wide}
+
+
+@pytest.mark.parametrize("name", ["logit-bias", "stop-token-ids", "model-name", "multibyte-stops"])
+def test_errors_stay_small_whatever_the_input(stub, name):
+    error = generate_error(stub, oversized_requests()[name])
+    assert error.code() in (INVALID, grpc.StatusCode.NOT_FOUND), error.details()
+    assert status_size(error) <= MAX_STATUS_BYTES
+    assert len(error.details().encode()) <= 1024
+
+
+def test_a_long_violation_list_says_how_many_more(stub):
+    error = generate_error(stub, oversized_requests()["logit-bias"])
+    fields = bad_request_fields(error)
+    assert fields["..."] == "and 92 more" and len(fields) == 9
+
+
+def test_overload_advises_grpc_retry_pushback(tmp_path):
+    from conftest import start_server, stop_server
+
+    server = start_server(tmp_path, "--max-batch-size", "1", "--max-queued-requests", "0", "--context-length", "256")
+    try:
+        with grpc.insecure_channel(server.address) as ch:
+            stub = pb_grpc.GenerationServiceStub(ch)
+            running = stub.GenerateStream(greedy("Count:", max_new_tokens=200, ignore_eos=True), timeout=60)
+            next(running)
+            error = generate_error(stub, greedy("hi"))
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert dict(error.trailing_metadata())["grpc-retry-pushback-ms"] == "1000"
+            running.cancel()
+    finally:
+        stop_server(server)
+
+
+async def test_an_unexpected_exception_is_internal_with_the_request_id_and_logged_once(caplog):
+    """The boundary itself, on a real socket, around a handler with a bug."""
+    from service.boundary import ErrorBoundary
+
+    class Buggy(pb_grpc.GenerationServiceServicer):
+        async def GetModelInfo(self, request, context):
+            raise KeyError("a bug")
+
+        async def GenerateStream(self, request, context):
+            yield pb.GenerateStreamResponse(text="partial")
+            raise ZeroDivisionError
+
+    server = grpc.aio.server(interceptors=[ErrorBoundary()])
+    pb_grpc.add_GenerationServiceServicer_to_server(Buggy(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.GenerationServiceStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+            assert raised.value.code() == grpc.StatusCode.INTERNAL
+            call = stub.GenerateStream(pb.GenerateStreamRequest(request_id="req-7"), timeout=10)
+            assert (await call.read()).text == "partial"
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await call.read()
+            assert raised.value.code() == grpc.StatusCode.INTERNAL and "req-7" in raised.value.details()
+    finally:
+        await server.stop(None)
+    tracebacks = [r for r in caplog.records if r.name == "service.boundary" and r.exc_info]
+    assert [type(r.exc_info[1]) for r in tracebacks] == [KeyError, ZeroDivisionError]

@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from conftest import start_server, stop_server
+from conftest import SERVER_CONTEXT_LENGTH, start_server, stop_server
 from helpers import greedy, rpc_error, stream, text_of, token_ids_of
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -71,6 +71,8 @@ def test_a_hundred_streams_cancelled_at_random_points_leave_nothing_behind(serve
                 list(stub.GenerateStream(request, timeout=after * 0.02))
             except grpc.RpcError as error:
                 assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            else:
+                raise AssertionError(f"storm-{index} outlived its deadline")
             return how
         channel = grpc.insecure_channel(server.address)
         call = pb_grpc.GenerationServiceStub(channel).GenerateStream(request, timeout=60)
@@ -81,11 +83,14 @@ def test_a_hundred_streams_cancelled_at_random_points_leave_nothing_behind(serve
         channel.close()  # for drop_channel, this is the only signal the server gets
         return how
 
+    start = status(stub)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         kinds = list(pool.map(run, plans))
-    assert {"cancel", "drop_channel", "deadline"} == set(kinds)
     idle = wait_until_idle(stub)
-    assert idle.paused_sequences == 0 and idle.cache_tokens_free == idle.cache_tokens_used + idle.cache_tokens_free
+    # Every stream that left before its end was cancelled in the engine (a deadline may pass in the queue).
+    assert idle.cancelled_total - start.cancelled_total >= kinds.count("cancel") + kinds.count("drop_channel")
+    # Every cell is free again: nothing leaked from the cancelled sequences.
+    assert idle.paused_sequences == 0 and idle.cache_tokens_free == idle.max_batch_size * SERVER_CONTEXT_LENGTH
     # Each cancellation freed its sequence before the next engine step.
     assert idle.max_cancel_latency_steps <= 1
     # The next request runs alone: one step per token (the first comes with its prefill).
@@ -102,7 +107,8 @@ def test_cancel_rpc_ends_the_stream_with_cancelled(small_stub):
     assert list(response.cancelled) == ["cancel-me"] and list(response.not_found) == ["never-seen"]
     rest = list(call)
     assert rest[-1].finish.reason == FINISH.FINISH_REASON_CANCELLED
-    assert first.generated_tokens + sum(m.generated_tokens > 0 for m in rest) >= 1
+    assert first.generated_tokens >= 1 and rest[-1].generated_tokens < 200
+    assert rest[-1].finish.usage.completion_tokens == rest[-1].generated_tokens
     wait_until_idle(small_stub)
 
 
@@ -229,10 +235,10 @@ def test_a_slow_reader_pauses_and_never_stalls_the_others(small_server, small_st
 def test_an_engine_fault_is_internal_and_leaves_others_running(small_server, small_stub):
     healthy = greedy(PROMPT, max_new_tokens=48, ignore_eos=True)
     solo = token_ids_of(stream(small_stub, healthy))
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        good = pool.submit(stream, small_stub, healthy)
-        bad = pool.submit(rpc_error, lambda: small_stub.GenerateStream(long_request("fail-on-purpose"), timeout=60))
-        error, messages = bad.result(), good.result()
+    call = small_stub.GenerateStream(healthy, timeout=60)
+    messages = [next(call)]  # the healthy stream is running when the other one fails
+    error = rpc_error(lambda: small_stub.GenerateStream(long_request("fail-on-purpose"), timeout=60))
+    messages += list(call)
     assert error.code() == grpc.StatusCode.INTERNAL and "fail-on-purpose" in error.details()
     assert token_ids_of(messages) == solo
     with grpc.insecure_channel(small_server.address) as channel:

@@ -6,7 +6,7 @@ the engine fills that sequence's row of one batch bitmask, masks the logits,
 samples, and feeds the sampled token back to the matcher.
 """
 
-from backend.constraints.compiler import CompiledConstraint, ConstraintCompiler, ConstraintError
+from backend.constraints.compiler import CompiledConstraint, ConstraintCompiler, ConstraintError, ConstraintLimits
 from backend.constraints.state import ConstraintState, apply_bitmask
 from backend.constraints.tokenizer import build_tokenizer
 
@@ -14,6 +14,7 @@ __all__ = [
     "CompiledConstraint",
     "ConstraintCompiler",
     "ConstraintError",
+    "ConstraintLimits",
     "ConstraintState",
     "apply_bitmask",
     "build_tokenizer",

@@ -1,8 +1,16 @@
-"""Constraint -> llguidance grammar -> compiled matcher, with a bounded LRU cache."""
+"""Constraint -> llguidance grammar -> compiled matcher, with a bounded LRU cache.
+
+A constraint is only accepted once its matcher has been built under explicit
+llguidance limits and has computed its first mask: a grammar with an empty
+language, or one past the limits, is refused before any token is generated.
+Copies of one compiled matcher share llguidance's lexer state, so a compiled
+constraint whose matcher failed is dropped from the cache (`mark_failed`).
+"""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import threading
 import time
@@ -16,8 +24,41 @@ from backend.types import ConstraintSpec
 _JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]"
 
 
+MAX_JSON_DEPTH = 100
+"""Deepest JSON nesting accepted in a schema (llguidance's own parser stops at 128)."""
+
+
 class ConstraintError(ValueError):
     """The constraint is malformed or asks for something llguidance cannot enforce."""
+
+    def __init__(self, message: str, kind: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        """The constraint kind (json_schema, regex, ...), naming the field at fault."""
+
+
+@dataclass(frozen=True)
+class ConstraintLimits:
+    """llguidance's parser limits, explicit (its own defaults, except where noted)."""
+
+    max_items_in_row: int = 2000
+    initial_lexer_fuel: int = 1_000_000
+    step_lexer_fuel: int = 200_000
+    step_max_items: int = 50_000
+    max_lexer_states: int = 50_000
+    """About 1-2 kB each, shared by every matcher of one constraint (llguidance: 250,000)."""
+    max_grammar_size: int = 500_000
+
+    def parser_limits(self) -> llguidance.LLParserLimits:
+        # Terse errors: a verbose one dumps the parser state, which can run to megabytes.
+        return llguidance.LLParserLimits(**dataclasses.asdict(self), verbose_errors=False)
+
+
+class _Health:
+    """Whether any matcher copied from one compiled constraint has failed (shared, so mutable)."""
+
+    def __init__(self) -> None:
+        self.failed = False
 
 
 @dataclass(frozen=True)
@@ -27,6 +68,11 @@ class CompiledConstraint:
     compile_s: float
     cached: bool
     warnings: tuple[str, ...]
+    health: _Health = dataclasses.field(default_factory=_Health)
+
+    def mark_failed(self) -> None:
+        """A matcher of this constraint failed: no later request may inherit its shared state."""
+        self.health.failed = True
 
     @property
     def fresh_compile_s(self) -> float:
@@ -44,6 +90,8 @@ def to_grammar(spec: ConstraintSpec) -> str:
         if spec.kind == "json_object":
             schema = {"type": "object"}
         else:
+            if json_depth(spec.value) > MAX_JSON_DEPTH:
+                raise ConstraintError(f"json_schema nests deeper than {MAX_JSON_DEPTH} levels")
             try:
                 schema = json.loads(spec.value)
             except json.JSONDecodeError as exc:
@@ -60,6 +108,8 @@ def to_grammar(spec: ConstraintSpec) -> str:
         except ValueError as exc:
             raise ConstraintError(str(exc)) from None
     if spec.kind == "regex":
+        if _ends_in_lone_backslash(spec.value):  # llguidance would silently drop it
+            raise ConstraintError("the regex ends in an unfinished escape (a lone backslash)")
         return llguidance.LLMatcher.grammar_from_regex(spec.value)
     if spec.kind == "grammar":
         return llguidance.LLMatcher.grammar_from_lark(spec.value)
@@ -70,11 +120,42 @@ def to_grammar(spec: ConstraintSpec) -> str:
     raise ConstraintError(f"unknown constraint kind {spec.kind!r}")
 
 
+def json_depth(text: str) -> int:
+    """How deep the brackets of a JSON text nest (strings skipped), without parsing it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _ends_in_lone_backslash(regex: str) -> bool:
+    trailing = len(regex) - len(regex.rstrip("\\"))
+    return trailing % 2 == 1
+
+
 class ConstraintCompiler:
     """Compiles constraints for one tokenizer. Thread-safe; compiling releases the GIL."""
 
-    def __init__(self, tokenizer: llguidance.LLTokenizer, cache_size: int = 256) -> None:
+    def __init__(
+        self, tokenizer: llguidance.LLTokenizer, cache_size: int = 256, limits: ConstraintLimits = ConstraintLimits()
+    ) -> None:
         self.tokenizer = tokenizer
+        self.limits = limits
+        self._parser_limits = limits.parser_limits()
         self._cache_size = cache_size
         self._cache: collections.OrderedDict[ConstraintSpec, CompiledConstraint] = collections.OrderedDict()
         self._lock = threading.Lock()
@@ -82,9 +163,12 @@ class ConstraintCompiler:
     def cached(self, spec: ConstraintSpec) -> CompiledConstraint | None:
         with self._lock:
             compiled = self._cache.get(spec)
+            if compiled is not None and compiled.health.failed:
+                del self._cache[spec]
+                compiled = None
             if compiled is not None:
                 self._cache.move_to_end(spec)
-                return CompiledConstraint(spec, compiled.template, compiled.compile_s, True, compiled.warnings)
+                return dataclasses.replace(compiled, cached=True)
         return None
 
     def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
@@ -93,10 +177,14 @@ class ConstraintCompiler:
         if hit is not None:
             return hit
         start = time.perf_counter()
-        grammar = to_grammar(spec)
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise ConstraintError(matcher.get_error())
+        try:
+            grammar = to_grammar(spec)
+        except ConstraintError as exc:
+            raise ConstraintError(str(exc), spec.kind) from None
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._parser_limits)
+        problem = matcher.get_error() or _first_step_problem(matcher.deep_copy())
+        if problem:
+            raise ConstraintError(llguidance_message(problem), spec.kind)
         compiled = CompiledConstraint(
             spec, matcher, time.perf_counter() - start, False, tuple(matcher.get_grammar_warnings())
         )
@@ -105,3 +193,26 @@ class ConstraintCompiler:
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return compiled
+
+
+def llguidance_message(error: str) -> str:
+    """llguidance's error as a caller should read it (its terse mode appends a marker)."""
+    message = error.replace("<non-verbose/>", "").strip()
+    if message == "NoExtensionBias":  # no token can start a sentence
+        return "the constraint allows no output at all (its language is empty)"
+    return message
+
+
+def _first_step_problem(probe: llguidance.LLMatcher) -> str:
+    """Why a fresh matcher cannot take its first step, or "".
+
+    Computing the first mask and the forced tokens runs the lexer and parser once, under the
+    limits, so a grammar past them or with no sentence at all fails here, not mid-stream.
+    """
+    mask = probe.compute_bitmask()
+    if not probe.is_error() and not any(mask) and not probe.is_accepting():
+        return "the constraint allows no output at all (its language is empty)"
+    forced = probe.compute_ff_tokens()
+    if not probe.is_error() and forced:
+        probe.consume_tokens(forced)
+    return probe.get_error()

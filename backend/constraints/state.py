@@ -6,7 +6,7 @@ import numpy as np
 
 import llguidance
 
-from backend.constraints.compiler import CompiledConstraint
+from backend.constraints.compiler import CompiledConstraint, llguidance_message
 
 
 class ConstraintState:
@@ -25,16 +25,23 @@ class ConstraintState:
 
     @property
     def complete(self) -> bool:
-        """The grammar can produce nothing more."""
-        return self.matcher.is_stopped()
+        """The output is a whole sentence of the grammar and nothing more can follow.
+
+        llguidance also reports an errored matcher as stopped: that is never complete.
+        """
+        return self.matcher.is_stopped() and not self.matcher.is_error()
 
     @property
     def satisfied(self) -> bool:
-        return self.matcher.is_accepting() or self.matcher.is_stopped()
+        """The output so far is a whole sentence of the grammar."""
+        return not self.matcher.is_error() and (self.matcher.is_accepting() or self.matcher.is_stopped())
 
-    @property
-    def error(self) -> str:
-        return self.matcher.get_error() if self.matcher.is_error() else ""
+    def failure(self) -> str:
+        """The matcher's error, or "". A failed matcher's compiled constraint leaves the cache."""
+        if not self.matcher.is_error():
+            return ""
+        self.compiled.mark_failed()
+        return llguidance_message(self.matcher.get_error()) or "the constraint failed"
 
 
 def apply_bitmask(logits: np.ndarray, row: np.ndarray) -> None:

@@ -2,27 +2,71 @@
 
 A non-strict constraint approximates keywords no grammar can enforce exactly
 (oneOf, uniqueItems, not, if/then), so the output is validated afterwards and
-the result reported, never assumed.
+the result reported, never assumed. Patterns are matched with the `regex`
+package, which reads the dialect llguidance accepts (`\\p{L}`, `\\z`, ...)
+where Python's `re` does not; what cannot be checked is said, not raised.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jsonschema
+import regex
 
+from backend.constraints.compiler import MAX_JSON_DEPTH, json_depth
 from backend.types import ConstraintSpec
 
 
+class _Unchecked(Exception):
+    """A pattern the regex engine cannot compile: that keyword goes unchecked."""
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> regex.Pattern:
+    # \z (end of text, as in Rust) is \Z in Python's dialects.
+    try:
+        return regex.compile(pattern.replace(r"\z", r"\Z"))
+    except (regex.error, ValueError, OverflowError) as exc:
+        raise _Unchecked(f"pattern {pattern[:80]!r}: {exc}") from None
+
+
+def _pattern(validator, pattern, instance, schema):
+    if validator.is_type(instance, "string") and not _compiled(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance[:80]!r} does not match {pattern[:80]!r}")
+
+
+def _pattern_properties(validator, patterns, instance, schema):
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _compiled(pattern).search(key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _validator(schema: dict | bool) -> jsonschema.protocols.Validator:
+    base = jsonschema.validators.validator_for(schema)
+    extended = jsonschema.validators.extend(base, {"pattern": _pattern, "patternProperties": _pattern_properties})
+    return extended(schema)
+
+
 def json_output_problem(spec: ConstraintSpec, text: str) -> str:
-    """Empty when `text` is JSON that satisfies the spec's schema, else what is wrong."""
+    """Empty when `text` is JSON that satisfies the spec's schema, else what is wrong or unchecked."""
+    if json_depth(text) > MAX_JSON_DEPTH:
+        return f"output nests deeper than {MAX_JSON_DEPTH} levels; not validated against the schema"
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         return f"output is not valid JSON: {exc}"
     schema = json.loads(spec.value) if spec.kind == "json_schema" else {"type": "object"}
-    validator_class = jsonschema.validators.validator_for(schema)
-    error = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(document))
+    try:
+        error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(document))
+    except _Unchecked as exc:
+        return f"output could not be fully validated: {exc}"
+    except Exception as exc:  # e.g. a $ref that cannot be resolved offline: report, never fail the stream
+        return f"output could not be fully validated: {type(exc).__name__}: {str(exc)[:200]}"
     if error is None:
         return ""
     where = "/".join(str(part) for part in error.absolute_path)

@@ -14,8 +14,8 @@ import pathlib
 from dataclasses import dataclass
 from typing import Sequence
 
-from backend.chat import NO_TEMPLATE, ChatTemplate
-from backend.constraints import ConstraintCompiler
+from backend.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, SpecialTokens, tokenize_chat
+from backend.constraints import ConstraintCompiler, ConstraintLimits
 from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineUnavailable, ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
@@ -48,7 +48,13 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 class ExLlamaV2Engine(WorkerEngine):
-    def __init__(self, model_dir: pathlib.Path, config: ExLlamaV2Config = ExLlamaV2Config(), model_id: str = "") -> None:
+    def __init__(
+        self,
+        model_dir: pathlib.Path,
+        config: ExLlamaV2Config = ExLlamaV2Config(),
+        model_id: str = "",
+        constraint_limits: ConstraintLimits = ConstraintLimits(),
+    ) -> None:
         import llguidance
 
         try:  # importing exllamav2 compiles its CUDA extension, which can fail in many ways
@@ -103,7 +109,7 @@ class ExLlamaV2Engine(WorkerEngine):
         )
         tokenizer_json = (model_dir / "tokenizer.json").read_text()
         ll_tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=xconfig.vocab_size, eos_token=list(self.eos_token_ids))
-        self.constraints = ConstraintCompiler(ll_tokenizer)
+        self.constraints = ConstraintCompiler(ll_tokenizer, limits=constraint_limits)
         self.info = ModelInfo(
             model_id=model_id or model_dir.name,
             engine="exllamav2" if self.paged else "exllamav2 (unpaged: one request at a time)",
@@ -163,12 +169,20 @@ class ExLlamaV2Engine(WorkerEngine):
     def token_piece(self, token_id: int) -> bytes:
         return self._pieces[token_id] if token_id < len(self._pieces) else b""
 
-    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+    ) -> list[int]:
         if self._chat is None:
-            raise ValueError(NO_TEMPLATE)
-        text = self._chat.render(messages, add_generation_prompt)
-        ids = self.tokenizer.encode(text, add_bos=False, encode_special_tokens=True)
-        return ids[0].tolist()
+            raise ChatTemplateError(NO_TEMPLATE)
+        encode = lambda text, special: self.tokenizer.encode(  # noqa: E731
+            text, add_bos=False, encode_special_tokens=special
+        )[0].tolist()
+        if special_tokens_in_content:  # opted into: any special-token text, the callers' too, is a token
+            return encode(self._chat.render(messages, add_generation_prompt), True)
+        chat = self._chat.render_marked(messages, add_generation_prompt)
+        # exllamav2 parses the special added tokens (extended_piece_to_id) by text, like this.
+        specials = SpecialTokens(self.tokenizer.extended_piece_to_id.items())
+        return tokenize_chat(chat, messages, specials, lambda piece: encode(piece, False))
 
     def close(self) -> None:
         self._worker.close()

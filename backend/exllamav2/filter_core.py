@@ -15,6 +15,7 @@ import llguidance.numpy
 import numpy as np
 
 from backend.constraints import CompiledConstraint, apply_bitmask
+from backend.constraints.compiler import llguidance_message
 
 
 class GrammarFilterCore:
@@ -37,12 +38,16 @@ class GrammarFilterCore:
         if self.error:
             return
         if not self._matcher.consume_token(token_id):
-            self.error = self._matcher.get_error() or f"token {token_id} rejected by the constraint"
+            self._failed(self._matcher.get_error() or f"token {token_id} rejected by the constraint")
+
+    def _failed(self, error: str) -> None:
+        self.error = llguidance_message(error) or "the constraint failed"
+        self._compiled.mark_failed()  # its copies share lexer state: no later job may inherit it
 
     @property
     def complete(self) -> bool:
-        """The grammar can produce nothing more."""
-        return self._matcher.is_stopped()
+        """The output is a whole sentence and nothing more can follow (never after an error)."""
+        return not self.error and self._matcher.is_stopped() and not self._matcher.is_error()
 
     @property
     def satisfied(self) -> bool:
@@ -57,9 +62,9 @@ class GrammarFilterCore:
                 llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
                 if not self._matcher.is_error():  # an error inside llguidance comes back as an EOS-only mask
                     return True
-                self.error = self._matcher.get_error()
+                self._failed(self._matcher.get_error())
         except Exception as exc:  # never let it reach the generator's iterate()
-            self.error = f"mask computation failed: {exc}"
+            self._failed(f"mask computation failed: {exc}")
         finally:
             self.mask_s += time.perf_counter() - start
         self._eos_only()

@@ -12,15 +12,15 @@ grammar ends as a stop-token EOS, never as "end_filter".
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.logprobs import with_logprobs
-from backend.types import (
-    ErrorEvent, Finish, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings, Usage,
-)
+from backend.sequence import make_finish
+from backend.types import ErrorEvent, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings
 
 
 class JobResults:
@@ -41,6 +41,8 @@ class JobResults:
         self._constraint = constraint
         self._mask_reported = 0.0
         self.generated = 0
+        self.started_at: float | None = None  # the generator made the job active
+        self._first_token_at: float | None = None
         self._deadline = request.end_by
 
     def deadline_passed(self, now: float) -> bool:
@@ -55,10 +57,12 @@ class JobResults:
             return None
         constraint = self._constraint
         if constraint is not None and constraint.error:
-            return ErrorEvent(f"the constraint failed: {constraint.error}")
+            return ErrorEvent(f"the constraint failed: {constraint.error}", constraint_failed=True)
         tokens = self._tokens(result)
         text = result.get("text", "")
         self.generated += len(tokens)
+        if tokens and self._first_token_at is None:
+            self._first_token_at = time.monotonic()
         if not result.get("eos"):
             return TokenEvent(tokens, text, self.generated, mask_s=self._mask_since_last())
         reason, stop_sequence, stop_token_id = self._reason(result)
@@ -71,17 +75,36 @@ class JobResults:
             reason = FinishReason.CONSTRAINT_COMPLETE
         if "new_tokens" in result:  # the generator's count; a healed job's starts at -1
             self.generated = result["new_tokens"] + self._request.sampling.token_healing
-        finish = Finish(
-            reason=reason,
-            usage=Usage(result.get("prompt_tokens", len(self._request.prompt_token_ids)), self.generated,
-                        result.get("cached_tokens", 0)),
-            timings=self._timings(result),
-            seed=self._request.sampling.seed,
+        finish = make_finish(
+            self._request,
+            reason,
+            self.generated,
+            self._timings(result),
+            cached_tokens=result.get("cached_tokens", 0),
+            prompt_tokens=result.get("prompt_tokens", len(self._request.prompt_token_ids)),
             stop_sequence=stop_sequence,
             stop_token_id=stop_token_id,
             constraint_satisfied=constraint.satisfied if constraint is not None else None,
         )
         return TokenEvent(tokens, text, self.generated, finish, mask_s=self._mask_since_last())
+
+    def end(self, reason: FinishReason) -> TokenEvent:
+        """The last event of a job ended from outside the generator (cancelled, out of time): timings
+        as this side saw them, since the generator reports its own only at EOS."""
+        now = time.monotonic()
+        arrival = self._request.arrival_time
+        started = self.started_at or now
+        first = self._first_token_at or now
+        timings = Timings(
+            started - arrival, first - arrival, first - started, now - first, now - arrival,
+            constraint_compile_s=self._request.constraint.fresh_compile_s if self._request.constraint else 0.0,
+            constraint_mask_s=self._constraint.mask_s if self._constraint is not None else 0.0,
+        )
+        finish = make_finish(
+            self._request, reason, self.generated, timings,
+            constraint_satisfied=self._constraint.satisfied if self._constraint is not None else None,
+        )
+        return TokenEvent((), "", self.generated, finish, mask_s=self._mask_since_last())
 
     def _mask_since_last(self) -> float:
         if self._constraint is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 from typing import Sequence
 
-from backend.constraints import ConstraintCompiler
+from backend.constraints import ConstraintCompiler, ConstraintLimits
 from backend.engine import CONSTRAINT_KINDS, ChatMessage, ModelInfo
 from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
 from backend.llamacpp.model import GgufModel
@@ -14,7 +14,13 @@ from backend.worker import EngineWorker, WorkerEngine
 
 
 class LlamaCppEngine(WorkerEngine):
-    def __init__(self, model_path: pathlib.Path, config: LlamaCppConfig = LlamaCppConfig(), model_id: str = "") -> None:
+    def __init__(
+        self,
+        model_path: pathlib.Path,
+        config: LlamaCppConfig = LlamaCppConfig(),
+        model_id: str = "",
+        constraint_limits: ConstraintLimits = ConstraintLimits(),
+    ) -> None:
         self.model = GgufModel(model_path, config.gpu_layers)
         self.core = LlamaCppCore(self.model, config)
         self.info = ModelInfo(
@@ -30,7 +36,7 @@ class LlamaCppEngine(WorkerEngine):
             constraint_kinds=CONSTRAINT_KINDS,
             quantization=self.model.quantization,
         )
-        self.constraints = ConstraintCompiler(self.model.constraint_tokenizer())
+        self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=constraint_limits)
         self._worker = EngineWorker(self.core, name="llama.cpp-engine")
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -42,8 +48,10 @@ class LlamaCppEngine(WorkerEngine):
     def token_piece(self, token_id: int) -> bytes:
         return self.model.pieces[token_id]
 
-    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        return self.model.render_chat(messages, add_generation_prompt)
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+    ) -> list[int]:
+        return self.model.render_chat(messages, add_generation_prompt, special_tokens_in_content)
 
     def close(self) -> None:
         self._worker.close()

@@ -14,7 +14,7 @@ from typing import Sequence
 import llama_cpp
 import llguidance
 
-from backend.chat import NO_TEMPLATE, ChatTemplate
+from backend.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, SpecialTokens, tokenize_chat
 from backend.constraints import build_tokenizer
 from backend.engine import ChatMessage
 
@@ -74,6 +74,7 @@ class GgufModel:
             if self.chat_template
             else None
         )
+        self._chat_specials = self._parsed_special_tokens() if self._chat else None
 
     def metadata(self, key: str) -> str | None:
         size = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), None, 0)
@@ -96,14 +97,34 @@ class GgufModel:
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, parse_special)
         return list(tokens[:n])
 
-    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+    ) -> list[int]:
+        """Special-token text in message content stays plain text, unless `special_tokens_in_content`."""
         if self._chat is None:
-            raise ValueError(NO_TEMPLATE)
-        text = self._chat.render(messages, add_generation_prompt)
+            raise ChatTemplateError(NO_TEMPLATE)
+        if special_tokens_in_content:  # opted into: any special-token text, the callers' too, is a token
+            text = self._chat.render(messages, add_generation_prompt)
+            return self.tokenize(text, add_special=self._adds_bos(text), parse_special=True)
+        chat = self._chat.render_marked(messages, add_generation_prompt)
+        plain = lambda piece: self.tokenize(piece, add_special=False, parse_special=False)  # noqa: E731
+        tokens = tokenize_chat(chat, messages, self._chat_specials, plain)
+        return [self.bos_token_id, *tokens] if self._adds_bos(chat.text) else tokens
+
+    def _adds_bos(self, text: str) -> bool:
+        """Whether BOS goes before a rendered chat: the template may already start with it; never twice."""
         bos_text = self._special_text(self.bos_token_id) if self.bos_token_id is not None else ""
-        # The template may already start with BOS; never add a second one.
-        add_bos = self.add_bos and not (bos_text and text.startswith(bos_text))
-        return self.tokenize(text, add_special=add_bos, parse_special=True)
+        return self.add_bos and not (bos_text and text.startswith(bos_text))
+
+    def _parsed_special_tokens(self) -> SpecialTokens:
+        """The tokens llama.cpp's special-token parsing matches by text, with their whitespace flags."""
+        attrs = [(t, llama_cpp.llama_vocab_get_attr(self.vocab, t)) for t in range(self.vocab_size)]
+        parsed = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        return SpecialTokens(
+            ((self._special_text(t), t) for t, attr in attrs if attr & parsed),
+            lstrip=(t for t, attr in attrs if attr & parsed and attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP),
+            rstrip=(t for t, attr in attrs if attr & parsed and attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP),
+        )
 
     def close(self) -> None:
         if self.ptr:

@@ -1,0 +1,127 @@
+"""The one error boundary every RPC passes through.
+
+A server interceptor wraps each method handler twice:
+- its request deserializer, so bytes that are not a valid message become
+  INVALID_ARGUMENT (one rate-limited WARNING line) instead of UNKNOWN with a
+  traceback per call;
+- its behaviour, so any exception a handler lets escape is turned into a status
+  by `errors.from_exception`: a ServiceError as it says, a bad constraint or chat
+  as INVALID_ARGUMENT, anything else as INTERNAL naming the request id, logged
+  once with its traceback.
+Handlers therefore raise ServiceError and never catch it themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Callable
+
+import grpc
+
+from service import errors
+
+log = logging.getLogger(__name__)
+
+_MALFORMED_LOG_INTERVAL_S = 60.0
+
+
+class _Malformed:
+    """Stands in for a request whose bytes did not parse."""
+
+    def __init__(self, message_name: str) -> None:
+        self.error = errors.malformed_request(message_name)
+
+
+class ErrorBoundary(grpc.aio.ServerInterceptor):
+    def __init__(self, on_error: Callable[[grpc.StatusCode], None] = lambda code: None) -> None:
+        self._on_error = on_error
+        self._malformed_since_log = 0
+        self._malformed_logged_at = -_MALFORMED_LOG_INTERVAL_S
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        changes: dict[str, Any] = {}
+        if handler.request_deserializer is not None:
+            changes["request_deserializer"] = self._safe_deserializer(handler.request_deserializer, method)
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behavior = getattr(handler, kind)
+            if behavior is not None:
+                changes[kind] = self._guard(behavior, streaming_request=kind.startswith("stream"))
+        return handler._replace(**changes)
+
+    def _safe_deserializer(self, deserialize: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any]:
+        def parse(data: bytes) -> Any:
+            try:
+                return deserialize(data)
+            except Exception:
+                self._note_malformed(method)
+                return _Malformed(_message_name(deserialize))
+
+        return parse
+
+    def _note_malformed(self, method: str) -> None:
+        """One WARNING line a minute at most, however many callers send garbage."""
+        self._malformed_since_log += 1
+        now = time.monotonic()
+        if now - self._malformed_logged_at >= _MALFORMED_LOG_INTERVAL_S:
+            log.warning("refused %d malformed request(s), the last for %s", self._malformed_since_log, method)
+            self._malformed_since_log = 0
+            self._malformed_logged_at = now
+
+    def _guard(self, behavior: Callable, streaming_request: bool) -> Callable:
+        if inspect.isasyncgenfunction(behavior):
+
+            async def guarded_stream(request, context) -> AsyncIterator:
+                try:
+                    async for response in behavior(self._checked(request, streaming_request), context):
+                        yield response
+                except Exception as exc:
+                    await self._fail(exc, context)
+
+            return guarded_stream
+
+        async def guarded(request, context):
+            try:
+                return await behavior(self._checked(request, streaming_request), context)
+            except Exception as exc:
+                await self._fail(exc, context)
+
+        return guarded
+
+    def _checked(self, request: Any, streaming_request: bool) -> Any:
+        if streaming_request:
+            return _checked_stream(request)
+        if isinstance(request, _Malformed):
+            raise request.error
+        errors.CURRENT_REQUEST_ID.set(getattr(request, "request_id", "") or "")
+        return request
+
+    async def _fail(self, exc: Exception, context: grpc.aio.ServicerContext) -> None:
+        if isinstance(exc, (grpc.aio.AbortError, asyncio.CancelledError)):
+            raise exc  # the handler already chose its status, or the caller left
+        request_id = errors.CURRENT_REQUEST_ID.get() or uuid.uuid4().hex
+        error = errors.from_exception(exc, request_id)
+        if error.reason == "INTERNAL":
+            log.error("request %s failed: %s", request_id, type(exc).__name__, exc_info=exc)
+        self._on_error(error.code)
+        await context.abort_with_status(error.to_status())
+
+
+def _message_name(deserialize: Callable) -> str:
+    """The protobuf type a generated deserializer (`SomeMessage.FromString`) parses."""
+    descriptor = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
+    return getattr(descriptor, "full_name", "request")
+
+
+async def _checked_stream(requests: AsyncIterator) -> AsyncIterator:
+    async for request in requests:
+        if isinstance(request, _Malformed):
+            raise request.error
+        yield request
