@@ -32,19 +32,42 @@ MAX_ERROR_BYTES = 4096
 
 UINT32_MAX = 2**32 - 1
 
-floats = st.one_of(
-    st.floats(width=32),  # NaN and infinities included
-    st.sampled_from([0.0, -0.0, 1.0, -1.0, 1e-45, 3.4e38, -3.4e38, float("nan"), float("inf"), float("-inf")]),
+
+
+def mostly(sane: st.SearchStrategy, extreme: st.SearchStrategy) -> st.SearchStrategy:
+    """Sane values three times in four, so requests often get past validation into generation."""
+    return st.sampled_from((sane, sane, sane, extreme)).flatmap(lambda strategy: strategy)
+
+
+floats = mostly(
+    st.floats(0.0, 2.0),
+    st.one_of(
+        st.floats(width=32),  # NaN and infinities included
+        st.sampled_from([-0.0, -1.0, 1e-45, 3.4e38, -3.4e38, float("nan"), float("inf"), float("-inf")]),
+    ),
 )
-uint32 = st.one_of(st.integers(0, 64), st.integers(0, UINT32_MAX), st.just(UINT32_MAX))
-int32 = st.one_of(st.integers(-5, 50_000), st.integers(-(2**31), 2**31 - 1))
-odd_text = st.one_of(
-    st.text(max_size=40),
-    st.text(st.characters(codec="utf-8", min_codepoint=0x80), max_size=20),
-    st.sampled_from(["", "\x00", "\u202e", "\U0004392e\uf3fd", "<|im_end|>", "\n\r\t", "🙂" * 50]),
-    st.integers(1_000, 70_000).map(lambda n: "word " * n),
+uint32 = mostly(st.integers(0, 16), st.one_of(st.integers(0, UINT32_MAX), st.just(UINT32_MAX)))
+int32 = mostly(st.integers(0, 49_000), st.integers(-(2**31), 2**31 - 1))
+plain_text = st.sampled_from(["Hello", "The capital of France is", "Count: 1, 2,", "JSON:", "Output:", "日本語で"])
+odd_text = mostly(
+    plain_text,
+    st.one_of(
+        st.text(max_size=40),
+        st.text(st.characters(codec="utf-8", min_codepoint=0x80), max_size=20),
+        st.sampled_from(["", "\x00", "\u202e", "\U0004392e\uf3fd", "<|im_end|>", "\n\r\t", "🙂" * 50]),
+        st.integers(1_000, 70_000).map(lambda n: "word " * n),
+    ),
 )
 
+VALID_REGEXES = ["[0-9]{3}-[0-9]{4}", "(yes|no)", "[a-z ]{1,20}\\.", "\\p{L}{1,8}"]
+VALID_GRAMMARS = ['start: "(" WORD ("," WORD)* ")"\nWORD: /[a-z]{1,6}/', 'start: "a" start | "b"']
+VALID_SCHEMAS = [
+    '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}',
+    '{"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3}',
+    '{"type": "string", "pattern": "^\\\\p{L}+$", "maxLength": 8}',
+    '{"enum": ["red", "green", 3, null]}',
+    '{"oneOf": [{"type": "integer"}, {"type": "string", "maxLength": 4}]}',
+]
 PATHOLOGICAL_REGEXES = [
     "a\\", "a{1000000}", "(a|a)*b", "(a*)*b", "[", "(?P<x>a)(?P=x)", "\\p{L}+", ".*", "a{2,1}", "\\b", "(?=a)a", "",
 ]
@@ -78,15 +101,15 @@ def constraints(draw) -> pb.Constraint:
     kind = draw(st.sampled_from(["json_schema", "json_object", "regex", "grammar", "choice"]))
     constraint = pb.Constraint()
     if kind == "json_schema":
-        constraint.json_schema = draw(st.one_of(st.sampled_from(PATHOLOGICAL_SCHEMAS), odd_text))
+        constraint.json_schema = draw(st.sampled_from(VALID_SCHEMAS + PATHOLOGICAL_SCHEMAS) | odd_text)
     elif kind == "json_object":
         constraint.json_object = draw(st.booleans())
     elif kind == "regex":
-        constraint.regex = draw(st.one_of(st.sampled_from(PATHOLOGICAL_REGEXES), odd_text))
+        constraint.regex = draw(st.sampled_from(VALID_REGEXES + PATHOLOGICAL_REGEXES) | odd_text)
     elif kind == "grammar":
-        constraint.grammar = draw(st.one_of(st.sampled_from(PATHOLOGICAL_GRAMMARS), odd_text))
+        constraint.grammar = draw(st.sampled_from(VALID_GRAMMARS + PATHOLOGICAL_GRAMMARS) | odd_text)
     else:
-        constraint.choice.values.extend(draw(st.lists(odd_text, max_size=draw(st.sampled_from([3, 2000])))))
+        constraint.choice.values.extend(draw(st.lists(odd_text, max_size=draw(mostly(st.just(3), st.just(2000))))))
     if draw(st.booleans()):
         constraint.strict = draw(st.booleans())
     constraint.whitespace_flexible = draw(st.booleans())
@@ -112,10 +135,10 @@ def sampling(draw) -> pb.SamplingParams:
     _set_some(draw, params, {"top_k": uint32, "penalty_last_n": uint32, "token_healing": st.booleans()})
     if draw(st.booleans()):
         params.seed = draw(st.integers(0, 2**64 - 1))
-    bias = draw(st.dictionaries(int32, floats, max_size=draw(st.sampled_from([4, 3000]))))
+    bias = draw(st.dictionaries(int32, floats, max_size=draw(mostly(st.just(4), st.just(3000)))))
     for token, value in bias.items():
         params.logit_bias[token] = value
-    params.banned_strings.extend(draw(st.lists(odd_text, max_size=draw(st.sampled_from([2, 300])))))
+    params.banned_strings.extend(draw(st.lists(odd_text, max_size=draw(mostly(st.just(2), st.just(300))))))
     if draw(st.booleans()):
         _set_some(draw, params.dry, {"multiplier": floats, "base": floats, "allowed_length": uint32, "penalty_last_n": uint32})
         params.dry.sequence_breakers.extend(draw(st.lists(odd_text, max_size=40)))
@@ -133,8 +156,8 @@ def stopping(draw) -> pb.StoppingCriteria:
         "max_new_tokens": uint32, "min_new_tokens": uint32, "include_stop_sequence": st.booleans(),
         "ignore_eos": st.booleans(), "time_limit_ms": uint32,
     })
-    criteria.stop_sequences.extend(draw(st.lists(odd_text, max_size=draw(st.sampled_from([3, 300])))))
-    criteria.stop_token_ids.extend(draw(st.lists(int32, max_size=draw(st.sampled_from([3, 3000])))))
+    criteria.stop_sequences.extend(draw(st.lists(odd_text, max_size=draw(mostly(st.just(3), st.just(300))))))
+    criteria.stop_token_ids.extend(draw(st.lists(int32, max_size=draw(mostly(st.just(3), st.just(3000))))))
     return criteria
 
 
@@ -152,7 +175,7 @@ def output(draw) -> pb.OutputOptions:
 @st.composite
 def chats(draw) -> pb.Chat:
     roles = st.one_of(st.sampled_from(["system", "user", "assistant", "tool"]), odd_text)
-    messages = draw(st.lists(st.builds(pb.ChatMessage, role=roles, content=odd_text), max_size=draw(st.sampled_from([4, 500]))))
+    messages = draw(st.lists(st.builds(pb.ChatMessage, role=roles, content=odd_text), max_size=draw(mostly(st.just(4), st.just(500)))))
     chat = pb.Chat(messages=messages)
     if draw(st.booleans()):
         chat.add_generation_prompt = draw(st.booleans())
@@ -163,11 +186,11 @@ def chats(draw) -> pb.Chat:
 def generate_requests(draw) -> pb.GenerateStreamRequest:
     request = pb.GenerateStreamRequest(
         request_id=draw(st.one_of(st.just(""), odd_text)),
-        model=draw(st.one_of(st.just(""), st.just("default"), odd_text, st.just("m" * 16_384))),
+        model=draw(mostly(st.just(""), st.sampled_from(["default", "gpt-4", "m" * 16_384]) | odd_text)),
     )
     if draw(st.booleans()):
         request.prompt = draw(odd_text)
-    elif draw(st.booleans()):
+    elif draw(mostly(st.just(True), st.just(False))):
         request.chat.CopyFrom(draw(chats()))
     for name, strategy in (("sampling", sampling()), ("stopping", stopping()), ("output", output())):
         if draw(st.booleans()):

@@ -9,11 +9,18 @@ from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
 from backend.models import default_model_path
 from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
+from core_driver import Delivering
+
+
+def make_core(model, **settings) -> Delivering:
+    """A core driven in-process whose commands deliver their events, as the worker does."""
+    config = dict(context_length=256, max_batch_size=2, batch_tokens=64, threads=2) | settings
+    return Delivering(LlamaCppCore(model, LlamaCppConfig(**config)))
 
 
 @pytest.fixture
 def core(model):
-    engine_core = LlamaCppCore(model, LlamaCppConfig(context_length=256, max_batch_size=2, batch_tokens=64, threads=2))
+    engine_core = make_core(model)
     yield engine_core
     engine_core.close()
 
@@ -138,7 +145,7 @@ def test_a_fault_in_one_sequence_leaves_the_other_running(core, model, monkeypat
             raise RuntimeError("injected")
         return original(token, logits, req)
 
-    monkeypatch.setattr(core, "_describe", faulty)
+    monkeypatch.setattr(core.core, "_describe", faulty)
     core.add(request(model, "good"), good)
     core.add(request(model, "bad"), bad)
     run_until_idle(core)
@@ -230,13 +237,16 @@ def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypa
     core.add(request(model, "plain"), good)
     core.add(constrained, bad)
     run_until_idle(core)
-    assert isinstance(bad.events[-1][1], ErrorEvent) and "rejected" in bad.events[-1][1].message
+    failure = bad.events[-1][1]
+    assert isinstance(failure, ErrorEvent) and "rejected" in failure.message
+    assert failure.constraint_failed, "the caller's constraint failed, not the engine"
+    assert compiled.health.failed, "a failed matcher's constraint must leave the cache"
     assert all(isinstance(event, ErrorEvent) or not event.text for _, event in bad.events)  # never output
     assert good.finish.usage.completion_tokens == 8
 
 
 def test_a_gap_left_by_a_finished_sequence_is_closed_without_changing_outputs(model):
-    core = LlamaCppCore(model, LlamaCppConfig(context_length=256, max_batch_size=3, batch_tokens=64, threads=2))
+    core = make_core(model, max_batch_size=3, prefix_cache=False)
     try:
         solo = Recorder(core)
         core.add(request(model, "solo", prompt="Rivers run", max_new_tokens=30), solo)
