@@ -86,8 +86,14 @@ class Engine(Protocol):
         """Why a request of this size can never run here, or "" (checked before submit)."""
         ...
 
-    def render_chat(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        """Renders messages with the model's chat template and tokenizes them. Raises ValueError."""
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+    ) -> list[int]:
+        """Renders messages with the model's chat template and tokenizes them. Raises ValueError.
+
+        Only the template's markup holds special tokens; special-token text in message content is
+        plain text unless `special_tokens_in_content` (unsafe: callers could forge turns).
+        """
         ...
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
@@ -103,6 +109,10 @@ class Engine(Protocol):
         ...
 
     def resume(self, request_id: str) -> None:
+        ...
+
+    def on_death(self, callback: Callable[[BaseException], None]) -> None:
+        """Registers `callback(exc)`, called on the engine thread if that thread dies."""
         ...
 
     @property

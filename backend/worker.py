@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from backend.engine import EngineStats, EventSink
 from backend.types import Event, GenerationRequest
@@ -81,6 +81,8 @@ class EngineWorker:
     def __init__(self, core: EngineCore, name: str = "engine") -> None:
         self._core = core
         self._commands: queue.SimpleQueue[tuple[Command, Any]] = queue.SimpleQueue()
+        self.death_callbacks: list[Callable[[BaseException], None]] = []
+        """Called on this thread if the loop crashes, before its requests are closed (liveness)."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -116,8 +118,10 @@ class EngineWorker:
                     self._core.step()
                 else:
                     self._core.expire()
-        except Exception:  # a bug in the loop itself; per-sequence faults are handled in step()
+        except Exception as exc:  # a bug in the loop itself; per-sequence faults are handled in step()
             log.exception("engine loop crashed")
+            for callback in self.death_callbacks:
+                callback(exc)
             raise
         finally:
             self._core.close()
@@ -163,6 +167,10 @@ class WorkerEngine:
 
     def resume(self, request_id: str) -> None:
         self._worker.resume(request_id)
+
+    def on_death(self, callback: Callable[[BaseException], None]) -> None:
+        """`callback(exc)` runs on the engine thread if it dies."""
+        self._worker.death_callbacks.append(callback)
 
     @property
     def stats(self) -> EngineStats:

@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from service import logs
-from service.config import FIELDS, ServeConfig, load_config
+from service.config import FIELDS, ServeConfig, field_type, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -15,9 +15,14 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the gRPC server")
     serve.add_argument("--config", help="TOML file with settings (also TOKENSPOUT_CONFIG)")
+    # Values stay text here: load_config parses every source the same way, with one-line errors.
     for name, field in FIELDS.items():
         flag = "--" + name.replace("_", "-")
-        serve.add_argument(flag, dest=name, type=type(field.default), default=None, help=f"default: {field.default!r}")
+        help_text = f"default: {field.default!r}"
+        if field_type(name) is bool:  # `--flag` alone means true; `--flag false` is false
+            serve.add_argument(flag, dest=name, nargs="?", const="true", default=None, help=help_text)
+        else:
+            serve.add_argument(flag, dest=name, default=None, help=help_text)
     commands.add_parser("fetch-model", help="fetch the embedded default model into the cache and print its path")
     return parser
 
@@ -41,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return asyncio.run(server.run(config))
-    except (ModelNotFound, EngineUnavailable) as exc:
+    except (ModelNotFound, EngineUnavailable, server.StartupError) as exc:
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
 

@@ -23,7 +23,7 @@ from opentelemetry import trace
 from backend.constraints.validation import json_output_problem
 from backend.engine import Engine
 from backend.types import ErrorEvent, GenerationRequest
-from service import convert
+from service import auth, convert
 from service.config import ServeConfig
 from service.errors import (
     CURRENT_REQUEST_ID, FieldViolation, ServiceError, already_exists, constraint_failed, internal, invalid_argument,
@@ -51,11 +51,33 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self._validator = validator
         self._config = config
         self._capacity = engine.info.max_batch_size + config.max_queued_requests
-        self._active: dict[str, RequestStream] = {}
+        self._active: dict[tuple[str, str], RequestStream] = {}
+        """Running requests by (caller identity, request id): callers see only their own."""
         self._in_flight = 0
         self._relay: EventRelay | None = None
         self.rejected_total = 0
         self.draining = False
+        self.ended: ServiceError | None = None
+        """Set when the server ends every request (grace period over, engine dead): they fail with it."""
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def end_all(self, error: ServiceError) -> None:
+        """Every running or waiting request fails with `error` (call on the event loop)."""
+        self.ended = error
+        for stream in self._active.values():
+            stream.put(ErrorEvent(error.message))  # wakes its handler, which then raises `error`
+
+    def _engine_id(self, request_id: str) -> str:
+        """The id the engine knows a request by: its own, unless another caller's request has it now."""
+        in_use = {stream.request_id for stream in self._active.values()}
+        engine_id, n = request_id, 0
+        while engine_id in in_use:
+            n += 1
+            engine_id = f"{request_id}~{n}"
+        return engine_id
 
     async def GenerateStream(
         self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext
@@ -76,11 +98,12 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return convert.unary_response(messages)
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext) -> pb.CancelResponse:
-        # TODO(auth): once callers have identities, only the one that started a request may cancel it.
         response = pb.CancelResponse()
+        caller = auth.caller()
         for request_id in request.request_ids:
-            if request_id in self._active:
-                self._engine.cancel(request_id)
+            stream = self._active.get((caller, request_id))  # another caller's request reads as not found
+            if stream is not None:
+                self._engine.cancel(stream.request_id)
                 response.cancelled.append(request_id)
             else:
                 response.not_found.append(request_id)
@@ -180,18 +203,23 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
         """Submits the request and yields one message per batch of queued events."""
         request_id = generation.request_id
+        if self.ended is not None:
+            raise self.ended
         if self._relay is None:  # created on first use, inside the server's event loop
             self._relay = EventRelay(asyncio.get_running_loop())
-        if request_id in self._active:
+        key = (auth.caller(), request_id)
+        if key in self._active:
             raise already_exists(request_id)
-        stream = RequestStream(self._engine, request_id, self._config.stream_buffer_events)
-        self._active[request_id] = stream
+        engine_id = self._engine_id(request_id)
+        stream = RequestStream(self._engine, engine_id, self._config.stream_buffer_events)
+        self._active[key] = stream
         tracing = (
             RequestTrace(self._telemetry, request, generation, self._engine.info.model_id, streaming)
             if self._telemetry.enabled
             else None
         )
-        self._engine.submit(generation, self._relay.sink(stream))
+        submitted = generation if engine_id == request_id else dataclasses.replace(generation, request_id=engine_id)
+        self._engine.submit(submitted, self._relay.sink(stream))
         output = request.output
         batching = (output.max_tokens_per_message, max(output.min_tokens_per_message, 1), output.flush_interval_ms / 1000)
         input_tokens = len(generation.prompt_token_ids)
@@ -201,6 +229,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         try:
             while finish is None:
                 batch = await stream.next_batch(*batching, heartbeat_s=output.heartbeat_interval_ms / 1000)
+                if self.ended is not None:  # the grace period is over, or the engine died
+                    raise self.ended
                 if batch is None:
                     yield pb.GenerateStreamResponse(request_id=request_id, heartbeat=True)
                     continue
@@ -235,21 +265,25 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 request_id, finish.reason.value, finish.usage.completion_tokens, extra=_ids(request_id),
             )
         finally:
-            del self._active[request_id]
-            if finish is None:  # the caller left early: free the sequence before the next step
-                self._engine.cancel(request_id)
+            del self._active[key]
+            if finish is None:  # the caller left early (or the server ended it): free the sequence before the next step
+                self._engine.cancel(engine_id)
                 expired = generation.deadline is not None and time.monotonic() >= generation.deadline
                 reason = "time_limit" if expired else "cancelled"
-                log.info("request %s ended by the caller: %s", request_id, reason, extra=_ids(request_id))
+                if self.ended is not None:
+                    reason = self.ended.reason.lower()
+                    log.info("request %s ended by the server: %s", request_id, reason, extra=_ids(request_id))
+                else:
+                    log.info("request %s ended by the caller: %s", request_id, reason, extra=_ids(request_id))
                 if tracing:
                     tracing.ended_early(reason)
 
 
 def _ids(request_id: str) -> dict[str, str]:
-    """Log record fields: the request id, and the trace id when the request is traced."""
+    """Log record fields: the request id, the caller's identity, and the trace id when the request is traced."""
     span_context = trace.get_current_span().get_span_context()
     trace_id = format(span_context.trace_id, "032x") if span_context.is_valid else ""
-    return {"request_id": request_id, "trace_id": trace_id}
+    return {"request_id": request_id, "trace_id": trace_id, "caller": auth.caller()}
 
 
 def _report_validation(finish: pb.Finish, request: GenerationRequest, text: str) -> None:

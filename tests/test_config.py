@@ -7,6 +7,8 @@ import pytest
 from service.cli import main
 from service.config import ServeConfig, load_config
 
+ANY_PORT = ("--listen", "127.0.0.1:0")  # the port is bound before the model loads: never a busy default
+
 
 def test_defaults():
     assert load_config({}, environ={}) == ServeConfig()
@@ -82,15 +84,15 @@ def test_a_local_gguf_is_served_under_its_name(tmp_path):
 
 
 def test_a_missing_model_file_is_reported_without_a_traceback(capsys):
-    assert main(["serve", "--model", "/nonexistent/model.gguf"]) == 2
+    assert main(["serve", *ANY_PORT, "--model", "/nonexistent/model.gguf"]) == 2
     assert "no model file at /nonexistent/model.gguf" in capsys.readouterr().err
 
 
 def test_exllamav2_wants_a_model_directory(capsys, tmp_path):
-    assert main(["serve", "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
+    assert main(["serve", *ANY_PORT, "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
     assert "model directory with config.json and tokenizer.json" in capsys.readouterr().err
     (tmp_path / "config.json").write_text("{}")
-    assert main(["serve", "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
+    assert main(["serve", *ANY_PORT, "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
     assert "lacks tokenizer.json" in capsys.readouterr().err
 
 
@@ -98,6 +100,6 @@ def test_exllamav2_wants_a_model_directory(capsys, tmp_path):
 def test_exllamav2_missing_is_reported_without_a_traceback(capsys, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "tokenizer.json").write_text("{}")
-    assert main(["serve", "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
+    assert main(["serve", *ANY_PORT, "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert "pip install 'tokenspout[exllamav2]'" in error and "Traceback" not in error

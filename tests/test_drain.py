@@ -1,0 +1,110 @@
+"""Visible drain and liveness on real servers: what a load balancer and callers see."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from conftest import start_server, stop_server
+from helpers import error_reason, greedy, rpc_error
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+FINISH = pb.FinishReason
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+PROMPT = "The history of the printing press"
+
+
+def long_request(max_new_tokens: int, request_id: str = "") -> pb.GenerateStreamRequest:
+    request = greedy(PROMPT, max_new_tokens=max_new_tokens, ignore_eos=True)
+    request.request_id = request_id
+    return request
+
+
+def health_of(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:  # a fresh connection: the listener must still be open
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+
+
+def wait_for_health(address: str, wanted: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while health_of(address) != wanted:
+        assert time.monotonic() < deadline, f"health never became {wanted}"
+        time.sleep(0.02)
+
+
+def refused_on_a_fresh_connection(address: str) -> grpc.RpcError:
+    with grpc.insecure_channel(address) as channel:
+        return rpc_error(lambda: pb_grpc.GenerationServiceStub(channel).GenerateStream(greedy("Hi"), timeout=10))
+
+
+def test_drain_is_visible_while_running_streams_finish(tmp_path):
+    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        calls = [stub.GenerateStream(long_request(150, f"running-{i}"), timeout=120) for i in range(2)]
+        for call in calls:
+            next(call)
+        server.process.send_signal(signal.SIGTERM)
+        wait_for_health(server.address, NOT_SERVING)
+        # The listener is open: new calls get a status, not a refused connection.
+        for error in (refused_on_a_fresh_connection(server.address),
+                      rpc_error(lambda: stub.GenerateStream(greedy("Hi"), timeout=10)),
+                      rpc_error(lambda: stub.Tokenize(pb.TokenizeRequest(text="Hi"), timeout=10))):
+            assert error.code() == grpc.StatusCode.UNAVAILABLE and error_reason(error) == "DRAINING"
+        status = stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10)
+        assert status.draining and status.running_sequences == 2  # the streams were still running then
+        for call in calls:
+            rest = list(call)
+            assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 150
+    assert server.process.wait(timeout=60) == 0, server.log()
+    assert "Traceback" not in server.log()
+
+
+def test_streams_still_running_at_the_grace_end_get_unavailable(tmp_path):
+    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "1")
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        call = stub.GenerateStream(long_request(1000, "too-long"), timeout=120)
+        first = next(call)
+        server.process.send_signal(signal.SIGTERM)
+        messages = []
+        try:
+            for message in call:
+                messages.append(message)
+            raise AssertionError("the stream was not cut")
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE and error_reason(error) == "DRAINING"
+        assert not any(m.HasField("finish") for m in [first, *messages])
+    assert server.process.wait(timeout=60) == 0, server.log()
+    log = server.log()
+    assert "grace period over: 1 requests end with UNAVAILABLE" in log
+    assert "Traceback" not in log and "CancelledError" not in log, log
+
+
+def test_a_dead_engine_thread_flips_health_and_the_process_exits_non_zero(tmp_path):
+    # One slot: the second request waits in the queue when the engine dies.
+    server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512",
+                          "--test-kill-engine-after-steps", "20")
+    try:
+        assert health_of(server.address) == SERVING
+        with grpc.insecure_channel(server.address) as channel, concurrent.futures.ThreadPoolExecutor(2) as pool:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            running = stub.GenerateStream(long_request(200, "running"), timeout=60)
+            next(running)
+            waiting = pool.submit(rpc_error, lambda: stub.GenerateStream(long_request(5, "waiting"), timeout=60))
+            cut = rpc_error(lambda: list(running))
+            for error in (cut, waiting.result(timeout=60)):
+                assert error.code() == grpc.StatusCode.UNAVAILABLE and error_reason(error) == "ENGINE_DOWN", error
+            assert health_of(server.address) == NOT_SERVING
+            error = refused_on_a_fresh_connection(server.address)
+            assert error.code() == grpc.StatusCode.UNAVAILABLE and error_reason(error) == "ENGINE_DOWN"
+        assert server.process.wait(timeout=60) == 3, server.log()
+        assert "the engine thread died" in server.log()
+    finally:
+        stop_server(server)
