@@ -93,6 +93,8 @@ def _build_exllamav2(config: ServeConfig) -> Engine:
 
 # After the grace period, how long cut streams get to send their UNAVAILABLE before the listener closes.
 _CUT_WAIT_S = 2.0
+# Before health Watch streams end: time for them to send NOT_SERVING, when the drain had nothing to wait for.
+_WATCH_FLUSH_S = 0.1
 # After the engine died: how long health probes and callers see NOT_SERVING / UNAVAILABLE before the exit.
 _ENGINE_DOWN_LINGER_S = 3.0
 ENGINE_DOWN_EXIT_CODE = 3
@@ -156,6 +158,32 @@ def _check_port(listen: str) -> None:
         raise StartupError(f"cannot listen on {listen}: {(busy or problems)[0].strerror}")
 
 
+class HealthServicer(health.aio.HealthServicer):
+    """The standard health service, whose Watch streams end cleanly (OK, after NOT_SERVING) when the
+    server closes, instead of being cancelled, which gRPC would log with a traceback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._watches: set[asyncio.Future] = set()
+        self._ending = False
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> None:
+        watch = asyncio.ensure_future(super().Watch(request, context))
+        self._watches.add(watch)
+        try:
+            await watch
+        except asyncio.CancelledError:
+            if not self._ending:  # the caller left
+                raise
+        finally:
+            self._watches.discard(watch)
+
+    def end_watches(self) -> None:
+        self._ending = True
+        for watch in self._watches:
+            watch.cancel()
+
+
 def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
     if not config.tls_cert:
         return None
@@ -180,7 +208,7 @@ class TokenspoutServer:
         self.server = grpc.aio.server(
             interceptors=[*telemetry.interceptors(), *access, boundary], options=_CHANNEL_OPTIONS
         )
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection = ReflectionServicer.for_modules(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
@@ -235,7 +263,7 @@ class TokenspoutServer:
         if self.servicer.in_flight:
             log.warning("grace period over: %d requests end with UNAVAILABLE", self.servicer.in_flight)
             await self._end_all(refusal)
-        await self.server.stop(_CUT_WAIT_S)
+        await self._close()
 
     async def fail_engine(self) -> None:
         """The engine thread died: NOT_SERVING, every call UNAVAILABLE, then the listener closes."""
@@ -244,6 +272,11 @@ class TokenspoutServer:
         await self.health.enter_graceful_shutdown()
         await self._end_all(error)
         await asyncio.sleep(_ENGINE_DOWN_LINGER_S)
+        await self._close()
+
+    async def _close(self) -> None:
+        await asyncio.sleep(_WATCH_FLUSH_S)
+        self.health.end_watches()
         await self.server.stop(_CUT_WAIT_S)
 
     async def _end_all(self, error: ServiceError) -> None:
@@ -314,7 +347,7 @@ async def run(config: ServeConfig) -> int:
         engine_died.cancel()
         log.info("draining: up to %.0f s for running streams", config.grace_period_s)
         await server.drain()
-        return 0
+        return ENGINE_DOWN_EXIT_CODE if died.is_set() else 0  # the engine may die while draining
     finally:
         engine.close()
 

@@ -47,9 +47,11 @@ def test_drain_is_visible_while_running_streams_finish(tmp_path):
     server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60")
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
-        calls = [stub.GenerateStream(long_request(150, f"running-{i}"), timeout=120) for i in range(2)]
+        calls = [stub.GenerateStream(long_request(250, f"running-{i}"), timeout=120) for i in range(2)]
         for call in calls:
             next(call)
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=120)
+        assert next(watch).status == SERVING
         server.process.send_signal(signal.SIGTERM)
         wait_for_health(server.address, NOT_SERVING)
         # The listener is open: new calls get a status, not a refused connection.
@@ -61,7 +63,9 @@ def test_drain_is_visible_while_running_streams_finish(tmp_path):
         assert status.draining and status.running_sequences == 2  # the streams were still running then
         for call in calls:
             rest = list(call)
-            assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 150
+            assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 250
+        # A watcher saw NOT_SERVING, and its stream ends cleanly when the server closes.
+        assert [m.status for m in watch] == [NOT_SERVING]
     assert server.process.wait(timeout=60) == 0, server.log()
     assert "Traceback" not in server.log()
 
