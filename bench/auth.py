@@ -1,0 +1,111 @@
+"""What API-key authentication costs, one run.
+
+Prints, from two servers on the embedded model (no keys / an API-keys file), measured alternately
+so that drift in the machine's speed affects both alike:
+  1. single-stream decode tokens/s with a key / without auth (every message passes the auth wrapper)
+  2. unary calls per second (GetModelInfo, one after another) with a key / without auth
+  3. the key check alone (sha256 and compare_digest against every configured key), in microseconds,
+     for 1, 100 and 1,000 configured keys
+
+    python bench/auth.py [--tokens 128] [--reps 5] [--calls 300] [--keys 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
+
+import grpc  # noqa: E402
+
+from common import PROMPTS, greedy_request, timed_request  # noqa: E402
+from conftest import start_server, stop_server  # noqa: E402
+from service.auth import KeyStore  # noqa: E402
+from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+
+KEY = "bench-key-0"
+
+
+def keys_text(count: int) -> str:
+    return "".join(f"caller-{i}:{hashlib.sha256(f'bench-key-{i}'.encode()).hexdigest()}\n" for i in range(count))
+
+
+class Keyed:
+    """A stub whose every call carries the bench key."""
+
+    def __init__(self, stub) -> None:
+        self._stub = stub
+        self._metadata = (("authorization", f"Bearer {KEY}"),)
+
+    def GenerateStream(self, request, timeout=None):
+        return self._stub.GenerateStream(request, timeout=timeout, metadata=self._metadata)
+
+    def GetModelInfo(self, request, timeout=None):
+        return self._stub.GetModelInfo(request, timeout=timeout, metadata=self._metadata)
+
+
+def calls_per_second(stub, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    return calls / (time.perf_counter() - start)
+
+
+def check_us(keys: int) -> float:
+    store = KeyStore(keys_text(keys).replace("\n", ",").rstrip(","))
+    assert store.name_for(f"bench-key-{keys - 1}") == f"caller-{keys - 1}"
+    runs = 2000 if keys < 1000 else 200
+    return timeit.timeit(lambda: store.name_for("not-a-key"), number=runs) / runs * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--keys", type=int, default=100, help="keys in the server's file")
+    args = parser.parse_args()
+    flags = ("--max-batch-size", "1", "--context-length", "1024")
+    with tempfile.TemporaryDirectory() as tmp:
+        keys_file = pathlib.Path(tmp) / "api-keys"
+        keys_file.write_text(keys_text(args.keys))
+        plain = start_server(pathlib.Path(tmp), *flags)
+        keyed = start_server(pathlib.Path(tmp), *flags, "--api-keys-file", str(keys_file))
+        try:
+            with grpc.insecure_channel(plain.address) as a, grpc.insecure_channel(keyed.address) as b:
+                stubs = {"off": pb_grpc.GenerationServiceStub(a), "key": Keyed(pb_grpc.GenerationServiceStub(b))}
+                for stub in stubs.values():  # warm both
+                    timed_request(stub, greedy_request(PROMPTS[0], 8))
+                    calls_per_second(stub, 20)
+                decode = {name: [] for name in stubs}
+                unary = {name: [] for name in stubs}
+                for rep in range(args.reps):
+                    order = list(stubs) if rep % 2 == 0 else list(reversed(stubs))
+                    for name in order:
+                        decode[name].append(timed_request(stubs[name], greedy_request(PROMPTS[rep % 8], args.tokens))[1])
+                        unary[name].append(calls_per_second(stubs[name], args.calls))
+        finally:
+            stop_server(plain)
+            stop_server(keyed)
+    off, on = statistics.median(decode["off"]), statistics.median(decode["key"])
+    print(f"{args.reps} streams of {args.tokens} greedy tokens and {args.reps} x {args.calls} GetModelInfo calls "
+          f"each way, alternating; the keyed server has {args.keys} keys")
+    print(f"decode, one stream:   {on:7.1f} tok/s with a key vs {off:7.1f} without auth: ratio {on / off:.3f}")
+    off, on = statistics.median(unary["off"]), statistics.median(unary["key"])
+    print(f"unary calls:          {on:7.1f} /s with a key vs {off:7.1f} without auth: ratio {on / off:.3f}")
+    for keys in (1, 100, 1000):
+        print(f"key check, {keys:5d} keys: {check_us(keys):7.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
