@@ -54,6 +54,16 @@ class ServeConfig:
     stream_buffer_events: int = 64
     """Token events buffered for a caller that reads slowly before its sequence is paused."""
     grace_period_s: float = 30.0
+    max_input_bytes: int = 1 << 20
+    """Largest prompt, chat (all contents) or Tokenize text in UTF-8 bytes; more is INVALID_ARGUMENT."""
+    compile_threads: int = 1
+    """Threads for constraint compiles, apart from tokenization and everything else."""
+    max_concurrent_compiles: int = 4
+    """Constraint compiles running at once; more are refused with RESOURCE_EXHAUSTED and RetryInfo."""
+    compile_timeout_s: float = 10.0
+    """How long a caller waits for its constraint to compile (it finishes and is cached regardless)."""
+    constraint_cache_mb: int = 512
+    """Memory the compiled-constraint cache may hold (estimated), besides its 256-entry cap."""
     constraint_max_items_in_row: int = 2000
     """llguidance: most alternatives in one grammar rule (beyond: INVALID_ARGUMENT)."""
     constraint_lexer_fuel: int = 1_000_000
@@ -95,6 +105,7 @@ class ServeConfig:
             step_lexer_fuel=self.constraint_step_lexer_fuel,
             max_lexer_states=self.constraint_max_lexer_states,
             max_grammar_size=self.constraint_max_grammar_size,
+            cache_bytes=self.constraint_cache_mb << 20,
         )
 
 
@@ -179,6 +190,10 @@ def check(config: ServeConfig) -> None:
         (config.stream_buffer_events < 2, "stream_buffer_events must be at least 2"),
         (config.grace_period_s < 0, "grace_period_s must not be negative"),
         (min(dataclasses.astuple(config.constraint_limits())) < 1, "constraint_* limits must be positive"),
+        (min(config.max_input_bytes, config.compile_threads, config.max_concurrent_compiles,
+             config.constraint_cache_mb) < 1 or config.compile_timeout_s <= 0,
+         "max_input_bytes, compile_threads, max_concurrent_compiles, constraint_cache_mb and compile_timeout_s "
+         "must be positive"),
         (config.engine not in ("llama.cpp", "exllamav2"), "engine must be llama.cpp or exllamav2"),
         (config.cache_type not in ("fp16", "q4", "q6", "q8"), "cache_type must be fp16, q4, q6 or q8"),
         (config.log_format not in ("text", "json"), "log_format must be text or json"),

@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator, TypeVar
 
 import grpc
 from opentelemetry import trace
@@ -24,6 +24,7 @@ from backend.constraints.validation import json_output_problem
 from backend.engine import Engine
 from backend.types import ErrorEvent, GenerationRequest
 from service import auth, convert
+from service.compiles import CompileGate
 from service.config import ServeConfig
 from service.errors import (
     CURRENT_REQUEST_ID, FieldViolation, ServiceError, already_exists, constraint_failed, internal, invalid_argument,
@@ -32,14 +33,17 @@ from service.errors import (
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
 from service.tracing import RequestTrace
-from service.validate import RequestValidator
+from service.validate import RequestValidator, input_bytes
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-# Prompts longer than this are tokenized off the event loop.
-_INLINE_TOKENIZE_CHARS = 16_384
+# Inputs larger than this are tokenized off the event loop (llama.cpp's tokenizer drops the GIL).
+_INLINE_TOKENIZE_BYTES = 16_384
+
+T = TypeVar("T")
+Message = TypeVar("Message", pb.GenerateStreamRequest, pb.TokenizeRequest)
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
@@ -54,6 +58,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self._active: dict[tuple[str, str], RequestStream] = {}
         """Running requests by (caller identity, request id): callers see only their own."""
         self._in_flight = 0
+        self._compiles = CompileGate(
+            engine.constraints, config.compile_threads, config.max_concurrent_compiles, config.compile_timeout_s
+        )
         self._relay: EventRelay | None = None
         self.rejected_total = 0
         self.draining = False
@@ -141,7 +148,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         self._validator.check_model(request.model)
-        tokens = self._validator.prompt_tokens(request)
+        tokens = await self._off_loop_if_large(self._validator.prompt_tokens, request)
         pieces = [self._engine.token_piece(t) for t in tokens]
         return pb.TokenizeResponse(token_ids=tokens, pieces=pieces, count=len(tokens))
 
@@ -159,7 +166,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         spec = self._validator.constraint_spec(request.constraint, violations)
         if violations:
             raise invalid_argument(violations)
-        compiled = await asyncio.to_thread(self._validator.compile, spec)
+        compiled = await self._compiles.compile(spec)
         return pb.CompileConstraintResponse(
             compile_ms=0.0 if compiled.cached else compiled.compile_s * 1000,
             cached=compiled.cached,
@@ -187,16 +194,21 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         if not request.request_id:
             metadata = dict(context.invocation_metadata() or ())
             request.request_id = metadata.get("x-request-id", "")[: self._validator.limits.max_request_id_length]
-        # Long prompts and constraint compiles run on a worker thread (both release the GIL).
-        if len(request.prompt) > _INLINE_TOKENIZE_CHARS or self._validator.needs_compiling(request):
-            generation = await asyncio.to_thread(self._validator.generation_request, request)
-        else:
-            generation = self._validator.generation_request(request)
+        generation, spec = await self._off_loop_if_large(self._validator.generation_request, request)
         CURRENT_REQUEST_ID.set(generation.request_id)
+        if spec is not None:
+            generation = dataclasses.replace(generation, constraint=await self._compiles.compile(spec))
         remaining = context.time_remaining()
         if remaining is not None:
             generation = dataclasses.replace(generation, deadline=time.monotonic() + remaining)
         return generation
+
+    @staticmethod
+    async def _off_loop_if_large(work: Callable[[Message], T], request: Message) -> T:
+        """Runs tokenizing work on a worker thread when the input is large, so the loop never stalls."""
+        if input_bytes(request) > _INLINE_TOKENIZE_BYTES:
+            return await asyncio.to_thread(work, request)
+        return work(request)
 
     async def _stream(
         self, request: pb.GenerateStreamRequest, generation: GenerationRequest, streaming: bool = True

@@ -11,15 +11,14 @@ UNAVAILABLE (ENGINE_DOWN) and the process exits non-zero for a restart.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
 import errno
+import logging
 import pathlib
 import signal
 import socket
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
 from backend.engine import Engine
@@ -28,16 +27,15 @@ from service.boundary import ErrorBoundary
 from service.config import ServeConfig
 from service.errors import ServiceError, unavailable
 from service.generation import GenerationServicer
-from service.guard import guarded
+from service.lifecycle import (
+    ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, engine_down, kill_engine_after,
+)
 from service.reflection import ReflectionServicer, load_descriptor_set
 from service.telemetry import Telemetry, from_environment
-from service.validate import RequestValidator
-from tokenspout.v1 import generation_pb2 as pb
+from service.validate import Limits, RequestValidator
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 
 _CHANNEL_OPTIONS = [
     # Pings keep idle-looking streams (a long prefill) alive through proxies.
@@ -97,42 +95,10 @@ _CUT_WAIT_S = 2.0
 _WATCH_FLUSH_S = 0.1
 # After the engine died: how long health probes and callers see NOT_SERVING / UNAVAILABLE before the exit.
 _ENGINE_DOWN_LINGER_S = 3.0
-ENGINE_DOWN_EXIT_CODE = 3
-
-# Calls that stay open while draining: a caller may still cancel its stream and watch the load.
-_OPEN_WHILE_DRAINING = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Cancel", "GetServerStatus"))
 
 
 class StartupError(Exception):
     """A start-up problem the operator fixes (a busy port, unreadable certificates): one line, exit 2."""
-
-
-def engine_down(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.UNAVAILABLE, "ENGINE_DOWN", message, retry_after_s=0.0)
-
-
-class Admission(grpc.aio.ServerInterceptor):
-    """While draining or after the engine died, new GenerationService calls are refused at once.
-
-    Decided when a call arrives, so admitted calls pay nothing per message.
-    """
-
-    def __init__(self) -> None:
-        self.refusal: ServiceError | None = None
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or self.refusal is None or not method.startswith(f"/{SERVICE_NAME}/"):
-            return handler
-        if method in _OPEN_WHILE_DRAINING and self.refusal.reason == "DRAINING":
-            return handler
-        refusal = self.refusal
-
-        def refuse(context: grpc.aio.ServicerContext) -> None:
-            raise refusal
-
-        return guarded(handler, refuse)
 
 
 def _check_port(listen: str) -> None:
@@ -156,32 +122,6 @@ def _check_port(listen: str) -> None:
     busy = [p for p in problems if p.errno == errno.EADDRINUSE]
     if busy or len(problems) == len(addresses):
         raise StartupError(f"cannot listen on {listen}: {(busy or problems)[0].strerror}")
-
-
-class HealthServicer(health.aio.HealthServicer):
-    """The standard health service, whose Watch streams end cleanly (OK, after NOT_SERVING) when the
-    server closes, instead of being cancelled, which gRPC would log with a traceback."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._watches: set[asyncio.Future] = set()
-        self._ending = False
-
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> None:
-        watch = asyncio.ensure_future(super().Watch(request, context))
-        self._watches.add(watch)
-        try:
-            await watch
-        except asyncio.CancelledError:
-            if not self._ending:  # the caller left
-                raise
-        finally:
-            self._watches.discard(watch)
-
-    def end_watches(self) -> None:
-        self._ending = True
-        for watch in self._watches:
-            watch.cancel()
 
 
 def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
@@ -239,7 +179,10 @@ class TokenspoutServer:
             self.telemetry.observe_engine(lambda: engine.stats)
         model_names = (self.config.model,) if self.config.model != "default" else ()
         validator = RequestValidator(
-            engine, model_names=model_names, special_tokens_in_chat_content=self.config.special_tokens_in_chat_content
+            engine,
+            Limits(max_input_bytes=self.config.max_input_bytes),
+            model_names=model_names,
+            special_tokens_in_chat_content=self.config.special_tokens_in_chat_content,
         )
         self.servicer = GenerationServicer(engine, validator, self.config, self.telemetry)
         pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
@@ -298,22 +241,6 @@ class TokenspoutServer:
         self.engine.on_death(on_death)
 
 
-def _kill_engine_after(engine: Engine, steps: int) -> None:
-    """Test-only (test_kill_engine_after_steps): the engine thread dies as a bug in its loop would.
-
-    Wraps the core's step from outside; nothing in the engine or its sampling knows.
-    """
-    step = engine.core.step
-    count = itertools.count(1)
-
-    def dying_step():
-        if next(count) > steps:
-            raise RuntimeError(f"test_kill_engine_after_steps: the engine thread dies after {steps} steps")
-        return step()
-
-    engine.core.step = dying_step
-
-
 async def run(config: ServeConfig) -> int:
     server = TokenspoutServer(None, config)  # the port first: a busy one fails before the model loads
     try:
@@ -323,7 +250,7 @@ async def run(config: ServeConfig) -> int:
         raise
     try:
         if config.test_kill_engine_after_steps:
-            _kill_engine_after(engine, config.test_kill_engine_after_steps)
+            kill_engine_after(engine, config.test_kill_engine_after_steps)
         server.attach(engine)
         died = asyncio.Event()
         server.watch_engine(died)

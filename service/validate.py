@@ -13,7 +13,6 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from backend.constraints import CompiledConstraint
 from backend.engine import ChatMessage, Engine
 from backend.types import (
     DEFAULT_DRY_BREAKERS, ConstraintSpec, DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams,
@@ -35,6 +34,8 @@ class Limits:
     max_request_id_length: int = 128
     max_choices: int = 1024
     max_constraint_chars: int = 1_000_000
+    max_input_bytes: int = 1 << 20
+    """A prompt, a chat's contents together, or Tokenize text (UTF-8); more is INVALID_ARGUMENT."""
     max_banned_strings: int = 64
     max_banned_string_length: int = 256
     max_dry_breakers: int = 16
@@ -59,10 +60,12 @@ class RequestValidator:
         if model not in self._model_names:
             raise not_found_model(model)
 
-    def generation_request(self, request: pb.GenerateStreamRequest) -> GenerationRequest:
-        """Raises ServiceError for anything the engine could not serve as asked.
+    def generation_request(self, request: pb.GenerateStreamRequest) -> tuple[GenerationRequest, ConstraintSpec | None]:
+        """The request as the engine takes it, less its compiled constraint, and that constraint's spec.
 
-        Compiles the constraint when it is not cached (milliseconds; call from a worker thread).
+        Raises ServiceError for anything the engine could not serve as asked. Tokenizes the
+        input (see `input_bytes`: call it from a worker thread when the input is large); the
+        caller compiles the constraint (see service.compiles).
         """
         self.check_model(request.model)
         violations: list[FieldViolation] = []
@@ -101,8 +104,7 @@ class RequestValidator:
             sampling=sampling,
             stopping=stopping,
             output=output,
-            constraint=self.compile(constraint) if constraint is not None else None,
-        )
+        ), constraint
 
     def constraint_spec(self, c: pb.Constraint, violations: list[FieldViolation]) -> ConstraintSpec | None:
         """The neutral form of a constraint; shape problems are added to `violations`."""
@@ -137,20 +139,13 @@ class RequestValidator:
             max_whitespace=c.max_whitespace if c.HasField("max_whitespace") else None,
         )
 
-    def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
-        """Raises ConstraintError (INVALID_ARGUMENT at the error boundary)."""
-        return self._engine.constraints.compile(spec)
-
-    def needs_compiling(self, request: pb.GenerateStreamRequest) -> bool:
-        """Whether validating this request would compile a constraint (worth a worker thread)."""
-        if not request.HasField("constraint"):
-            return False
-        spec = self.constraint_spec(request.constraint, [])
-        return spec is not None and self._engine.constraints.cached(spec) is None
-
     def prompt_tokens(self, request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> list[int]:
-        """Tokenizes the prompt or renders the chat, checking it fits the context."""
+        """Tokenizes the prompt or renders the chat, checking its size and that it fits the context."""
         field_name = request.WhichOneof("input")
+        size = input_bytes(request)
+        if size > self.limits.max_input_bytes:
+            where = field_name or "text"
+            raise invalid_argument([FieldViolation(where, f"{size} bytes; at most {self.limits.max_input_bytes}")])
         if field_name == "chat":
             messages = [ChatMessage(m.role, m.content) for m in request.chat.messages]
             add_prompt = request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
@@ -325,6 +320,14 @@ def _checked(message, prefix: str, violations: list[FieldViolation], **ranges: t
 def _printable_ascii(text: str) -> bool:
     """Request ids go into logs and metadata: no control characters, no line breaks."""
     return all(" " <= c <= "~" for c in text)
+
+
+def input_bytes(request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> int:
+    """The size of what a request asks to tokenize, as UTF-8 (what the wire carried)."""
+    if request.WhichOneof("input") == "chat":
+        return sum(len(m.content.encode()) + len(m.role.encode()) for m in request.chat.messages)
+    text = request.text if isinstance(request, pb.TokenizeRequest) else request.prompt
+    return len(text.encode())
 
 
 def _chat_violations(chat: pb.Chat) -> list[FieldViolation]:
