@@ -1,18 +1,45 @@
-"""The GPU check's gRPC checks, run here against the llama.cpp engine so they cannot rot
-unnoticed between sessions that have a GPU (bench/gpu/check.py)."""
+"""The GPU check (bench/gpu/), kept from rotting between sessions that have a GPU.
+
+Here: check.py's gRPC checks against the llama.cpp engine, its report that keeps every step's
+result, its server stop that kills, and run.sh's stages, limits, report and archive with nothing
+there to use (seconds). The full CPU rehearsal in a Python 3.12 environment like the GPU machine's
+(bench/gpu/rehearse.sh: ~4 GB of wheels and a prebuilt extension first) runs with
+TOKENSPOUT_GPU_REHEARSAL=1.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
 
 from conftest import ROOT
 
+STAGES = [
+    "preflight", "wheels", "extension", "jit_build", "tiny_model", "model_check",
+    "serve_fp16", "serve_gptq", "convert_exl2", "serve_exl2",
+]
 
-def load_check_module():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu" / "check.py")
+
+def gpu_here() -> bool:
+    return shutil.which("nvidia-smi") is not None and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def load_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", ROOT / "bench" / "gpu" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_check_module():
+    return load_module("check")
 
 
 def test_the_gpu_checks_pass_against_the_llama_cpp_engine(stub):
@@ -24,7 +51,108 @@ def test_the_gpu_checks_pass_against_the_llama_cpp_engine(stub):
 
 
 def test_the_gpu_checks_fail_an_engine_that_is_not_exllamav2(stub):
-    import pytest
-
     with pytest.raises(AssertionError, match="llama.cpp"):
         load_check_module().Checks(stub, expect_exllamav2=True).model_info()
+
+
+def test_checks_left_without_time_are_reported_as_not_run(stub):
+    check = load_check_module()
+    seen = []
+    results = check.Checks(stub, expect_exllamav2=False).run_all(seconds_left=lambda: 1.0, on_result=seen.append)
+    assert seen == results and len(results) == len(check.Checks.NAMES)
+    assert all(not r["ok"] and r["detail"].startswith("not run") for r in results)
+
+
+def test_a_late_error_keeps_the_results_before_it(tmp_path):
+    report = load_check_module().Report("fp16", str(tmp_path / "check-fp16.json"))
+    report.add_check({"check": "streams_incrementally", "ok": True, "skipped": False, "detail": "fine"})
+    assert report.step("gRPC rate", lambda: 1 / 0) is None
+    assert report.step("direct rate", lambda: 42.0) == 42.0
+    on_disk = json.loads((tmp_path / "check-fp16.json").read_text())
+    assert [c["check"] for c in on_disk["checks"]] == ["streams_incrementally"]
+    assert on_disk["errors"] == ["gRPC rate: ZeroDivisionError: division by zero"]
+
+
+def test_a_server_that_ignores_sigterm_is_killed(tmp_path):
+    ignores_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", ignores_term], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "up"  # the handler is in place
+
+    class Server:
+        pass
+
+    server = Server()
+    server.process = process
+    assert load_check_module().stop_or_kill(server, grace_s=1) == -9
+
+
+def test_the_summary_reports_missing_and_cut_short_variant_reports(tmp_path):
+    report = load_module("report")
+    stages = tmp_path / "stages.tsv"
+    stages.write_text("preflight\tok\t3\tfine\nserve_fp16\tTIMEOUT\t180\tkilled\nserve_gptq\tSKIP\t0\tno GPU\n")
+    (tmp_path / "check-gptq.json").write_text('{"variant": "gptq", "checks": [{"check": "chat", "ok": tr')
+    passed = tmp_path / "check-exl2.json"
+    passed.write_text(json.dumps({"variant": "exl2", "checks": [{"check": "chat", "ok": True}], "grpc_tok_s": 10.0}))
+    stage_rows = report.read_stages(stages)
+    variants = [report.read_variant(tmp_path / name) for name in ("check-fp16.json", "check-gptq.json", "check-exl2.json")]
+    assert [v["variant"] for v in variants] == ["fp16", "gptq", "exl2"]
+    assert [bool(v["errors"]) for v in variants[:2]] == [True, True] and "errors" not in variants[2]
+    assert report.failed(stage_rows, variants)
+    assert not report.failed([["serve_gptq", "SKIP", "0", "no GPU"]], [variants[2]])
+    assert report.failed([["tiny_model", "SKIP", "0", "no time left in the 540s budget"]], [])
+    text = "\n".join(report.variant_lines(variants))
+    assert "no readable report" in text and "10.0" in text
+
+
+def run_gpu_check(tmp_path, **env) -> tuple[int, str, dict[str, list[str]]]:
+    """run.sh here, with nothing to use (no wheels, no prebuilt, no GPU): its exit, output and stage table."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu" / "run.sh")],
+        env={
+            **os.environ,
+            "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
+            "WHEELS": str(tmp_path / "no-wheels"), "PREBUILT": str(tmp_path / "no-prebuilt"), **env,
+        },
+        capture_output=True, text=True, timeout=240,
+    )
+    rows = (tmp_path / "work" / "report" / "stages.tsv").read_text().splitlines()
+    table = {row.split("\t")[0]: row.split("\t")[1:] for row in rows}
+    return done.returncode, done.stdout + done.stderr, table
+
+
+@pytest.mark.skipif(gpu_here(), reason="a GPU is here: run.sh would serve on it")
+def test_run_sh_reports_every_stage_packs_everything_and_cuts_a_hang(tmp_path):
+    rc, output, table = run_gpu_check(tmp_path, GPU_CHECK_FAIL="preflight", GPU_CHECK_HANG="wheels")
+    assert rc == 1, output
+    assert list(table) == STAGES
+    assert table["preflight"][0] == "FAIL" and "simulated failure of preflight" in table["preflight"][2]
+    assert table["wheels"][0] == "TIMEOUT" and "killed at its 3s limit" in table["wheels"][2]  # the hang was cut
+    assert table["extension"] == ["SKIP", "0", "needs wheels (TIMEOUT)"]
+    assert table["model_check"] == ["SKIP", "0", "needs tiny_model (SKIP)"]
+    assert all(table[s] == ["SKIP", "0", "no GPU (nvidia-smi -L fails)"] for s in STAGES[6:])
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-report.tar.gz", "run.log", "summary.txt"]
+    with tarfile.open(out / "gpu-report.tar.gz") as archive:
+        names = set(archive.getnames())
+    assert {"report/stages.tsv", "report/summary.txt", "report/run.log", "report/preflight.log", "report/wheels.log"} <= names
+    summary = (out / "summary.txt").read_text()
+    assert "result: FAILED" in summary and all(stage in summary for stage in STAGES)
+    assert "stage wheels: TIMEOUT" in (out / "run.log").read_text()
+
+
+def test_run_sh_preflight_writes_versions_first_and_stages_past_the_budget_fail_the_run(tmp_path):
+    rc, output, table = run_gpu_check(tmp_path, GPU_CHECK_BUDGET_S="20")  # 5 s for the preflight, then none
+    assert rc == 1, output
+    preflight = (tmp_path / "out" / "preflight.txt").read_text().splitlines()
+    assert [line.split()[0] for line in preflight[:3]] == ["python", "gcc", "nvcc"]
+    if table["preflight"][0] != "TIMEOUT":  # ok or FAIL, both findings; the verdict is their last line
+        assert preflight[-1].startswith("verdict"), preflight
+    assert any(row[2].startswith("no time left") for row in table.values()), table
+    assert "result: FAILED" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+@pytest.mark.skipif(os.environ.get("TOKENSPOUT_GPU_REHEARSAL") != "1", reason="set TOKENSPOUT_GPU_REHEARSAL=1 (~6 min)")
+def test_the_cpu_rehearsal_passes():
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu" / "rehearse.sh")], capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "rehearsal: 0 failed" in done.stdout

@@ -1,52 +1,213 @@
 #!/usr/bin/env bash
-# The exllamav2 engine on a GPU, end to end, from nothing but this repository and carried wheels.
+# The exllamav2 engine on a GPU, end to end, from this repository and what it carries, in at most 9 minutes.
 #
-#   here:  bash bench/gpu/fetch_wheels.sh     # wheels for Python 3.12 into .whl/ (git ignores it)
-#   there: bash bench/gpu/run.sh              # a CUDA machine with torch, no network; carry .whl
+#   here:  bash bench/gpu/fetch_wheels.sh    # wheels for Python 3.12 into .whl/ (git ignores it)
+#          bash bench/gpu/build_ext.sh       # exllamav2's extension, prebuilt, into bench/gpu/build/prebuilt/
+#   there: bash bench/gpu/run.sh             # carry .whl and bench/gpu/build/prebuilt
 #
-# Builds exllamav2's extension, makes a tiny random-weight Llama and its tokenizer, converts
-# it to EXL2 with exllamav2's own converter, writes a GPTQ copy, then serves each (and the
-# FP16 original) through tokenspout and runs bench/gpu/check.py. Reports land in $OUT
-# (or bench/results/gpu). Sized for about 10 minutes on one H200; the extension build is
-# most of it.
-set -euo pipefail
+# Stages, each under its own limit (`timeout -k`), each failure caught and reported, never fatal:
+#   preflight     versions (Python, gcc, nvcc, torch, driver) first, then the CUDA root and headers
+#   wheels        the carried wheels into $WORK/site
+#   extension     the prebuilt exllamav2_ext test-imported in a child process
+#   jit_build     only if that failed: exllamav2's own JIT build (3-4 minutes on the H200)
+#   tiny_model    a tiny random Llama: FP16 and GPTQ (bench/gpu/tiny_llama.py)
+#   model_check   the FP16 files in transformers: one BOS, and a greedy margin FP16 cannot flip
+#   serve_fp16    tokenspout serving it, bench/gpu/check.py, transformers as reference
+#   serve_gptq    the same for GPTQ
+#   convert_exl2  EXL2 with exllamav2's converter
+#   serve_exl2    the same for EXL2, only if the converter wrote the files
+# $OUT (default bench/results/gpu) gets run.log (everything printed, as it happens), preflight.txt,
+# summary.txt and gpu-report.tar.gz (every file written), the last two refreshed after each stage
+# and once more on exit, so a run cut off from outside still leaves them.
+#
+# For rehearsals: GPU_CHECK_FAIL=stage[,stage] makes those stages fail, GPU_CHECK_HANG=stage makes
+# one hang until its limit kills it (a 3 s limit), GPU_CHECK_BUDGET_S changes the 540 s budget.
+set -uo pipefail  # no -e: a stage's failure is a finding, and the next stage runs
+shopt -s nullglob
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-bench/results/gpu}
+ROOT=$PWD
+OUT=${OUT:-$ROOT/bench/results/gpu}
 WORK=${WORK:-/tmp/tokenspout-gpu}
-mkdir -p "$OUT" "$WORK"
-stamp() { echo "[$(date +%T)] $*"; }
+REPORT=$WORK/report
+PREBUILT=${PREBUILT:-$ROOT/bench/gpu/build/prebuilt}
+WHEELS=${WHEELS:-$ROOT/.whl}
+PYTHON=${PYTHON:-python3}
+BUDGET_S=${GPU_CHECK_BUDGET_S:-540}
+PACK_RESERVE_S=15  # kept back from the budget for the summary and the archive
+STARTED=$(date +%s)
+DEADLINE=$((STARTED + BUDGET_S))
+GPU_CHECK_FAIL=${GPU_CHECK_FAIL:-}
+GPU_CHECK_HANG=${GPU_CHECK_HANG:-}
 
-for tool in nvcc ninja nvidia-smi; do  # exllamav2 compiles its extension with them on first import
-    command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
-done
-python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$WORK/site" .whl/*.whl
-export PYTHONPATH="$WORK/site:$PWD:$PWD/clients/python" PYTHONUNBUFFERED=1
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+mkdir -p "$OUT"
+rm -rf "$REPORT" "$WORK/model" "$WORK/exl2-work" "$WORK/ext" "$WORK/site"  # torch_extensions stays: a rerun reuses it
+mkdir -p "$REPORT" "$WORK/ext"
+rm -f "$OUT/run.log" "$OUT/summary.txt" "$OUT/preflight.txt" "$OUT/gpu-report.tar.gz"
+exec > >(tee -a "$OUT/run.log") 2>&1
+TEE_PID=$!
+stamp() { echo "[$(date -u +%T)] $*"; }
 
-stamp "building exllamav2's CUDA extension (first import)"
-python3 -c "import torch, exllamav2; print('exllamav2', exllamav2.__version__, 'torch', torch.__version__, torch.version.cuda)" \
-    2>&1 | tee "$OUT/build.log" | tail -3
+export ROOT OUT WORK REPORT PREBUILT WHEELS PYTHON PYTHONUNBUFFERED=1
+export PYTHONPATH="$WORK/ext:$WORK/site:$ROOT:$ROOT/clients/python${PYTHONPATH:+:$PYTHONPATH}"
+export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+if nvidia-smi -L >/dev/null 2>&1; then HAVE_GPU=1; else HAVE_GPU=0; fi
+export HAVE_GPU
 
-stamp "tiny Llama: tokenizer, FP16 and GPTQ"
-CAL=$(python3 -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('exllamav2').origin).parent / 'conversion' / 'standard_cal_data')")
-python3 bench/gpu/tiny_llama.py "$WORK/model" --text "$CAL"/*.utf8
+# ---- the stages (each runs in a child bash under `timeout`; a nonzero exit is its failure) ----
 
-stamp "EXL2 with exllamav2's converter"
-# The converter exits 0 on some errors: its output directory is the proof.
-python3 -m exllamav2.conversion.convert_exl2 -i "$WORK/model/fp16" -o "$WORK/exl2-work" -cf "$WORK/model/exl2" \
-    -b 4.0 -hb 6 -l 512 -ml 512 -nr > "$OUT/convert.log" 2>&1 || true
-if [ ! -f "$WORK/model/exl2/config.json" ] || ! ls "$WORK/model/exl2"/*.safetensors >/dev/null 2>&1; then
-    tail -40 "$OUT/convert.log"; exit 1
+stage_preflight() {
+    "$PYTHON" bench/gpu/preflight.py --report "$OUT/preflight.txt" --env-file "$WORK/cuda.env" \
+        --scratch "$WORK/cuda-links"
+}
+
+stage_wheels() {
+    compgen -G "$WHEELS/*.whl" >/dev/null || { echo "no wheels in $WHEELS: run bench/gpu/fetch_wheels.sh here and carry .whl"; return 1; }
+    "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl &&
+        ls "$WORK/site" | grep -i 'dist-info$'
+}
+
+stage_extension() {
+    # exllamav2 imports exllamav2_ext if it can; an ImportError other than "undefined symbol"
+    # leaves its loader broken, so the prebuilt is tried alone in a child first.
+    [ -f "$PREBUILT/exllamav2_ext.so.gz" ] || { echo "no prebuilt extension in $PREBUILT: run bench/gpu/build_ext.sh here and carry it"; return 1; }
+    cat "$PREBUILT/build-info.txt" 2>/dev/null
+    gunzip -c "$PREBUILT/exllamav2_ext.so.gz" >"$WORK/ext/exllamav2_ext.so" || return 1
+    expected=$(sed -n 's/^sha256 *//p' "$PREBUILT/build-info.txt" 2>/dev/null)
+    actual=$(sha256sum "$WORK/ext/exllamav2_ext.so" | cut -d' ' -f1)
+    [ -z "$expected" ] || [ "$expected" = "$actual" ] || { echo "sha256 $actual, build-info says $expected"; return 1; }
+    "$PYTHON" -c "import torch, exllamav2_ext; print('prebuilt imports:', exllamav2_ext.__file__)" || return 1
+    "$PYTHON" -c "import exllamav2.ext as e, exllamav2; assert not e.build_jit, 'exllamav2 would build'; print('exllamav2', exllamav2.__version__, 'uses it')"
+}
+
+stage_jit_build() {
+    # shellcheck disable=SC1091
+    [ -f "$WORK/cuda.env" ] && source "$WORK/cuda.env"
+    echo "CUDA_HOME=${CUDA_HOME:-unset} CPATH=${CPATH:-unset} TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS"
+    find "$TORCH_EXTENSIONS_DIR" -name lock -type f -print -delete 2>/dev/null  # a killed build's lock waits forever
+    "$PYTHON" -c "import exllamav2.ext as e, exllamav2; print('exllamav2', exllamav2.__version__, 'built', e.exllamav2_ext.__file__)"
+}
+
+stage_tiny_model() {
+    cal=$("$PYTHON" -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('exllamav2').origin).parent / 'conversion' / 'standard_cal_data')") || return 1
+    "$PYTHON" bench/gpu/tiny_llama.py "$WORK/model" --text "$cal"/*.utf8
+}
+
+stage_model_check() {
+    "$PYTHON" bench/gpu/model_check.py "$WORK/model/fp16" --json "$REPORT/model-check.json"
+}
+
+serve() {  # serve VARIANT SECONDS [check.py flags]
+    local variant=$1 seconds=$2; shift 2
+    "$PYTHON" bench/gpu/check.py --model "$WORK/model/$variant" --name "$variant" --json "$REPORT/check-$variant.json" \
+        --time-limit "$seconds" "$@"
+}
+stage_serve_fp16() { serve fp16 "$STAGE_LIMIT" --reference-hf; }
+stage_serve_gptq() { serve gptq "$STAGE_LIMIT"; }
+stage_serve_exl2() { serve exl2 "$STAGE_LIMIT"; }
+
+stage_convert_exl2() {
+    # The converter exits 0 on some errors: its output directory is the proof.
+    "$PYTHON" -m exllamav2.conversion.convert_exl2 -i "$WORK/model/fp16" -o "$WORK/exl2-work" -cf "$WORK/model/exl2" \
+        -b 4.0 -hb 6 -l 512 -ml 512 -r 32 -mr 8 -nr
+    [ -f "$WORK/model/exl2/config.json" ] && compgen -G "$WORK/model/exl2/*.safetensors" >/dev/null ||
+        { echo "the converter wrote no EXL2 model"; return 1; }
+}
+export -f stage_preflight stage_wheels stage_extension stage_jit_build stage_tiny_model stage_model_check serve \
+    stage_serve_fp16 stage_serve_gptq stage_serve_exl2 stage_convert_exl2
+
+# ---- running, recording, packing ----
+
+declare -A STATUS=()
+
+record() {  # record NAME STATUS SECONDS DETAIL
+    STATUS[$1]=$2
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4//$'\t'/ }" >>"$REPORT/stages.tsv"
+}
+
+pack() {  # summary.txt and the archive, rewritten whole each time (a kill from outside keeps the last)
+    {
+        echo "tokenspout GPU check, $(date -u '+%F %T') UTC, ${BUDGET_S}s budget, $(($(date +%s) - STARTED))s so far"
+        head -8 "$OUT/preflight.txt" 2>/dev/null
+        echo
+        "$PYTHON" bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/check-*.json 2>&1 ||
+            python3 bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/check-*.json 2>&1
+    } >"$OUT/summary.txt.tmp" 2>&1
+    mv -f "$OUT/summary.txt.tmp" "$OUT/summary.txt"
+    cp -f "$OUT/summary.txt" "$OUT/preflight.txt" "$REPORT/" 2>/dev/null
+    cp -f "$OUT/run.log" "$REPORT/run.log" 2>/dev/null
+    tar -czf "$OUT/gpu-report.tar.gz.tmp" -C "$WORK" report 2>/dev/null && mv -f "$OUT/gpu-report.tar.gz.tmp" "$OUT/gpu-report.tar.gz"
+}
+
+stage() {  # stage NAME LIMIT_S [NEEDS...]: run stage_NAME under its limit unless a stage it needs did not pass
+    local name=$1 limit=$2 need
+    shift 2
+    for need in "$@"; do
+        if [ "$need" = gpu ]; then
+            [ "$HAVE_GPU" = 1 ] || { record "$name" SKIP 0 "no GPU (nvidia-smi -L fails)"; return 1; }
+        elif [ "${STATUS[$need]:-}" != ok ]; then
+            record "$name" SKIP 0 "needs $need (${STATUS[$need]:-not run})"
+            return 1
+        fi
+    done
+    local left=$((DEADLINE - PACK_RESERVE_S - $(date +%s)))
+    ((left < limit)) && limit=$left
+    if ((limit < 5)); then
+        record "$name" SKIP 0 "no time left in the ${BUDGET_S}s budget"
+        return 1
+    fi
+    local command="stage_$name"
+    [[ ",$GPU_CHECK_FAIL," == *",$name,"* ]] && command="echo 'simulated failure of $name' >&2; exit 3"
+    [ "$GPU_CHECK_HANG" = "$name" ] && command="echo 'simulated hang of $name'; sleep 600" && limit=3
+    stamp "stage $name (limit ${limit}s)"
+    local began rc seconds detail status
+    began=$(date +%s)
+    STAGE_LIMIT=$((limit - 10)) timeout -k 10 "$limit" bash -c "$command" 2>&1 | tee "$REPORT/$name.log"
+    rc=${PIPESTATUS[0]}
+    seconds=$(($(date +%s) - began))
+    detail=$(grep -v '^\s*$' "$REPORT/$name.log" | tail -1 | cut -c1-200)
+    case $rc in
+        0) status=ok ;;
+        124 | 137) status=TIMEOUT detail="killed at its ${limit}s limit; last line: $detail" ;;
+        *) status=FAIL detail="exit $rc: $detail" ;;
+    esac
+    stamp "stage $name: $status after ${seconds}s"
+    record "$name" "$status" "$seconds" "$detail"
+    pack
+    [ "$status" = ok ]
+}
+
+finish() {
+    local rc=$?
+    trap - EXIT
+    stamp "done after $(($(date +%s) - STARTED))s"
+    pack
+    grep -q $'\t\\(FAIL\\|TIMEOUT\\)\t' "$REPORT/stages.tsv" 2>/dev/null && rc=1
+    grep -q '^result: FAILED' "$OUT/summary.txt" 2>/dev/null && rc=1
+    cat "$OUT/summary.txt"
+    exec >&- 2>&-
+    wait "$TEE_PID" 2>/dev/null  # run.log complete before the command returns
+    exit "$rc"
+}
+trap finish EXIT
+trap 'stamp "stopped by a signal"; exit 143' TERM INT HUP
+
+stamp "GPU check: OUT=$OUT WORK=$WORK, ${BUDGET_S}s budget, GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)"
+: >"$REPORT/stages.tsv"
+
+stage preflight 60
+# shellcheck disable=SC1091
+[ -f "$WORK/cuda.env" ] && source "$WORK/cuda.env"  # CUDA_HOME and CPATH for a JIT build
+stage wheels 120
+if stage extension 90 wheels; then
+    record jit_build SKIP 0 "the prebuilt extension imports"
+else
+    rm -f "$WORK/ext/exllamav2_ext.so"  # a broken one on the path would break exllamav2's own loader
+    stage jit_build 330 wheels gpu && STATUS[extension]=ok
 fi
-
-status=0
-for variant in exl2 gptq fp16; do
-    stamp "serving $variant through tokenspout"
-    extra=(); [ "$variant" = fp16 ] && extra=(--reference-hf)
-    python3 bench/gpu/check.py --model "$WORK/model/$variant" --name "$variant" --json "$OUT/check-$variant.json" \
-        "${extra[@]}" || status=1
-done
-stamp "summary"
-python3 bench/gpu/check.py --summarize "$OUT"/check-*.json | tee "$OUT/summary.txt" || status=1
-exit $status
+stage tiny_model 90 wheels
+stage model_check 60 tiny_model
+stage serve_fp16 180 gpu extension tiny_model
+stage serve_gptq 150 gpu extension tiny_model
+stage convert_exl2 150 gpu extension tiny_model
+stage serve_exl2 150 gpu convert_exl2
