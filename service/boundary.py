@@ -1,6 +1,6 @@
 """The one error boundary every RPC passes through.
 
-A server interceptor wraps each method handler twice:
+A server interceptor (service.guard does the wrapping) changes each method handler twice:
 - its request deserializer, so bytes that are not a valid message become
   INVALID_ARGUMENT (one rate-limited WARNING line) instead of UNKNOWN with a
   traceback per call;
@@ -14,7 +14,6 @@ Handlers therefore raise ServiceError and never catch it themselves.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 import uuid
@@ -23,6 +22,7 @@ from typing import Any, AsyncIterator, Callable
 import grpc
 
 from service import errors
+from service.guard import wrapped
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +47,10 @@ class ErrorBoundary(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        changes: dict[str, Any] = {}
         if handler.request_deserializer is not None:
-            changes["request_deserializer"] = self._safe_deserializer(handler.request_deserializer, method)
-        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
-            behavior = getattr(handler, kind)
-            if behavior is not None:
-                changes[kind] = self._guard(behavior, streaming_request=kind.startswith("stream"))
-        return handler._replace(**changes)
+            safe = self._safe_deserializer(handler.request_deserializer, method)
+            handler = handler._replace(request_deserializer=safe)
+        return wrapped(handler, before=self._checked, on_error=self._fail)
 
     def _safe_deserializer(self, deserialize: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any]:
         def parse(data: bytes) -> Any:
@@ -75,28 +71,8 @@ class ErrorBoundary(grpc.aio.ServerInterceptor):
             self._malformed_since_log = 0
             self._malformed_logged_at = now
 
-    def _guard(self, behavior: Callable, streaming_request: bool) -> Callable:
-        if inspect.isasyncgenfunction(behavior):
-
-            async def guarded_stream(request, context) -> AsyncIterator:
-                try:
-                    async for response in behavior(self._checked(request, streaming_request), context):
-                        yield response
-                except Exception as exc:
-                    await self._fail(exc, context)
-
-            return guarded_stream
-
-        async def guarded(request, context):
-            try:
-                return await behavior(self._checked(request, streaming_request), context)
-            except Exception as exc:
-                await self._fail(exc, context)
-
-        return guarded
-
-    def _checked(self, request: Any, streaming_request: bool) -> Any:
-        if streaming_request:
+    def _checked(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if hasattr(request, "__aiter__"):  # a client-streaming call: check each message
             return _checked_stream(request)
         if isinstance(request, _Malformed):
             raise request.error

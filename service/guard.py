@@ -1,51 +1,65 @@
-"""Runs a check before a gRPC handler: the building block of the auth and admission interceptors.
+"""Wraps a gRPC method handler's behaviour, whatever its kind: the building block of the
+error boundary and of the access interceptors (authentication, admission).
 
-A check sees the call's context (metadata, peer certificate) and either returns
-or raises ServiceError, which ends the call with that status before the
-handler runs. It runs inside the call's own task, so a ContextVar it sets is
-visible to the handler.
+`before` runs first, inside the call's own task (so a ContextVar it sets is visible to the
+handler), and may replace the request; it refuses a call by raising ServiceError, which the
+error boundary around it turns into the status. `on_error` sees anything the call raised.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 import grpc
 
-from service.errors import ServiceError
-
+Before = Callable[[Any, grpc.aio.ServicerContext], Any]
+OnError = Callable[[Exception, grpc.aio.ServicerContext], Awaitable[None]]
 Check = Callable[[grpc.aio.ServicerContext], None]
+
+_KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+
+
+def wrapped(handler: grpc.RpcMethodHandler, before: Before | None = None, on_error: OnError | None = None):
+    """`handler` with its behaviour wrapped (the request deserializer is left as it is)."""
+    changes = {kind: _wrap(getattr(handler, kind), before, on_error) for kind in _KINDS if getattr(handler, kind)}
+    return handler._replace(**changes)
 
 
 def guarded(handler: grpc.RpcMethodHandler, check: Check) -> grpc.RpcMethodHandler:
-    """`handler` with `check` run first, for any of the four kinds of method."""
-    kind = {
-        (False, False): "unary_unary", (False, True): "unary_stream",
-        (True, False): "stream_unary", (True, True): "stream_stream",
-    }[(handler.request_streaming, handler.response_streaming)]
-    behavior = getattr(handler, kind)
-    if handler.response_streaming and not inspect.iscoroutinefunction(behavior):
+    """`handler` with `check` run first; a check refuses by raising ServiceError."""
 
-        async def stream_guarded(request, context):
-            if await _passes(check, context):
+    def before(request, context):
+        check(context)
+        return request
+
+    return wrapped(handler, before)
+
+
+def _wrap(behavior: Callable, before: Before | None, on_error: OnError | None) -> Callable:
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(request, context):
+            try:
+                if before is not None:
+                    request = before(request, context)
                 async for message in behavior(request, context):
                     yield message
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                await on_error(exc, context)
 
-        return handler._replace(**{kind: stream_guarded})
+        return stream
 
-    async def guarded_call(request, context):
-        if await _passes(check, context):
+    async def call(request, context):
+        try:
+            if before is not None:
+                request = before(request, context)
             return await behavior(request, context)
-        return None
+        except Exception as exc:
+            if on_error is None:
+                raise
+            await on_error(exc, context)
 
-    return handler._replace(**{kind: guarded_call})
-
-
-async def _passes(check: Check, context: grpc.aio.ServicerContext) -> bool:
-    try:
-        check(context)
-    except ServiceError as error:
-        await context.abort_with_status(error.to_status())  # raises: the handler never runs
-        return False
-    return True
+    return call

@@ -143,10 +143,11 @@ class TokenspoutServer:
         self.auth = auth.interceptor(config)
         self.admission = Admission()
         access = [self.auth, self.admission] if self.auth else [self.admission]
-        # The error boundary goes last: innermost, so tracing sees the status it chose.
+        # Tracing outermost, so it sees the status the error boundary chose; access checks inside
+        # the boundary, so their refusals become statuses there like every other error.
         boundary = ErrorBoundary(on_error=telemetry.count_error)
         self.server = grpc.aio.server(
-            interceptors=[*telemetry.interceptors(), *access, boundary], options=_CHANNEL_OPTIONS
+            interceptors=[*telemetry.interceptors(), boundary, *access], options=_CHANNEL_OPTIONS
         )
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
