@@ -37,6 +37,8 @@ _caller: contextvars.ContextVar[str] = contextvars.ContextVar("tokenspout_caller
 _KEY_LINE = re.compile(r"([^:\s]+):([0-9a-fA-F]{64})")
 # How often a changed keys file is noticed without SIGHUP.
 _FILE_CHECK_S = 1.0
+# Refused calls are logged at most this often, however many arrive.
+_REFUSAL_LOG_INTERVAL_S = 60.0
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 REFLECTION_PREFIX = "/grpc.reflection."
@@ -130,6 +132,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self.keys = keys
         self._mtls = mtls
         self._open = (HEALTH_PREFIX,) if reflection_requires_auth else (HEALTH_PREFIX, REFLECTION_PREFIX)
+        self._refused_since_log = 0
+        self._refusal_logged_at = -_REFUSAL_LOG_INTERVAL_S
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -144,11 +148,22 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self.keys.reload_if_changed()
         token = bearer_token(context)
         if token is None:
-            raise unauthenticated("this server needs an API key: send `authorization: Bearer <key>`")
+            raise self._refused(context, "this server needs an API key: send `authorization: Bearer <key>`")
         name = self.keys.name_for(token)
         if name is None:
-            raise unauthenticated("the API key was not accepted")
+            raise self._refused(context, "the API key was not accepted")
         _caller.set(name)
+
+    def _refused(self, context: grpc.aio.ServicerContext, why: str) -> ServiceError:
+        """The error for a refused call; one WARNING line a minute at most, with the last peer."""
+        self._refused_since_log += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at >= _REFUSAL_LOG_INTERVAL_S:
+            log.warning("refused %d unauthenticated call(s), the last from %s: %s", self._refused_since_log,
+                        context.peer(), why)
+            self._refused_since_log = 0
+            self._refusal_logged_at = now
+        return unauthenticated(why)
 
 
 def bearer_token(context: grpc.aio.ServicerContext) -> str | None:

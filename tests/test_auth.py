@@ -93,7 +93,11 @@ def test_no_key_wrong_key_and_right_key(keyed, stub):
     for name in ("alice", "bob", "carol"):  # carol's key comes from TOKENSPOUT_API_KEYS
         messages = list(stub.GenerateStream(request, metadata=bearer(name), timeout=60))
         assert messages[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS
-    assert "authentication on: 3 API keys; health open, reflection open" in keyed.log()
+    log = keyed.log()
+    assert "authentication on: 3 API keys; health open, reflection open" in log
+    # Refusals are logged, rate-limited: the first of this burst names its peer; no key is ever logged.
+    assert "refused 1 unauthenticated call(s), the last from ipv" in log
+    assert "not-a-key" not in log and KEYS["alice"] not in log
 
 
 def test_health_and_reflection_stay_open(channel):
