@@ -94,7 +94,7 @@ _CUT_WAIT_S = 2.0
 # Before health Watch streams end: time for them to send NOT_SERVING, when the drain had nothing to wait for.
 _WATCH_FLUSH_S = 0.1
 # After the engine died: how long health probes and callers see NOT_SERVING / UNAVAILABLE before the exit.
-_ENGINE_DOWN_LINGER_S = 3.0
+_ENGINE_DOWN_LINGER_S = 5.0
 
 
 class StartupError(Exception):
