@@ -138,6 +138,7 @@ def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
 class TokenspoutServer:
     def __init__(self, engine: Engine | None, config: ServeConfig, telemetry: Telemetry | None = None) -> None:
         """Binds the port at once; the engine may come later, through `attach`, before `start`."""
+        _check_port(config.listen)  # before anything else, so a busy port is the only line printed
         self.config = config
         self.telemetry = telemetry = telemetry or from_environment(config.trace_content, config.prometheus_port)
         self.auth = auth.interceptor(config)
@@ -161,7 +162,6 @@ class TokenspoutServer:
             self.attach(engine)
 
     def _bind(self) -> int:
-        _check_port(self.config.listen)
         try:
             credentials = _credentials(self.config)
         except (OSError, ValueError, RuntimeError) as exc:
