@@ -1,1 +1,77 @@
-"""Python client for tokenspout: generated stubs in `tokenspout.v1`, a small client in `tokenspout.client`."""
+"""Python client for tokenspout.
+
+`Client` and `AsyncClient` cover every RPC with typed arguments and results; `tokenspout.v1` holds
+the generated messages and stubs for anything else.
+"""
+
+from tokenspout.aio import AsyncClient, AsyncStream
+from tokenspout.client import Client, Stream
+from tokenspout.connection import Tls
+from tokenspout.errors import (
+    CancelledError,
+    ConflictError,
+    DeadlineExceededError,
+    FieldViolation,
+    InternalError,
+    InvalidRequestError,
+    NotFoundError,
+    OverloadedError,
+    PermissionDeniedError,
+    TokenspoutError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+)
+from tokenspout.requests import Constraint, Dry, GenerateOptions, Message, Mirostat, Output, Sampling, Stopping, Xtc
+from tokenspout.responses import (
+    Cancelled,
+    Chunk,
+    Compiled,
+    Finish,
+    Generation,
+    ModelInfo,
+    ServerStatus,
+    Token,
+    Tokenized,
+)
+from tokenspout.retry import RetryPolicy
+
+__all__ = [
+    "AsyncClient",
+    "AsyncStream",
+    "Cancelled",
+    "CancelledError",
+    "Chunk",
+    "Client",
+    "Compiled",
+    "ConflictError",
+    "Constraint",
+    "DeadlineExceededError",
+    "Dry",
+    "FieldViolation",
+    "Finish",
+    "GenerateOptions",
+    "Generation",
+    "InternalError",
+    "InvalidRequestError",
+    "Message",
+    "Mirostat",
+    "ModelInfo",
+    "NotFoundError",
+    "Output",
+    "OverloadedError",
+    "PermissionDeniedError",
+    "RetryPolicy",
+    "Sampling",
+    "ServerStatus",
+    "Stopping",
+    "Stream",
+    "Tls",
+    "Token",
+    "Tokenized",
+    "TokenspoutError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "Xtc",
+]

@@ -1,69 +1,232 @@
-"""A small Python client: stream a generation and print it as it arrives.
+"""The synchronous client: `Client` and the `Stream` its stream() returns.
 
-    python -m tokenspout.client --target 127.0.0.1:50051 "Why is the sky blue?"
+    from tokenspout import Client
+
+    with Client("127.0.0.1:50051") as client:
+        with client.stream("Why is the sky blue?", max_new_tokens=64) as stream:
+            for chunk in stream:
+                print(chunk.text, end="", flush=True)
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from typing import Iterator
+import logging
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence, Unpack
 
 import grpc
 
+from tokenspout import requests as rq
+from tokenspout import responses as rs
+from tokenspout.connection import Tls, channel_spec
+from tokenspout.errors import TokenspoutError, from_rpc_error
+from tokenspout.retry import RetryPolicy, deadline_of, remaining
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
+log = logging.getLogger("tokenspout.client")
 
-class TokenspoutClient:
-    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None = None) -> None:
-        self._channel = (
-            grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
-        )
+
+class Stream(Iterator[rs.Chunk]):
+    """The chunks of one generation, as they arrive (heartbeats are skipped).
+
+    As a context manager, leaving the block cancels the RPC if it is still running, which frees
+    its slot on the server at once. A call that has received nothing yet is retried per the policy.
+    """
+
+    def __init__(self, start: Callable[[float | None], Any], retry: RetryPolicy, deadline: float | None) -> None:
+        self._start = start
+        self._retry = retry
+        self._deadline = deadline
+        self._call: Any = None
+        self._retries = 0
+        self._received = False
+        self._cancelled = False
+        self._chunks: list[rs.Chunk] = []
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> rs.Chunk:
+        while True:
+            if self._call is None:
+                self._call = self._start(remaining(self._deadline))
+            try:
+                response = next(self._call)
+            except grpc.RpcError as rpc_error:
+                error = from_rpc_error(rpc_error)
+                fresh = not self._received and not self._cancelled
+                wait = self._retry.delay(error, self._retries, self._deadline) if fresh else None
+                if wait is None:
+                    raise error from None
+                log.info("retrying the stream in %.2f s after %s", wait, error)
+                time.sleep(wait)
+                self._retries += 1
+                self._call = None
+                continue
+            self._received = True
+            if response.heartbeat:
+                continue
+            chunk = rs.from_proto(rs.Chunk, response)
+            self._chunks.append(chunk)
+            return chunk
+
+    @property
+    def text(self) -> str:
+        """The text received so far."""
+        return "".join(chunk.text for chunk in self._chunks)
+
+    @property
+    def finish(self) -> rs.Finish | None:
+        """How the generation ended, once the last chunk has arrived."""
+        return self._chunks[-1].finish if self._chunks else None
+
+    @property
+    def retries(self) -> int:
+        return self._retries
+
+    def result(self) -> rs.Generation:
+        """Reads the rest of the stream and returns the whole generation."""
+        for _ in self:
+            pass
+        return _generation(self._chunks)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        if self._call is not None:
+            self._call.cancel()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cancel()
+
+
+def _generation(chunks: Sequence[rs.Chunk]) -> rs.Generation:
+    last = chunks[-1] if chunks else rs.Chunk()
+    return rs.Generation(
+        request_id=last.request_id,
+        text="".join(c.text for c in chunks),
+        tokens=[t for c in chunks for t in c.tokens],
+        generated_tokens=last.generated_tokens,
+        input_tokens=chunks[0].input_tokens if chunks else 0,
+        finish=last.finish,
+    )
+
+
+class Client:
+    """A connection to one tokenspout server, or several with round_robin.
+
+    address: "host:port", or a list of IP "host:port" (round_robin by default then).
+    api_key: sent as `authorization: Bearer <key>`; defaults to $TOKENSPOUT_API_KEY.
+    tls: True for the system roots, or Tls(...) for custom roots, mutual TLS or a name override.
+    timeout: each call's deadline in seconds (retries included) unless the call gives its own.
+    retry: a RetryPolicy, or how many retries with the default backoff (0 disables them).
+    """
+
+    def __init__(
+        self,
+        address: str | Sequence[str] = "127.0.0.1:50051",
+        *,
+        api_key: str | None = None,
+        tls: bool | Tls = False,
+        timeout: float | None = None,
+        retry: RetryPolicy | int = RetryPolicy(),
+        round_robin: bool | None = None,
+        options: Sequence[tuple[str, object]] = (),
+    ) -> None:
+        spec = channel_spec(address, api_key=api_key, tls=tls, round_robin=round_robin, options=options)
+        if spec.credentials is not None:
+            self._channel = grpc.secure_channel(spec.target, spec.credentials, spec.options)
+        else:
+            self._channel = grpc.insecure_channel(spec.target, spec.options)
         self.stub = pb_grpc.GenerationServiceStub(self._channel)
+        """The generated stub on the same channel, for anything this client does not cover."""
+        self._metadata = spec.metadata
+        self.timeout = timeout
+        self.retry = RetryPolicy(max_retries=retry) if isinstance(retry, int) else retry
 
-    def stream_chat(
-        self, user_message: str, max_new_tokens: int = 128, temperature: float | None = None, timeout: float = 60.0
-    ) -> Iterator[pb.GenerateStreamResponse]:
-        request = pb.GenerateStreamRequest(
-            chat=pb.Chat(messages=[pb.ChatMessage(role="user", content=user_message)]),
-            stopping=pb.StoppingCriteria(max_new_tokens=max_new_tokens),
+    def stream(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> Stream:
+        """Starts a generation and returns its chunks as they arrive; see GenerateOptions."""
+        request = rq.generate_request(pb.GenerateStreamRequest, prompt, options)
+        deadline = deadline_of(options.get("timeout", self.timeout))
+
+        def start(timeout: float | None) -> Any:
+            return self.stub.GenerateStream(request, timeout=timeout, metadata=self._metadata)
+
+        return Stream(start, self.retry, deadline)
+
+    def generate(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> rs.Generation:
+        """Generates the whole text and returns it at once; see GenerateOptions."""
+        request = rq.generate_request(pb.GenerateRequest, prompt, options)
+        response = self._unary(self.stub.Generate, request, options.get("timeout"))
+        return rs.from_proto(rs.Generation, response)
+
+    def tokenize(
+        self,
+        text: str | None = None,
+        /,
+        *,
+        messages: Sequence[rq.Message | Mapping[str, str]] | None = None,
+        add_special_tokens: bool | None = None,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> rs.Tokenized:
+        request = rq.tokenize_request(text, messages, add_special_tokens, model)
+        return rs.from_proto(rs.Tokenized, self._unary(self.stub.Tokenize, request, timeout))
+
+    def model_info(self, *, model: str = "", timeout: float | None = None) -> rs.ModelInfo:
+        request = pb.GetModelInfoRequest(model=model)
+        return rs.from_proto(rs.ModelInfo, self._unary(self.stub.GetModelInfo, request, timeout))
+
+    def compile(
+        self,
+        constraint: rq.Constraint | None = None,
+        /,
+        *,
+        json_schema: rq.JsonSchema | None = None,
+        regex: str | None = None,
+        grammar: str | None = None,
+        choices: Sequence[str] | None = None,
+        model: str = "",
+        timeout: float | None = None,
+    ) -> rs.Compiled:
+        """Compiles a constraint into the server's cache; a bad one raises InvalidRequestError."""
+        request = rq.compile_request(
+            constraint, model, json_schema=json_schema, regex=regex, grammar=grammar, choices=choices
         )
-        if temperature is not None:
-            request.sampling.temperature = temperature
-        return self.stub.GenerateStream(request, timeout=timeout)
+        return rs.from_proto(rs.Compiled, self._unary(self.stub.CompileConstraint, request, timeout))
+
+    def cancel(self, request_ids: str | Sequence[str], *, timeout: float | None = None) -> rs.Cancelled:
+        """Cancels running or queued requests by id (for instance from another process)."""
+        request = rq.cancel_request(request_ids)
+        return rs.from_proto(rs.Cancelled, self._unary(self.stub.Cancel, request, timeout))
+
+    def status(self, *, timeout: float | None = None) -> rs.ServerStatus:
+        response = self._unary(self.stub.GetServerStatus, pb.GetServerStatusRequest(), timeout)
+        return rs.from_proto(rs.ServerStatus, response)
+
+    def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+        deadline = deadline_of(timeout if timeout is not None else self.timeout)
+        retries = 0
+        while True:
+            try:
+                return method(request, timeout=remaining(deadline), metadata=self._metadata)
+            except grpc.RpcError as rpc_error:
+                error: TokenspoutError = from_rpc_error(rpc_error)
+                wait = self.retry.delay(error, retries, deadline)
+                if wait is None:
+                    raise error from None
+                log.info("retrying %s in %.2f s after %s", type(request).__name__, wait, error)
+                time.sleep(wait)
+                retries += 1
 
     def close(self) -> None:
         self._channel.close()
 
+    def __enter__(self) -> Client:
+        return self
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Stream a chat answer from tokenspout.")
-    parser.add_argument("message")
-    parser.add_argument("--target", default="127.0.0.1:50051")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float)
-    args = parser.parse_args(argv)
-    client = TokenspoutClient(args.target)
-    try:
-        for response in client.stream_chat(args.message, args.max_new_tokens, args.temperature):
-            sys.stdout.write(response.text)
-            sys.stdout.flush()
-            if response.HasField("finish"):
-                finish = response.finish
-                reason = pb.FinishReason.Name(finish.reason).removeprefix("FINISH_REASON_").lower()
-                print(
-                    f"\n[{reason}: {finish.usage.completion_tokens} tokens,"
-                    f" first after {finish.timings.time_to_first_token_ms:.0f} ms,"
-                    f" {finish.timings.tokens_per_second:.0f} tokens/s]"
-                )
-    except grpc.RpcError as error:
-        print(f"\nerror: {error.code().name}: {error.details()}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

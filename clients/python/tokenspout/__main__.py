@@ -1,0 +1,5 @@
+import sys
+
+from tokenspout.cli import main
+
+sys.exit(main())

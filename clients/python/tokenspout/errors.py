@@ -1,0 +1,144 @@
+"""Typed exceptions decoded from the gRPC status and its google.rpc details.
+
+The server sends an ErrorInfo with every error, a BadRequest with field violations for bad
+input, and a RetryInfo when a retry may succeed later (see service/errors.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class TokenspoutError(Exception):
+    """Any error a call ended with. `reason` is the server's ErrorInfo.reason ("" when absent)."""
+
+    retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode = grpc.StatusCode.UNKNOWN,
+        reason: str = "",
+        metadata: dict[str, str] | None = None,
+        field_violations: list[FieldViolation] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.reason = reason
+        self.metadata = metadata or {}
+        self.field_violations = field_violations or []
+        self.retry_after = retry_after
+        """Seconds the server asked the caller to wait (RetryInfo.retry_delay), when it sent one."""
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
+
+
+class InvalidRequestError(TokenspoutError):
+    """INVALID_ARGUMENT, OUT_OF_RANGE or FAILED_PRECONDITION; see field_violations."""
+
+
+class OverloadedError(TokenspoutError):
+    """RESOURCE_EXHAUSTED: the server is full; retry after `retry_after` seconds."""
+
+    retryable = True
+
+
+class UnavailableError(TokenspoutError):
+    """UNAVAILABLE: the server is unreachable, draining or its engine is down."""
+
+    retryable = True
+
+
+class NotFoundError(TokenspoutError):
+    pass
+
+
+class ConflictError(TokenspoutError):
+    """ALREADY_EXISTS: a request with this request_id is still running."""
+
+
+class UnauthenticatedError(TokenspoutError):
+    pass
+
+
+class PermissionDeniedError(TokenspoutError):
+    pass
+
+
+class DeadlineExceededError(TokenspoutError):
+    pass
+
+
+class CancelledError(TokenspoutError):
+    pass
+
+
+class UnimplementedError(TokenspoutError):
+    pass
+
+
+class InternalError(TokenspoutError):
+    pass
+
+
+_CLASSES: dict[grpc.StatusCode, type[TokenspoutError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidRequestError,
+    grpc.StatusCode.FAILED_PRECONDITION: InvalidRequestError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: OverloadedError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: ConflictError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.CANCELLED: CancelledError,
+    grpc.StatusCode.UNIMPLEMENTED: UnimplementedError,
+    grpc.StatusCode.INTERNAL: InternalError,
+}
+
+
+def _status_details(trailing_metadata: Any) -> status_pb2.Status | None:
+    for key, value in trailing_metadata or ():
+        if key == _STATUS_DETAILS_KEY:
+            return status_pb2.Status.FromString(value)
+    return None
+
+
+def from_rpc_error(error: grpc.RpcError) -> TokenspoutError:
+    """The typed exception for a failed call (sync or asyncio)."""
+    code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
+    message: str = error.details() or code.name  # type: ignore[attr-defined]
+    fields: dict[str, Any] = {}
+    status = _status_details(error.trailing_metadata())  # type: ignore[attr-defined]
+    violations: list[FieldViolation] = []
+    for detail in status.details if status else ():
+        info, bad_request, retry = (
+            error_details_pb2.ErrorInfo(),
+            error_details_pb2.BadRequest(),
+            error_details_pb2.RetryInfo(),
+        )
+        if detail.Unpack(info):
+            fields.update(reason=info.reason, metadata=dict(info.metadata))
+        elif detail.Unpack(bad_request):
+            violations += [FieldViolation(v.field, v.description) for v in bad_request.field_violations]
+        elif detail.Unpack(retry):
+            fields["retry_after"] = retry.retry_delay.ToNanoseconds() / 1e9
+    error_class = _CLASSES.get(code, TokenspoutError)
+    return error_class(message, code=code, field_violations=violations, **fields)

@@ -1,0 +1,272 @@
+"""What a caller may ask for, as small dataclasses, and their translation into request messages.
+
+Field names are the proto's, so the proto comments in protos/tokenspout/v1/generation.proto
+document them. `None` means "the server's default"; each dataclass converts field by field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence, TypedDict, Union
+
+from tokenspout.v1 import generation_pb2 as pb
+
+JsonSchema = Union[str, Mapping[str, Any], type]
+"""A JSON Schema as a JSON string, a dict, or a pydantic model class."""
+
+
+@dataclass(frozen=True)
+class Dry:
+    multiplier: float | None = None
+    base: float | None = None
+    allowed_length: int | None = None
+    penalty_last_n: int | None = None
+    sequence_breakers: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Xtc:
+    probability: float | None = None
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class Mirostat:
+    tau: float | None = None
+    eta: float | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    penalty_last_n: int | None = None
+    dry: Dry | None = None
+    xtc: Xtc | None = None
+    mirostat: Mirostat | None = None
+    top_a: float | None = None
+    tfs: float | None = None
+    skew: float | None = None
+    smoothing_factor: float | None = None
+    banned_strings: Sequence[str] = ()
+    token_healing: bool = False
+
+
+@dataclass(frozen=True)
+class Stopping:
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    stop_sequences: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    include_stop_sequence: bool | None = None
+    ignore_eos: bool = False
+    time_limit_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Exactly one kind: json_schema, json_object, regex, grammar or choice."""
+
+    json_schema: JsonSchema | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+    choice: Sequence[str] | None = None
+    strict: bool | None = None
+    whitespace_flexible: bool = False
+    max_whitespace: int | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [self.json_schema is not None, self.json_object, self.regex is not None]
+        kinds += [self.grammar is not None, self.choice is not None]
+        if sum(kinds) != 1:
+            raise ValueError("a Constraint takes exactly one of json_schema, json_object, regex, grammar, choice")
+
+    def to_proto(self) -> pb.Constraint:
+        message = pb.Constraint(whitespace_flexible=self.whitespace_flexible)
+        if self.json_schema is not None:
+            message.json_schema = schema_text(self.json_schema)
+        elif self.json_object:
+            message.json_object = True
+        elif self.regex is not None:
+            message.regex = self.regex
+        elif self.grammar is not None:
+            message.grammar = self.grammar
+        else:
+            message.choice.values.extend(self.choice or ())
+        if self.strict is not None:
+            message.strict = self.strict
+        if self.max_whitespace is not None:
+            message.max_whitespace = self.max_whitespace
+        return message
+
+
+@dataclass(frozen=True)
+class Output:
+    max_tokens_per_message: int = 0
+    return_token_ids: bool = False
+    return_logprobs: bool = False
+    top_logprobs: int = 0
+    heartbeat_interval_ms: int = 0
+    min_tokens_per_message: int = 0
+    flush_interval_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+class GenerateOptions(TypedDict, total=False):
+    """The keyword arguments of stream() and generate().
+
+    The shortcuts (max_new_tokens, temperature, seed, stop, json_schema, regex, grammar, choices)
+    fill the matching field of `sampling`, `stopping` or `constraint`, which cover every field.
+    """
+
+    messages: Sequence[Message | Mapping[str, str]]
+    add_generation_prompt: bool
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    stop: Sequence[str]
+    json_schema: JsonSchema
+    regex: str
+    grammar: str
+    choices: Sequence[str]
+    sampling: Sampling
+    stopping: Stopping
+    constraint: Constraint
+    output: Output
+    request_id: str
+    model: str
+    timeout: float
+
+
+def schema_text(schema: JsonSchema) -> str:
+    """A JSON Schema as the JSON string the proto carries."""
+    if isinstance(schema, str):
+        return schema
+    if isinstance(schema, type):
+        model_json_schema = getattr(schema, "model_json_schema", None)
+        if model_json_schema is None:
+            raise TypeError(f"{schema.__name__} is not a pydantic model class (no model_json_schema)")
+        return json.dumps(model_json_schema())
+    return json.dumps(schema)
+
+
+def fill(message: Any, options: Any) -> None:
+    """Copies a dataclass onto a message of the same field names, skipping unset (None) fields."""
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if value is None:
+            continue
+        if dataclasses.is_dataclass(value):
+            fill(getattr(message, f.name), value)
+        elif isinstance(value, Mapping):
+            getattr(message, f.name).update(value)
+        elif isinstance(value, (list, tuple)):
+            getattr(message, f.name).extend(value)
+        else:
+            setattr(message, f.name, value)
+
+
+def chat_message(message: Message | Mapping[str, str]) -> pb.ChatMessage:
+    if isinstance(message, Message):
+        return pb.ChatMessage(role=message.role, content=message.content)
+    return pb.ChatMessage(role=message["role"], content=message["content"])
+
+
+def constraint_of(
+    constraint: Constraint | None = None,
+    *,
+    json_schema: JsonSchema | None = None,
+    regex: str | None = None,
+    grammar: str | None = None,
+    choices: Sequence[str] | None = None,
+) -> Constraint | None:
+    """The constraint from either the dataclass or one shortcut (not both)."""
+    shortcuts = {"json_schema": json_schema, "regex": regex, "grammar": grammar, "choice": choices}
+    given = {name: value for name, value in shortcuts.items() if value is not None}
+    if not given:
+        return constraint
+    if constraint is not None or len(given) > 1:
+        raise ValueError("give one constraint: `constraint=` or one of json_schema/regex/grammar/choices")
+    return Constraint(**given)
+
+
+def generate_request(message_class: type, prompt: str | None, options: GenerateOptions) -> Any:
+    """Builds a GenerateStreamRequest or GenerateRequest (same fields) from stream()/generate() arguments."""
+    messages = options.get("messages")
+    if (prompt is None) == (messages is None):
+        raise ValueError("give either a prompt or messages=")
+    request = message_class(request_id=options.get("request_id", ""), model=options.get("model", ""))
+    if prompt is not None:
+        request.prompt = prompt
+    else:
+        request.chat.messages.extend(chat_message(m) for m in messages or ())
+        if "add_generation_prompt" in options:
+            request.chat.add_generation_prompt = options["add_generation_prompt"]
+
+    sampling = options.get("sampling", Sampling())
+    for name in ("temperature", "seed"):
+        if name in options:
+            sampling = dataclasses.replace(sampling, **{name: options[name]})  # type: ignore[literal-required]
+    fill(request.sampling, sampling)
+
+    stopping = options.get("stopping", Stopping())
+    if "max_new_tokens" in options:
+        stopping = dataclasses.replace(stopping, max_new_tokens=options["max_new_tokens"])
+    if "stop" in options:
+        stopping = dataclasses.replace(stopping, stop_sequences=tuple(options["stop"]))
+    fill(request.stopping, stopping)
+
+    constraint = constraint_of(
+        options.get("constraint"),
+        json_schema=options.get("json_schema"),
+        regex=options.get("regex"),
+        grammar=options.get("grammar"),
+        choices=options.get("choices"),
+    )
+    if constraint is not None:
+        request.constraint.CopyFrom(constraint.to_proto())
+    if "output" in options:
+        fill(request.output, options["output"])
+    return request
+
+
+def tokenize_request(
+    text: str | None, messages: Sequence[Message | Mapping[str, str]] | None, add_special_tokens: bool | None, model: str
+) -> pb.TokenizeRequest:
+    if (text is None) == (messages is None):
+        raise ValueError("give either text or messages=")
+    request = pb.TokenizeRequest(model=model)
+    if text is not None:
+        request.text = text
+    else:
+        request.chat.messages.extend(chat_message(m) for m in messages or ())
+    if add_special_tokens is not None:
+        request.add_special_tokens = add_special_tokens
+    return request
+
+
+def compile_request(constraint: Constraint | None, model: str, **shortcuts: Any) -> pb.CompileConstraintRequest:
+    chosen = constraint_of(constraint, **shortcuts)
+    if chosen is None:
+        raise ValueError("give a constraint: `constraint=` or one of json_schema/regex/grammar/choices")
+    return pb.CompileConstraintRequest(model=model, constraint=chosen.to_proto())
+
+
+def cancel_request(request_ids: str | Sequence[str]) -> pb.CancelRequest:
+    return pb.CancelRequest(request_ids=[request_ids] if isinstance(request_ids, str) else list(request_ids))

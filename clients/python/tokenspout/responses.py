@@ -1,0 +1,204 @@
+"""What the server answers, as plain dataclasses built from the response messages.
+
+Field names are the proto's. Fields the proto marks optional, and sub-messages that are not set,
+are None here; enums are lower-case names ("max_tokens", not FINISH_REASON_MAX_TOKENS).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import functools
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_ms: float = 0.0
+    time_to_first_token_ms: float = 0.0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    total_ms: float = 0.0
+    tokens_per_second: float = 0.0
+    constraint_compile_ms: float = 0.0
+    constraint_mask_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str = "unspecified"
+    stop_sequence: str | None = None
+    stop_token_id: int | None = None
+    seed: int = 0
+    usage: Usage | None = None
+    timings: Timings | None = None
+    constraint_satisfied: bool | None = None
+    constraint_message: str = ""
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    id: int = 0
+    text: str = ""
+    logprob: float = 0.0
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int = 0
+    text: str = ""
+    bytes: builtins.bytes = b""
+    logprob: float | None = None
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed message: new text, and `finish` on the last one."""
+
+    request_id: str = ""
+    text: str = ""
+    tokens: list[Token] = field(default_factory=list)
+    generated_tokens: int = 0
+    input_tokens: int = 0
+    finish: Finish | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A whole generation (from generate(), or a stream's `result()`)."""
+
+    request_id: str = ""
+    text: str = ""
+    tokens: list[Token] = field(default_factory=list)
+    generated_tokens: int = 0
+    input_tokens: int = 0
+    finish: Finish | None = None
+
+    def parse(self, model: type[T]) -> T:
+        """The text validated into a pydantic model (for a json_schema= generation)."""
+        return model.model_validate_json(self.text)  # type: ignore[attr-defined, no-any-return]
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    token_ids: list[int] = field(default_factory=list)
+    pieces: list[bytes] = field(default_factory=list)
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class Compiled:
+    compile_ms: float = 0.0
+    cached: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    cancelled: list[str] = field(default_factory=list)
+    not_found: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    pad_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch_size: int = 0
+    max_new_tokens: int = 0
+    max_stop_sequences: int = 0
+    max_stop_sequence_length: int = 0
+    max_top_logprobs: int = 0
+    max_logit_bias_entries: int = 0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_id: str = ""
+    engine: str = ""
+    context_length: int = 0
+    vocab_size: int = 0
+    special_tokens: SpecialTokens | None = None
+    samplers: list[str] = field(default_factory=list)
+    constraint_kinds: list[str] = field(default_factory=list)
+    limits: Limits | None = None
+    has_chat_template: bool = False
+    quantization: str = ""
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    running_sequences: int = 0
+    queued_requests: int = 0
+    paused_sequences: int = 0
+    cache_tokens_used: int = 0
+    cache_tokens_free: int = 0
+    max_batch_size: int = 0
+    max_queued_requests: int = 0
+    engine_steps: int = 0
+    cancelled_total: int = 0
+    last_cancel_latency_steps: int = 0
+    last_cancel_latency_ms: float = 0.0
+    max_cancel_latency_steps: int = 0
+    rejected_total: int = 0
+    draining: bool = False
+    started_total: int = 0
+
+
+@functools.cache
+def _nested_classes(cls: type) -> dict[str, type]:
+    """Field name -> the dataclass it holds (alone or in a list)."""
+    nested = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        for candidate in (hint, *typing.get_args(hint)):
+            inner = typing.get_args(candidate) or (candidate,)
+            dataclass_types = [t for t in inner if dataclasses.is_dataclass(t)]
+            if dataclass_types:
+                nested[name] = dataclass_types[0]
+    return nested
+
+
+def from_proto(cls: type[T], message: Any) -> T:
+    """Builds `cls` from a message with the same field names; fields the proto lacks keep defaults."""
+    nested = _nested_classes(cls)
+    descriptors = message.DESCRIPTOR.fields_by_name
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        descriptor = descriptors.get(f.name)
+        if descriptor is None:
+            continue
+        value = getattr(message, f.name)
+        if descriptor.is_repeated:
+            values[f.name] = [from_proto(nested[f.name], v) if f.name in nested else v for v in value]
+        elif descriptor.has_presence and not message.HasField(f.name):
+            values[f.name] = None
+        elif f.name in nested:
+            values[f.name] = from_proto(nested[f.name], value)
+        elif descriptor.enum_type is not None:
+            name = descriptor.enum_type.values_by_number[value].name
+            values[f.name] = name.removeprefix(_enum_prefix(descriptor.enum_type.name)).lower()
+        else:
+            values[f.name] = value
+    return cls(**values)
+
+
+def _enum_prefix(enum_name: str) -> str:
+    # FinishReason -> FINISH_REASON_ (buf's ENUM_VALUE_PREFIX rule guarantees it).
+    return "".join("_" + c if c.isupper() else c.upper() for c in enum_name).lstrip("_") + "_"
