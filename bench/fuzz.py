@@ -6,7 +6,7 @@ ended with each status code, how many errors were too big to deliver, whether
 health stayed SERVING, and the server's RSS once caches are warm and at the end.
 Targets: no UNKNOWN, no INTERNAL, RSS growth under 5%.
 
-    python bench/fuzz.py [--calls 5000] [--raw-calls 1000] [--warmup 500]
+    python bench/fuzz.py [--calls 5000] [--raw-calls 1000] [--warmup 2000]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--raw-calls", type=int, default=1000)
-    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--warmup", type=int, default=2000, help="calls before the warm RSS (fills the caches)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(pathlib.Path(tmp), "--context-length", "512", "--max-batch-size", "4")
@@ -113,7 +113,10 @@ def main() -> None:
                 warm_rss = rss_mib(server.process.pid)
                 tally = Tally()
                 start = time.perf_counter()
-                fuzz_requests(channel, tally, args.calls)
+                trajectory = []
+                for chunk in range(0, args.calls, 1000):
+                    fuzz_requests(channel, tally, min(1000, args.calls - chunk))
+                    trajectory.append(f"{rss_mib(server.process.pid):.0f}")
                 fuzz_bytes(channel, tally, args.raw_calls)
                 elapsed = time.perf_counter() - start
                 end_rss = rss_mib(server.process.pid)
@@ -131,6 +134,7 @@ def main() -> None:
     print(f"errors over {MAX_ERROR_BYTES} bytes: {tally.oversized}")
     print(f"health at the end: {health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)}")
     print(f"server RSS: {warm_rss:.0f} MiB warm -> {end_rss:.0f} MiB after, {100 * (end_rss / warm_rss - 1):+.1f}% (target < 5%)")
+    print(f"  RSS after each 1000 fuzzed requests: {', '.join(trajectory)} MiB")
     print(f"server exit code {exit_code}, tracebacks in its log: {tracebacks}")
 
 

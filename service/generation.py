@@ -148,7 +148,10 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         self._validator.check_model(request.model)
-        tokens = await self._off_loop_if_large(self._validator.prompt_tokens, request)
+        return await self._off_loop_if_large(self._tokenize_response, request)
+
+    def _tokenize_response(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
+        tokens = self._validator.prompt_tokens(request)
         pieces = [self._engine.token_piece(t) for t in tokens]
         return pb.TokenizeResponse(token_ids=tokens, pieces=pieces, count=len(tokens))
 
