@@ -3,7 +3,8 @@
 Prints, from two servers on the embedded model (no keys / an API-keys file), measured alternately
 so that drift in the machine's speed affects both alike:
   1. single-stream decode tokens/s with a key / without auth (every message passes the auth wrapper)
-  2. unary calls per second (GetModelInfo, one after another) with a key / without auth
+  2. unary calls (GetModelInfo, one after another): the server's CPU time per call, with a key /
+     without auth (CPU time from /proc, so other work on a busy machine does not count), and calls/s
   3. the key check alone (sha256 and compare_digest against every configured key), in microseconds,
      for 1, 100 and 1,000 configured keys
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import pathlib
 import statistics
 import sys
@@ -53,11 +55,19 @@ class Keyed:
         return self._stub.GetModelInfo(request, timeout=timeout, metadata=self._metadata)
 
 
-def calls_per_second(stub, calls: int) -> float:
-    start = time.perf_counter()
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def unary_calls(stub, pid: int, calls: int) -> tuple[float, float]:
+    """(server CPU microseconds per call, calls per second)."""
+    cpu, start = cpu_seconds(pid), time.perf_counter()
     for _ in range(calls):
         stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
-    return calls / (time.perf_counter() - start)
+    wall = time.perf_counter() - start
+    return (cpu_seconds(pid) - cpu) / calls * 1e6, calls / wall
 
 
 def check_us(keys: int) -> float:
@@ -83,16 +93,17 @@ def main() -> int:
         try:
             with grpc.insecure_channel(plain.address) as a, grpc.insecure_channel(keyed.address) as b:
                 stubs = {"off": pb_grpc.GenerationServiceStub(a), "key": Keyed(pb_grpc.GenerationServiceStub(b))}
-                for stub in stubs.values():  # warm both
+                pids = {"off": plain.process.pid, "key": keyed.process.pid}
+                for name, stub in stubs.items():  # warm both
                     timed_request(stub, greedy_request(PROMPTS[0], 8))
-                    calls_per_second(stub, 20)
+                    unary_calls(stub, pids[name], 20)
                 decode = {name: [] for name in stubs}
                 unary = {name: [] for name in stubs}
                 for rep in range(args.reps):
                     order = list(stubs) if rep % 2 == 0 else list(reversed(stubs))
                     for name in order:
                         decode[name].append(timed_request(stubs[name], greedy_request(PROMPTS[rep % 8], args.tokens))[1])
-                        unary[name].append(calls_per_second(stubs[name], args.calls))
+                        unary[name].append(unary_calls(stubs[name], pids[name], args.calls))
         finally:
             stop_server(plain)
             stop_server(keyed)
@@ -100,7 +111,9 @@ def main() -> int:
     print(f"{args.reps} streams of {args.tokens} greedy tokens and {args.reps} x {args.calls} GetModelInfo calls "
           f"each way, alternating; the keyed server has {args.keys} keys")
     print(f"decode, one stream:   {on:7.1f} tok/s with a key vs {off:7.1f} without auth: ratio {on / off:.3f}")
-    off, on = statistics.median(unary["off"]), statistics.median(unary["key"])
+    off, on = (statistics.median(cpu for cpu, _ in unary[name]) for name in ("off", "key"))
+    print(f"unary call, server CPU: {on:7.1f} us with a key vs {off:7.1f} without auth: +{on - off:.1f} us")
+    off, on = (statistics.median(rate for _, rate in unary[name]) for name in ("off", "key"))
     print(f"unary calls:          {on:7.1f} /s with a key vs {off:7.1f} without auth: ratio {on / off:.3f}")
     for keys in (1, 100, 1000):
         print(f"key check, {keys:5d} keys: {check_us(keys):7.1f} us")
