@@ -22,8 +22,8 @@ grpcurl -plaintext -d '{"chat": {"messages": [{"role": "user", "content": "Name 
   "$LISTEN" tokenspout.v1.GenerationService/GenerateStream | grep '"text"'
 
 echo
-echo "== Python client (clients/python) =="
-python -m tokenspout.client --target "$LISTEN" "Why is the sky blue? Answer in two sentences."
+echo "== Python client (tokenspout-client, clients/python) =="
+tokenspout-client --address "$LISTEN" stream --chat "Why is the sky blue? Answer in two sentences."
 
 if [[ "${DEMO_ONLY:-0}" == 1 ]]; then exit 0; fi
 echo
