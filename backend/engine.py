@@ -67,6 +67,22 @@ class EngineStats:
     last_cancel_latency_steps: int = 0
     last_cancel_latency_s: float = 0.0
     max_cancel_latency_steps: int = 0
+    prefix_cache_entries: int = 0
+    """Cached prefixes kept for reuse (idle cache streams, or the engine's own cached pages)."""
+    prefix_cache_tokens: int = 0
+    prompt_tokens_total: int = 0
+    """Prompt tokens of every request started."""
+    cached_prompt_tokens_total: int = 0
+    """Of those, the ones taken from the prefix cache instead of being computed."""
+    preempted_total: int = 0
+    """Paused sequences that gave up their slot to a waiting request."""
+    preempted_sequences: int = 0
+    recomputed_tokens_total: int = 0
+    """Tokens computed again when preempted sequences came back (what preemption cost)."""
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_prompt_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0
 
 
 class Engine(Protocol):

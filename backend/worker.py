@@ -1,9 +1,11 @@
 """The one thread that owns a model: commands in, steps, events out.
 
 `EngineCore` is the synchronous part an engine implements (tests can drive it
-step by step without threads); `EngineWorker` runs it on a dedicated thread:
+step by step without threads). Like vLLM's `EngineCore.step()`, each of its
+methods returns the outputs it produced, (sink, event) pairs, and never calls a
+sink itself; `EngineWorker` runs it on a dedicated thread and delivers them:
 
-    while running: apply queued commands; if there is work, step()
+    while running: apply queued commands; if there is work, step(); deliver the outputs
 
 It blocks on the command queue while there is nothing to do (waking now and
 then while paused sequences hold the cache, so their time limits still apply).
@@ -17,7 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from backend.engine import EngineStats, EventSink
 from backend.types import Event, GenerationRequest
@@ -28,12 +30,21 @@ log = logging.getLogger(__name__)
 _PAUSED_CHECK_S = 0.1
 
 
+Output = tuple[EventSink, Event]
+"""One event for one request's sink, as an engine core returns it."""
+
+
 def deliver(sink: EventSink, event: Event) -> None:
     """Hands an event to a request's sink; a failing sink (its caller's loop is gone) ends nothing else."""
     try:
         sink(event)
     except Exception:
         log.exception("could not deliver an event")
+
+
+def deliver_all(outputs: Iterable[Output]) -> None:
+    for sink, event in outputs:
+        deliver(sink, event)
 
 
 class Command(enum.Enum):
@@ -52,15 +63,17 @@ class CancelOrder:
 
 
 class EngineCore(Protocol):
+    """Every method returns the outputs it produced, in order, for the caller to deliver."""
+
     stats: EngineStats
 
-    def add(self, request: GenerationRequest, sink: EventSink) -> None: ...
+    def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]: ...
 
-    def cancel(self, order: CancelOrder) -> None: ...
+    def cancel(self, order: CancelOrder) -> list[Output]: ...
 
-    def pause(self, request_id: str) -> None: ...
+    def pause(self, request_id: str) -> list[Output]: ...
 
-    def resume(self, request_id: str) -> None: ...
+    def resume(self, request_id: str) -> list[Output]: ...
 
     def has_work(self) -> bool:
         """Whether step() would do anything: a waiting request or an unpaused sequence."""
@@ -68,13 +81,15 @@ class EngineCore(Protocol):
 
     def holds_sequences(self) -> bool: ...
 
-    def expire(self) -> None:
+    def expire(self) -> list[Output]:
         """Ends every sequence whose time is up, paused or waiting ones included."""
         ...
 
-    def step(self) -> None: ...
+    def step(self) -> list[Output]: ...
 
-    def close(self) -> None: ...
+    def close(self) -> list[Output]:
+        """Ends every request (CANCELLED) and frees the model's working memory."""
+        ...
 
 
 class EngineWorker:
@@ -114,17 +129,14 @@ class EngineWorker:
                     timeout = None
                 if not self._apply_commands(timeout):
                     return
-                if self._core.has_work():
-                    self._core.step()
-                else:
-                    self._core.expire()
+                deliver_all(self._core.step() if self._core.has_work() else self._core.expire())
         except Exception as exc:  # a bug in the loop itself; per-sequence faults are handled in step()
             log.exception("engine loop crashed")
             for callback in self.death_callbacks:
                 callback(exc)
             raise
         finally:
-            self._core.close()
+            deliver_all(self._core.close())
 
     def _apply_commands(self, timeout: float | None) -> bool:
         """Applies every queued command, waiting up to `timeout` for the first; False on shutdown."""
@@ -139,7 +151,7 @@ class EngineWorker:
             Command.RESUME: self._core.resume,
         }
         while command is not Command.SHUTDOWN:
-            handlers[command](arg)
+            deliver_all(handlers[command](arg))
             try:
                 command, arg = self._commands.get_nowait()
             except queue.Empty:

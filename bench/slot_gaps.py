@@ -20,6 +20,7 @@ from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore  # noqa: E402
 from backend.llamacpp.model import GgufModel  # noqa: E402
 from backend.models import default_model_path  # noqa: E402
 from backend.types import GenerationRequest, SamplingParams, StopParams  # noqa: E402
+from backend.worker import deliver_all  # noqa: E402
 
 PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees grow", "Rivers run", "Bread is",
            "Snow is", "Sun is"]
@@ -38,10 +39,10 @@ def run(core: LlamaCppCore, model: GgufModel, close_gaps: bool) -> tuple[float, 
             events[i].append,
         )
     for _ in range(10):  # past the early finisher
-        core.step()
+        deliver_all(core.step())
     before, start = sum(map(len, events.values())), time.perf_counter()
     while core.has_work():
-        core.step()
+        deliver_all(core.step())
     rate = (sum(map(len, events.values())) - before) / (time.perf_counter() - start)
     if not close_gaps:
         del core._compact
@@ -59,7 +60,7 @@ def main() -> int:
         with_moves, tokens_with = run(core, model, close_gaps=True)
         print(f"gap left open {without:.0f} tok/s, gap closed {with_moves:.0f} tok/s, ratio {with_moves / without:.2f}; "
               f"same tokens: {tokens_without == tokens_with}")
-    core.close()
+    deliver_all(core.close())
     model.close()
     return 0
 

@@ -14,7 +14,7 @@ from core_driver import Delivering
 
 def make_core(model, **settings) -> Delivering:
     """A core driven in-process whose commands deliver their events, as the worker does."""
-    config = dict(context_length=256, max_batch_size=2, batch_tokens=64, threads=2) | settings
+    config = dict(context_length=256, max_batch_size=2, batch_tokens=64, threads=1) | settings
     return Delivering(LlamaCppCore(model, LlamaCppConfig(**config)))
 
 

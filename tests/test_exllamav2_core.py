@@ -21,6 +21,7 @@ from backend.types import (
     DryParams, ErrorEvent, FinishReason, GenerationRequest, MirostatParams, OutputParams, SamplingParams, StopParams,
     XtcParams,
 )
+from core_driver import Delivering
 from exllamav2_fakes import EOS, FakeGenerators, FakeJobs, eos, streaming
 from service.errors import ServiceError
 from service.validate import RequestValidator
@@ -37,7 +38,9 @@ def request(request_id: str, **stopping) -> GenerationRequest:
 @pytest.fixture
 def setup():
     generators = FakeGenerators()
-    core = ExLlamaV2Core(generators, FakeJobs(), EOS, lambda t: PIECES.get(t, b"?"), vocab_size=16, cache_tokens=4096)
+    core = Delivering(
+        ExLlamaV2Core(generators, FakeJobs(), EOS, lambda t: PIECES.get(t, b"?"), vocab_size=16, cache_tokens=4096)
+    )
     return core, generators
 
 
@@ -436,3 +439,33 @@ def test_exllamav2s_own_samplers_pass_validation_where_the_engine_has_them():
     assert {v.field for v in refused.value.violations} == {
         f"sampling.{name}" for name in ("top_a", "skew", "banned_strings", "token_healing", "dry", "logit_bias")
     }
+
+
+def test_the_same_engine_stats_as_the_llama_cpp_core(setup):
+    import time
+
+    from backend.worker import CancelOrder
+
+    core, generators = setup
+    finished: list = []
+    cancelled: list = []
+    core.add(request("a"), collect(finished))
+    core.add(request("b"), collect(cancelled))
+    assert core.stats.queued_requests == 2 and core.stats.running_sequences == 0
+    generators[0].script = [
+        [{"job": None, "stage": "started", "eos": False, "serial": 1, "identifier": "a"}],
+        [{**eos("a", "max_new_tokens", 1), "cached_tokens": 2}],
+    ]
+    core.step()
+    stats = core.stats
+    assert (stats.started_total, stats.running_sequences, stats.queued_requests, stats.prompt_tokens_total) == (1, 1, 1, 3)
+    assert stats.cache_tokens_used == 3
+    core.step()
+    # The generator's own prefix reuse (deduplicated pages) is the request's cached_tokens and the server's hit rate.
+    assert finished[-1].finish.usage.cached_tokens == 2 and core.stats.cached_prompt_tokens_total == 2
+    assert core.stats.prefix_hit_rate == pytest.approx(2 / 3)
+    core.cancel(CancelOrder("b", time.monotonic(), core.steps - 2))
+    assert core.stats.max_cancel_latency_steps == 2 and core.stats.running_sequences == core.stats.queued_requests == 0
+    finish = cancelled[-1].finish  # built through the same path as every other Finish, with real timings
+    assert finish.reason is FinishReason.CANCELLED and finish.usage.prompt_tokens == 3
+    assert 0 <= finish.timings.queue_s <= finish.timings.total_s and finish.seed == 0

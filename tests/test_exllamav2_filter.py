@@ -9,6 +9,7 @@ from backend.constraints import ConstraintCompiler
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.types import ConstraintSpec, ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
+from core_driver import Delivering
 from exllamav2_fakes import FakeGenerators, FakeJobs, eos, streaming
 
 
@@ -63,7 +64,7 @@ def test_begin_resets_for_the_first_sampling_step(model, compiler):
 @pytest.fixture
 def constrained(model, compiler):
     generators, jobs = FakeGenerators(), FakeJobs()
-    core = ExLlamaV2Core(generators, jobs, model.eos_token_ids, model.pieces.__getitem__, model.vocab_size, 4096)
+    core = Delivering(ExLlamaV2Core(generators, jobs, model.eos_token_ids, model.pieces.__getitem__, model.vocab_size, 4096))
 
     def add(request_id: str, pattern: str, events: list, max_new_tokens: int = 16) -> GrammarFilterCore:
         compiled = compiler.compile(ConstraintSpec("regex", pattern))

@@ -2,10 +2,12 @@
 
 The generator is not thread-safe, so only the engine thread calls it: submit
 and cancel arrive as commands and are applied between `iterate()` calls.
-Results fan out to each request's sink by job identifier; results for a job
-already cancelled are dropped. An exception from `iterate()` ends every
-running stream with an error and the generator is rebuilt, so the engine
-keeps serving.
+Results become events for each request's sink by job identifier, returned to
+the worker to deliver (see backend.worker); results for a job already
+cancelled are dropped. An exception from `iterate()` ends every running stream
+with an error and the generator is rebuilt, so the engine keeps serving. It
+publishes the same EngineStats as the llama.cpp core; the generator's own
+prefix reuse (deduplicated cache pages) shows in `usage.cached_tokens`.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any, Callable
 from backend.engine import EngineStats, EventSink
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.exllamav2.results import JobResults
-from backend.types import ErrorEvent, Finish, FinishReason, GenerationRequest, TokenEvent, Timings, Usage
-from backend.worker import CancelOrder, deliver
+from backend.types import ErrorEvent, FinishReason, GenerationRequest
+from backend.worker import CancelOrder, Output
 
 log = logging.getLogger(__name__)
 
@@ -54,46 +56,51 @@ class ExLlamaV2Core:
         self._piece = piece
         self._vocab_size = vocab_size
         self._jobs: dict[str, _Job] = {}
+        self._outputs: list[Output] = []
         self.steps = 0
         self.stats = EngineStats(cache_tokens_total=cache_tokens)
 
-    def add(self, request: GenerationRequest, sink: EventSink) -> None:
+    def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]:
         if self._generator is None and not self._rebuild():
-            deliver(sink, ErrorEvent("the generator failed and could not be rebuilt; see the server log"))
-            return
+            return [(sink, ErrorEvent("the generator failed and could not be rebuilt; see the server log"))]
         try:
             job, constraint = self._make_job(request)
             self._generator.enqueue(job)
         except Exception as exc:  # validation should have caught it; never let it reach iterate() or this thread
             log.exception("exllamav2 refused request %s", request.request_id)
-            deliver(sink, ErrorEvent(f"the generator refused the job: {exc}"))
-            return
+            return [(sink, ErrorEvent(f"the generator refused the job: {exc}"))]
         results = JobResults(request, self._eos_token_ids, self._piece, self._vocab_size, constraint)
         self._jobs[request.request_id] = _Job(request, job, sink, results)
         self._publish()
+        return []
 
-    def cancel(self, order: CancelOrder | str) -> None:
+    def cancel(self, order: CancelOrder | str) -> list[Output]:
         if isinstance(order, str):
             order = CancelOrder(order, time.monotonic(), self.steps)
         entry = self._jobs.get(order.request_id)
         if entry is None:
-            return  # finished already: nothing to free
+            return []  # finished already: nothing to free
         self._end(entry, FinishReason.CANCELLED)
+        latency_steps = self.steps - order.issued_at_step
         self.stats = dataclasses.replace(
             self.stats,
             cancelled_total=self.stats.cancelled_total + 1,
-            last_cancel_latency_steps=self.steps - order.issued_at_step,
+            last_cancel_latency_steps=latency_steps,
             last_cancel_latency_s=time.monotonic() - order.issued_at,
+            max_cancel_latency_steps=max(self.stats.max_cancel_latency_steps, latency_steps),
         )
         self._publish()
+        return self._take_outputs()
 
-    def pause(self, request_id: str) -> None:
+    def pause(self, request_id: str) -> list[Output]:
         """A no-op: the generator cannot hold one job back. A slow reader's job runs on and its
         tokens wait in the request's buffer (at most max_new_tokens of them), and its cache pages
         go back to the others as soon as it ends rather than being held for a reader who may not return."""
+        return []
 
-    def resume(self, request_id: str) -> None:
+    def resume(self, request_id: str) -> list[Output]:
         """See pause()."""
+        return []
 
     def has_work(self) -> bool:
         return bool(self._jobs)
@@ -101,37 +108,54 @@ class ExLlamaV2Core:
     def holds_sequences(self) -> bool:
         return bool(self._jobs)
 
-    def expire(self) -> None:
+    def expire(self) -> list[Output]:
         now = time.monotonic()
         for entry in [e for e in self._jobs.values() if e.results.deadline_passed(now)]:
             self._end(entry, FinishReason.TIME_LIMIT)
+        self._publish()
+        return self._take_outputs()
 
-    def step(self) -> None:
+    def step(self) -> list[Output]:
         self.steps += 1
-        self.expire()
+        self._outputs.extend(self.expire())
         try:
             results = self._generator.iterate()
         except Exception as exc:  # it would end every job anyway: fail them, rebuild, carry on
             log.exception("exllamav2 iterate() failed; rebuilding the generator")
             for entry in list(self._jobs.values()):
-                deliver(entry.sink, ErrorEvent(f"the generator failed: {exc}"))
+                self._outputs.append((entry.sink, ErrorEvent(f"the generator failed: {exc}")))
             self._jobs.clear()
             self._rebuild()
             self._publish()
-            return
+            return self._take_outputs()
         for result in results:
             entry = self._jobs.get(result.get("identifier"))
             if entry is None:
                 continue  # a job cancelled between iterates: its late results are dropped
+            if entry.results.started_at is None:  # "started" comes first, but any result means it is active
+                self._started(entry)
             event = entry.results.translate(result)
             if isinstance(event, ErrorEvent):  # its constraint failed: end it, the others carry on
                 self._remove(entry)
-                deliver(entry.sink, event)
+                self._outputs.append((entry.sink, event))
             elif event is not None:
-                deliver(entry.sink, dataclasses.replace(event, step=self.steps))
+                self._outputs.append((entry.sink, dataclasses.replace(event, step=self.steps)))
                 if event.finish is not None:
                     del self._jobs[entry.request.request_id]
+                    cached = event.finish.usage.cached_tokens
+                    self.stats = dataclasses.replace(
+                        self.stats, cached_prompt_tokens_total=self.stats.cached_prompt_tokens_total + cached
+                    )
         self._publish()
+        return self._take_outputs()
+
+    def _started(self, entry: _Job) -> None:
+        entry.results.started_at = time.monotonic()
+        self.stats = dataclasses.replace(
+            self.stats,
+            started_total=self.stats.started_total + 1,
+            prompt_tokens_total=self.stats.prompt_tokens_total + len(entry.request.prompt_token_ids),
+        )
 
     def _rebuild(self) -> bool:
         """A fresh generator; None, and False, when that fails too (the next request tries again)."""
@@ -142,9 +166,14 @@ class ExLlamaV2Core:
             self._generator = None
         return self._generator is not None
 
-    def close(self) -> None:
+    def close(self) -> list[Output]:
         for entry in list(self._jobs.values()):
             self._end(entry, FinishReason.CANCELLED)
+        return self._take_outputs()
+
+    def _take_outputs(self) -> list[Output]:
+        outputs, self._outputs = self._outputs, []
+        return outputs
 
     def _remove(self, entry: _Job) -> None:
         self._generator.cancel(entry.job)  # frees its pages; emits nothing
@@ -152,15 +181,20 @@ class ExLlamaV2Core:
 
     def _end(self, entry: _Job, reason: FinishReason) -> None:
         self._remove(entry)
-        now = time.monotonic()
-        elapsed = now - entry.request.arrival_time
-        finish = Finish(
-            reason=reason,
-            usage=Usage(len(entry.request.prompt_token_ids), entry.results.generated),
-            timings=Timings(0.0, elapsed, 0.0, 0.0, elapsed),
-            seed=entry.request.sampling.seed,
-        )
-        deliver(entry.sink, TokenEvent((), "", entry.results.generated, finish, self.steps))
+        self._outputs.append((entry.sink, dataclasses.replace(entry.results.end(reason), step=self.steps)))
 
     def _publish(self) -> None:
-        self.stats = dataclasses.replace(self.stats, steps=self.steps, running_sequences=len(self._jobs))
+        """The same figures as the llama.cpp core: started jobs run, the rest queue; the cache holds
+        each running job's prompt and output, and the generator's idle pages are its cached prefixes."""
+        running = [e for e in self._jobs.values() if e.results.started_at is not None]
+        idle_pages = len(getattr(self._generator, "unreferenced_pages", None) or {})
+        page_size = getattr(self._generator, "page_size", 256)
+        self.stats = dataclasses.replace(
+            self.stats,
+            steps=self.steps,
+            running_sequences=len(running),
+            queued_requests=len(self._jobs) - len(running),
+            cache_tokens_used=sum(len(e.request.prompt_token_ids) + e.results.generated for e in running),
+            prefix_cache_entries=idle_pages,
+            prefix_cache_tokens=idle_pages * page_size,
+        )

@@ -78,6 +78,8 @@ class LlamaCppConfig:
     """Cache streams beyond max_batch_size that only keep prefixes (context_length cells each)."""
     max_pause_s: float = 300.0
     """A sequence whose caller has not read for this long ends with an error."""
+    flash_attention: bool = False
+    """llama.cpp's own choice when True; off, output does not depend on prefill chunking."""
     fail_requests_with_prefix: str = ""
     """Test-only fault injection: sampling raises for request ids with this prefix."""
 
@@ -93,12 +95,17 @@ class _Sequence:
         self.sampler = sampler
         self.output = SequenceOutput(request)
         self.tokens: list[int] = list(request.prompt_token_ids)  # the prompt, then every generated token
+        self.prompt_length = len(request.prompt_token_ids)
         self.slot = -1  # its llama.cpp sequence id while it holds one
         self.cached = 0  # tokens[:cached] are in the slot's cache
-        self.prefilling = True  # until its first sample since (re)admission; then one token per step
+        self.replay_until = 0  # back from preemption: output tokens to feed again, one a step, as first computed
         self.needs_prefix = False  # to look for a cached prefix before its prefill starts
         self.admissions = 0
         self.paused_since: float | None = None  # the caller is not reading: skip it in batches
+
+    @property
+    def prefilling(self) -> bool:
+        return self.cached < self.prompt_length
 
     @property
     def paused(self) -> bool:
@@ -126,6 +133,11 @@ class LlamaCppCore:
         # sequences have ascending, contiguous ids (see _fill_batch and docs/benchmarks.md).
         params.kv_unified = False
         params.no_perf = True
+        # llama.cpp's CPU flash attention computes a prompt token differently depending on where
+        # its prefill chunk starts, so a reused prefix would change greedy output (measured).
+        params.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if config.flash_attention else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         self.ctx = llama_cpp.llama_init_from_model(model.ptr, params)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context")
@@ -298,7 +310,7 @@ class LlamaCppCore:
         slot = self._pick_slot(source)
         self._free_slots.remove(slot)
         heapq.heapify(self._free_slots)
-        seq.slot, seq.cached, seq.prefilling, seq.needs_prefix = slot, 0, True, True
+        seq.slot, seq.cached, seq.needs_prefix, seq.replay_until = slot, 0, True, len(seq.tokens)
         seq.admissions += 1
         self._running[seq.id] = seq
         if source == slot:
@@ -338,10 +350,11 @@ class LlamaCppCore:
         """The slot holding the longest computed prefix of the sequence's tokens (idle or live), and its length."""
         if not self.config.prefix_cache:
             return None, 0
-        source, shared = self._prefixes.longest(seq.tokens)
-        for other in self._running.values():
-            if other is not seq and not other.needs_prefix and other.cached > shared:
-                common = common_prefix(other.tokens[: other.cached], seq.tokens)
+        source, shared = self._prefixes.longest(seq.tokens, seq.id)
+        for other in self._running.values():  # a live sequence's prompt cells (see PrefixIndex)
+            computed = min(other.cached, other.prompt_length)
+            if other is not seq and not other.needs_prefix and computed > shared:
+                common = common_prefix(other.tokens[:computed], seq.tokens)
                 if common > shared:
                     source, shared = other.slot, common
         shared = min(shared, len(seq.tokens) - 1)  # the last token is computed again, for its logits
@@ -353,7 +366,7 @@ class LlamaCppCore:
         for other in self._running.values():
             if other is seq or other.needs_prefix or other.paused or not other.prefilling:
                 continue
-            coming = min(common_prefix(other.tokens, seq.tokens), len(seq.tokens) - 1)
+            coming = min(common_prefix(other.tokens[: other.prompt_length], seq.tokens), len(seq.tokens) - 1)
             if coming >= available + MIN_REUSE_TOKENS:
                 return True
         return False
@@ -430,7 +443,7 @@ class LlamaCppCore:
         """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping."""
         del self._running[seq.id]
         if self.config.prefix_cache and seq.cached >= MIN_REUSE_TOKENS:
-            self._prefixes.put(seq.slot, seq.tokens[: seq.cached])
+            self._prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length)
         else:
             llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         heapq.heappush(self._free_slots, seq.slot)
@@ -471,13 +484,15 @@ class LlamaCppCore:
         )
         for seq in ready:
             if not seq.prefilling and seq.cached < len(seq.tokens):
-                put(seq, min(per_sequence, len(seq.tokens) - seq.cached))
+                # Output tokens fed again after a preemption go one a step, as they were computed.
+                replaying = seq.cached < seq.replay_until - 1
+                put(seq, 1 if replaying else min(per_sequence, len(seq.tokens) - seq.cached))
         for seq in ready:
             budget = self.config.batch_tokens - n
             if budget <= 0:
                 break
-            if seq.prefilling and seq.cached < len(seq.tokens):
-                put(seq, min(budget, len(seq.tokens) - seq.cached))
+            if seq.prefilling:
+                put(seq, min(budget, seq.prompt_length - seq.cached))
         batch.n_tokens = n
         return scheduled
 
@@ -501,7 +516,6 @@ class LlamaCppCore:
     def _sample(self, seq: _Sequence, logits_index: int) -> None:
         output = seq.output
         output.step = self.steps
-        seq.prefilling = False
         fault_prefix = self.config.fail_requests_with_prefix
         if fault_prefix and seq.id.startswith(fault_prefix):
             raise RuntimeError("injected fault (fail_requests_with_prefix)")

@@ -1,0 +1,95 @@
+"""Which idle cache streams hold which tokens, and which one to give up first.
+
+A llama.cpp sequence id (a "slot", one cache stream each) that no live sequence
+holds keeps the cells of the last sequence that used it. This index remembers
+their tokens, so a new prompt can start from the longest cached prefix, and
+names the least recently used entry when a stream has to be overwritten.
+Bookkeeping only: the engine core moves the cells (backend.llamacpp.core).
+
+Only cells computed as part of a prompt are shared with other requests: llama.cpp
+computes a token decoded alone with other kernels than the same token inside a
+prompt, so a later prompt that resent an earlier answer would see slightly
+different numbers, and greedy output could change. The sequence that computed
+an entry (one preempted, coming back) may use all of it: to it, those cells are
+exactly what it had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class CachedPrefix:
+    tokens: tuple[int, ...]
+    last_used: int
+    owner: str = ""
+    """The request whose cells these are."""
+    shared: int = 0
+    """How many leading tokens other requests may reuse (those computed as prompt)."""
+
+
+class PrefixIndex:
+    def __init__(self) -> None:
+        self._entries: dict[int, CachedPrefix] = {}
+        self._clock = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, slot: int) -> bool:
+        return slot in self._entries
+
+    @property
+    def tokens_held(self) -> int:
+        return sum(len(entry.tokens) for entry in self._entries.values())
+
+    def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int) -> None:
+        self._clock += 1
+        self._entries[slot] = CachedPrefix(tuple(tokens), self._clock, owner, min(shared, len(tokens)))
+
+    def drop(self, slot: int) -> CachedPrefix | None:
+        return self._entries.pop(slot, None)
+
+    def move(self, source: int, target: int) -> None:
+        self._entries[target] = self._entries.pop(source)
+
+    def touch(self, slot: int) -> None:
+        self._clock += 1
+        self._entries[slot].last_used = self._clock
+
+    def longest(self, tokens: Sequence[int], owner: str) -> tuple[int | None, int]:
+        """The slot whose cached tokens share the longest usable prefix with `tokens` (for
+        the request `owner`), and that length."""
+        best: tuple[int | None, int] = (None, 0)
+        for slot, entry in self._entries.items():
+            usable = entry.tokens if entry.owner == owner else entry.tokens[: entry.shared]
+            shared = common_prefix(usable, tokens)
+            if shared > best[1]:
+                best = (slot, shared)
+        return best
+
+    def victim(self, free_slots: Iterable[int], keep_newer_than: int | None = None) -> int | None:
+        """A free slot to overwrite: an empty one first, else the least recently used entry's
+        (only if it is older than `keep_newer_than`'s entry, when given)."""
+        candidates = list(free_slots)
+        empty = [slot for slot in candidates if slot not in self._entries]
+        if empty:
+            return min(empty)
+        held = [slot for slot in candidates if slot in self._entries]
+        if not held:
+            return None
+        oldest = min(held, key=lambda slot: self._entries[slot].last_used)
+        if keep_newer_than is not None and self._entries[oldest].last_used >= self._entries[keep_newer_than].last_used:
+            return None
+        return oldest
