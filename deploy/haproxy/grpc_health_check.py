@@ -6,7 +6,8 @@ HTTP/2 (prior knowledge, as h2c backends speak): the client preface, an empty SE
 frame, a HEADERS frame for POST /grpc.health.v1.Health/Check (HPACK literals, no Huffman,
 no dynamic table) and a DATA frame holding that empty request. The check passes only when
 the answer's DATA frame holds HealthCheckResponse{status: SERVING}: a replica that drains
-or whose engine died answers NOT_SERVING and leaves the rotation.
+or whose engine died answers NOT_SERVING and leaves the rotation at that check, without
+waiting for the check's timeout.
 
     python deploy/haproxy/grpc_health_check.py [SERVICE]   # "" checks the whole server
 """
@@ -38,22 +39,28 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
 
 
-def health_request(service: str = "") -> bytes:
-    message = b"\x0a" + _string(service) if service else b""  # HealthCheckRequest{service}
-    headers = (
+def grpc_request(path: str, message: bytes, authority: str, *headers: tuple[str, str]) -> bytes:
+    """A whole unary-request gRPC call as a client opens it: preface, SETTINGS, HEADERS, DATA."""
+    block = (
         b"\x83"  # :method POST (static index 3)
         + b"\x86"  # :scheme http (static index 6)
-        + _literal(4, "/grpc.health.v1.Health/Check")  # :path
-        + _literal(1, "haproxy-health-check")  # :authority
+        + _literal(4, path)  # :path
+        + _literal(1, authority)  # :authority
         + _literal(31, "application/grpc")  # content-type
         + _literal("te", "trailers")
+        + b"".join(_literal(name, value) for name, value in headers)
     )
     return (
         b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
         + _frame(0x4, 0x0, 0, b"")  # SETTINGS, all defaults
-        + _frame(0x1, 0x4, 1, headers)  # HEADERS, END_HEADERS, stream 1
+        + _frame(0x1, 0x4, 1, block)  # HEADERS, END_HEADERS, stream 1
         + _frame(0x0, 0x1, 1, b"\x00" + len(message).to_bytes(4, "big") + message)  # DATA, END_STREAM
     )
+
+
+def health_request(service: str = "") -> bytes:
+    message = b"\x0a" + _string(service) if service else b""  # HealthCheckRequest{service}
+    return grpc_request("/grpc.health.v1.Health/Check", message, "haproxy-health-check")
 
 
 def tcp_check_lines(service: str = "") -> list[str]:
@@ -61,7 +68,10 @@ def tcp_check_lines(service: str = "") -> list[str]:
         "option tcp-check",
         "tcp-check connect",
         f"tcp-check send-binary {health_request(service).hex()}",
-        f"tcp-check expect binary {SERVING_MESSAGE.hex()}",
+        # Wait for the answer (any status), then judge it at once: with min-recv set, a
+        # mismatch is final instead of a wait for more data until the check times out.
+        f"tcp-check expect binary {SERVING_MESSAGE[:-1].hex()}",
+        f"tcp-check expect min-recv 1 binary {SERVING_MESSAGE.hex()}",
     ]
 
 
