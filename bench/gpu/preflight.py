@@ -205,7 +205,8 @@ def main() -> int:
 
     exports = []
     if cuda_home:
-        exports += [f"export CUDA_HOME={shlex.quote(str(cuda_home))}", f'export PATH={shlex.quote(str(cuda_home / "bin"))}:"$PATH"']
+        exports.append(f"export CUDA_HOME={shlex.quote(str(cuda_home))}")
+        exports.append(f'export PATH={shlex.quote(str(cuda_home / "bin"))}:"$PATH"')
     if used_includes:  # CPATH reaches both gcc and nvcc's host pass; torch passes only CUDA_HOME/include itself
         joined = ":".join(str(d) for d in used_includes)
         exports.append(f'export CPATH={shlex.quote(joined)}"${{CPATH:+:$CPATH}}"')
@@ -213,7 +214,8 @@ def main() -> int:
         joined = ":".join(str(d) for d in used_libraries)
         exports.append(f'export LIBRARY_PATH={shlex.quote(joined)}"${{LIBRARY_PATH:+:$LIBRARY_PATH}}"')
     args.env_file.write_text("\n".join(exports) + "\n")
-    say("verdict", "a JIT build has what it needs" if not problems else "JIT build impossible: missing " + ", ".join(problems))
+    verdict = "JIT build impossible: missing " + ", ".join(problems) if problems else "a JIT build has what it needs"
+    say("verdict", verdict)
     return 0 if not problems else 1
 
 

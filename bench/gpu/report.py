@@ -5,8 +5,8 @@
 Standard library only: it must work when nothing else installed (the summary is most needed then).
 A stage line in STAGES.tsv is `name<TAB>status<TAB>seconds<TAB>detail`, status one of ok, FAIL,
 TIMEOUT or SKIP; a stage skipped for want of time (detail "no time left ...") counts as a failure,
-one skipped for want of a GPU or of a stage it needs does not. A variant's JSON may be missing or cut short (a stage killed at its limit): that
-is reported as such, never as a crash.
+one skipped for want of a GPU or of a stage it needs does not. A variant's JSON may be missing or
+cut short (a stage killed at its limit): that is reported as such, never as a crash.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def main(argv: list[str]) -> int:
         lines += [""] + variant_lines(reports)
     bad = failed(stages, reports)
     skipped = sum(status == "SKIP" for _, status, _, _ in stages)
-    lines += ["", "result: " + ("FAILED" if bad else "all passed") + (f" ({skipped} stages skipped)" if skipped else "")]
+    result = ("FAILED" if bad else "all passed") + (f" ({skipped} stages skipped)" if skipped else "")
+    lines += ["", "result: " + result]
     print("\n".join(lines))
     return 1 if bad else 0
 

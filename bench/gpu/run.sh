@@ -8,6 +8,7 @@
 # Stages, each under its own limit (`timeout -k`), each failure caught and reported, never fatal:
 #   preflight     versions (Python, gcc, nvcc, torch, driver) first, then the CUDA root and headers
 #   wheels        the carried wheels into $WORK/site
+#   imports       tokenspout's server and check.py import beside them (seconds, not a failed server start)
 #   extension     the prebuilt exllamav2_ext test-imported in a child process
 #   jit_build     only if that failed: exllamav2's own JIT build (3-4 minutes on the H200)
 #   tiny_model    a tiny random Llama: FP16 and GPTQ (bench/gpu/tiny_llama.py)
@@ -21,7 +22,8 @@
 # and once more on exit, so a run cut off from outside still leaves them.
 #
 # For rehearsals: GPU_CHECK_FAIL=stage[,stage] makes those stages fail, GPU_CHECK_HANG=stage makes
-# one hang until its limit kills it (a 3 s limit), GPU_CHECK_BUDGET_S changes the 540 s budget.
+# one hang until its limit kills it (a 3 s limit), GPU_CHECK_BUDGET_S changes the 540 s budget, and
+# GPU_CHECK_SLOWDOWN=N multiplies it and every limit for a slower machine (the rehearsal on 2 busy cores).
 set -uo pipefail  # no -e: a stage's failure is a finding, and the next stage runs
 shopt -s nullglob
 cd "$(dirname "$0")/../.."
@@ -32,7 +34,8 @@ REPORT=$WORK/report
 PREBUILT=${PREBUILT:-$ROOT/bench/gpu/build/prebuilt}
 WHEELS=${WHEELS:-$ROOT/.whl}
 PYTHON=${PYTHON:-python3}
-BUDGET_S=${GPU_CHECK_BUDGET_S:-540}
+SLOWDOWN=${GPU_CHECK_SLOWDOWN:-1}
+BUDGET_S=$((${GPU_CHECK_BUDGET_S:-540} * SLOWDOWN))
 PACK_RESERVE_S=15  # kept back from the budget for the summary and the archive
 STARTED=$(date +%s)
 DEADLINE=$((STARTED + BUDGET_S))
@@ -64,7 +67,15 @@ stage_preflight() {
 stage_wheels() {
     compgen -G "$WHEELS/*.whl" >/dev/null || { echo "no wheels in $WHEELS: run bench/gpu/fetch_wheels.sh here and carry .whl"; return 1; }
     "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl &&
-        ls "$WORK/site" | grep -i 'dist-info$'
+        ls "$WORK/site" | grep -i 'dist-info$' && echo "$(ls -d "$WORK"/site/*.dist-info | wc -l) packages installed into $WORK/site"
+}
+
+stage_imports() {
+    "$PYTHON" -c "
+import sys
+sys.path[:0] = ['tests', 'bench', 'bench/gpu']
+import service.cli, service.server, backend.exllamav2.engine, check
+print('tokenspout and check.py import; grpcio', __import__('grpc').__version__)"
 }
 
 stage_extension() {
@@ -113,7 +124,7 @@ stage_convert_exl2() {
     [ -f "$WORK/model/exl2/config.json" ] && compgen -G "$WORK/model/exl2/*.safetensors" >/dev/null ||
         { echo "the converter wrote no EXL2 model"; return 1; }
 }
-export -f stage_preflight stage_wheels stage_extension stage_jit_build stage_tiny_model stage_model_check serve \
+export -f stage_preflight stage_wheels stage_imports stage_extension stage_jit_build stage_tiny_model stage_model_check serve \
     stage_serve_fp16 stage_serve_gptq stage_serve_exl2 stage_convert_exl2
 
 # ---- running, recording, packing ----
@@ -140,7 +151,7 @@ pack() {  # summary.txt and the archive, rewritten whole each time (a kill from 
 }
 
 stage() {  # stage NAME LIMIT_S [NEEDS...]: run stage_NAME under its limit unless a stage it needs did not pass
-    local name=$1 limit=$2 need
+    local name=$1 limit=$(($2 * SLOWDOWN)) need
     shift 2
     for need in "$@"; do
         if [ "$need" = gpu ]; then
@@ -199,6 +210,7 @@ stage preflight 60
 # shellcheck disable=SC1091
 [ -f "$WORK/cuda.env" ] && source "$WORK/cuda.env"  # CUDA_HOME and CPATH for a JIT build
 stage wheels 120
+stage imports 60 wheels
 if stage extension 90 wheels; then
     record jit_build SKIP 0 "the prebuilt extension imports"
 else
@@ -206,8 +218,8 @@ else
     stage jit_build 330 wheels gpu && STATUS[extension]=ok
 fi
 stage tiny_model 90 wheels
-stage model_check 60 tiny_model
-stage serve_fp16 180 gpu extension tiny_model
-stage serve_gptq 150 gpu extension tiny_model
+stage model_check 90 tiny_model
+stage serve_fp16 180 gpu imports extension tiny_model
+stage serve_gptq 150 gpu imports extension tiny_model
 stage convert_exl2 150 gpu extension tiny_model
-stage serve_exl2 150 gpu convert_exl2
+stage serve_exl2 150 gpu imports convert_exl2
