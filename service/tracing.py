@@ -107,8 +107,14 @@ class RequestTrace:
         arrival = self._generation.arrival_time
         tracer = self._telemetry.tracer
         admitted = arrival + timings.queue_s
-        for name, start, end in (("queue", arrival, admitted), ("prefill", admitted, admitted + timings.prefill_s)):
-            tracer.start_span(name, context=self._context, start_time=_epoch_ns(start)).end(end_time=_epoch_ns(end))
+        prefill_attributes = {"tokenspout.prefill.prompt_tokens": usage.prompt_tokens,
+                              "tokenspout.prefill.cached_tokens": usage.cached_tokens}  # taken from the prefix cache
+        for name, start, end, span_attributes in (
+            ("queue", arrival, admitted, {}),
+            ("prefill", admitted, admitted + timings.prefill_s, prefill_attributes),
+        ):
+            span = tracer.start_span(name, context=self._context, start_time=_epoch_ns(start), attributes=span_attributes)
+            span.end(end_time=_epoch_ns(end))
         attributes = {
             "gen_ai.response.finish_reasons": [finish.reason.value],
             "gen_ai.usage.input_tokens": usage.prompt_tokens,

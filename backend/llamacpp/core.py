@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 # Shorter shared prefixes are computed again: copying a cache stream costs about as much.
 MIN_REUSE_TOKENS = 16
+# The last prompt tokens are always computed again, at least two of them: llama.cpp computes a
+# batch of one token with other kernels than a longer one, and greedy output could then change.
+RECOMPUTED_TAIL = 2
 
 
 def default_threads() -> int:
@@ -357,7 +360,7 @@ class LlamaCppCore:
                 common = common_prefix(other.tokens[:computed], seq.tokens)
                 if common > shared:
                     source, shared = other.slot, common
-        shared = min(shared, len(seq.tokens) - 1)  # the last token is computed again, for its logits
+        shared = min(shared, len(seq.tokens) - RECOMPUTED_TAIL)
         return (source, shared) if shared >= MIN_REUSE_TOKENS else (None, 0)
 
     def _computing_longer_prefix(self, seq: _Sequence, available: int) -> bool:
@@ -366,7 +369,8 @@ class LlamaCppCore:
         for other in self._running.values():
             if other is seq or other.needs_prefix or other.paused or not other.prefilling:
                 continue
-            coming = min(common_prefix(other.tokens[: other.prompt_length], seq.tokens), len(seq.tokens) - 1)
+            coming = common_prefix(other.tokens[: other.prompt_length], seq.tokens)
+            coming = min(coming, len(seq.tokens) - RECOMPUTED_TAIL)
             if coming >= available + MIN_REUSE_TOKENS:
                 return True
         return False

@@ -1,0 +1,253 @@
+"""Prefix reuse in the llama.cpp core: the same greedy output, fewer tokens computed, and no live request
+ever refused or disturbed for it. Driven step by step on the real model; the gRPC checks at the end."""
+
+from __future__ import annotations
+
+import llama_cpp
+import pytest
+
+from backend.constraints import ConstraintCompiler
+from backend.engine import ChatMessage
+from backend.types import ConstraintSpec, ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
+from helpers import greedy, stream
+from test_engine_core import Recorder, make_core
+from tokenspout.v1 import generation_pb2 as pb
+
+SYSTEM = (
+    "You are a careful assistant for a hardware shop. Answer in one short paragraph, name the aisle where "
+    "the item is found, and never invent prices. The shop sells tools, paint, garden supplies and timber."
+)
+QUESTIONS = ["Where are the hammers?", "Do you sell blue paint?", "What is the best saw for timber?"]
+
+
+def run(core, model, request_id: str, tokens, max_new_tokens: int = 16, constraint=None) -> Recorder:
+    rec = Recorder(core)
+    stopping = StopParams(max_new_tokens=max_new_tokens, ignore_eos=constraint is None)
+    core.add(GenerationRequest(request_id, tuple(tokens), SamplingParams(temperature=0.0), stopping,
+                               constraint=constraint), rec)
+    run_all(core)
+    return rec
+
+
+def run_all(core, limit: int = 2000) -> None:
+    for _ in range(limit):
+        if not core.has_work():
+            return
+        core.step()
+        check_cells(core)
+    raise AssertionError("the core did not finish")
+
+
+def check_cells(core) -> None:
+    """What the core believes each slot holds is what llama.cpp's cache holds."""
+    inner = core.core
+    memory = llama_cpp.llama_get_memory(inner.ctx)
+    live = {seq.slot: seq for seq in inner._running.values()}
+    for slot in range(inner.slots):
+        held = llama_cpp.llama_memory_seq_pos_max(memory, slot) + 1
+        if slot in live:
+            assert held == live[slot].cached, (slot, held, live[slot].cached)
+        elif slot in inner._prefixes:
+            assert held == len(inner._prefixes._entries[slot].tokens), slot
+        else:
+            assert held == 0, slot
+
+
+def token_ids(rec: Recorder) -> list[int]:
+    return [t.token_id for _, event in rec.events if not isinstance(event, ErrorEvent) for t in event.tokens]
+
+
+@pytest.fixture
+def cores(model):
+    """The same settings with and without prefix reuse."""
+    with_reuse, without = make_core(model, context_length=512, max_batch_size=3), make_core(model, context_length=512, max_batch_size=3, prefix_cache=False)
+    yield with_reuse, without
+    with_reuse.close()
+    without.close()
+
+
+def chat_tokens(model, *turns: str) -> list[int]:
+    roles = ["user", "assistant"] * len(turns)
+    messages = [ChatMessage("system", SYSTEM)] + [ChatMessage(role, text) for role, text in zip(roles, turns)]
+    return model.render_chat(messages)
+
+
+def test_greedy_output_is_identical_with_and_without_reuse_for_prompts(cores, model):
+    with_reuse, without = cores
+    for i, question in enumerate(QUESTIONS):
+        tokens = model.tokenize(SYSTEM + "\nQuestion: " + question + "\nAnswer:")
+        reused, fresh = run(with_reuse, model, f"r{i}", tokens, 24), run(without, model, f"f{i}", tokens, 24)
+        assert token_ids(reused) == token_ids(fresh), question
+        assert fresh.finish.usage.cached_tokens == 0
+        if i > 0:  # the shared instructions came from the cache
+            assert reused.finish.usage.cached_tokens >= len(model.tokenize(SYSTEM)) - 1
+    assert with_reuse.stats.cached_prompt_tokens_total > 0 and without.stats.cached_prompt_tokens_total == 0
+
+
+def test_greedy_output_is_identical_with_and_without_reuse_for_a_multi_turn_chat(cores, model):
+    """Each turn resends the history, the model's own earlier answers (computed while decoding) included."""
+    with_reuse, without = cores
+    turns: list[str] = []
+    previous = 0
+    for i, question in enumerate(QUESTIONS):
+        tokens = chat_tokens(model, *turns, question)
+        reused, fresh = run(with_reuse, model, f"r{i}", tokens, 20), run(without, model, f"f{i}", tokens, 20)
+        assert token_ids(reused) == token_ids(fresh), question
+        if i > 0:  # the whole previous turn came from the cache
+            assert reused.finish.usage.cached_tokens >= previous
+        answer = b"".join(model.pieces[t] for t in token_ids(reused)).decode("utf-8", "replace")
+        turns += [question, answer]
+        previous = len(tokens)
+
+
+def test_greedy_output_is_identical_with_and_without_reuse_when_constrained(cores, model):
+    with_reuse, without = cores
+    compiled = ConstraintCompiler(model.constraint_tokenizer()).compile(
+        ConstraintSpec("json_schema", '{"type":"object","properties":{"aisle":{"type":"integer"},'
+                                      '"item":{"type":"string","maxLength":12}},"required":["aisle","item"]}')
+    )
+    for i, question in enumerate(QUESTIONS):
+        tokens = model.tokenize(SYSTEM + "\nReply in JSON. " + question + "\n")
+        reused = run(with_reuse, model, f"r{i}", tokens, 40, compiled)
+        fresh = run(without, model, f"f{i}", tokens, 40, compiled)
+        assert token_ids(reused) == token_ids(fresh), question
+        assert reused.finish.reason is fresh.finish.reason
+        if i > 0:
+            assert reused.finish.usage.cached_tokens > 0
+
+
+def test_a_burst_sharing_a_prefix_computes_it_once(model):
+    core = make_core(model, context_length=512, max_batch_size=4, batch_tokens=64)
+    try:
+        prompts = [model.tokenize(SYSTEM + " " + SYSTEM + "\nQuestion: " + q) for q in QUESTIONS]
+        recs = [Recorder(core) for _ in prompts]
+        for i, (tokens, rec) in enumerate(zip(prompts, recs)):
+            core.add(GenerationRequest(f"b{i}", tuple(tokens), SamplingParams(temperature=0.0),
+                                       StopParams(max_new_tokens=8, ignore_eos=True)), rec)
+        run_all(core)
+        shared = len(model.tokenize(SYSTEM + " " + SYSTEM))
+        # The first computes the shared part; the others wait for it and copy it.
+        assert [rec.finish.usage.cached_tokens >= shared - 2 for rec in recs] == [False, True, True]
+        solo = make_core(model, context_length=512, max_batch_size=1, prefix_cache=False)
+        try:
+            for i, tokens in enumerate(prompts):
+                assert token_ids(recs[i]) == token_ids(run(solo, model, f"s{i}", tokens, 8))
+        finally:
+            solo.close()
+    finally:
+        core.close()
+
+
+def test_eviction_under_pressure_never_fails_a_live_request(model):
+    """Two slots and one spare stream, twelve requests with different long prefixes arriving in waves."""
+    core = make_core(model, context_length=256, max_batch_size=2, prefix_cache_slots=1)
+    try:
+        recs = {}
+        for wave in range(4):
+            for j in range(3):
+                i = wave * 3 + j
+                tokens = model.tokenize(f"Story number {i}: " + SYSTEM.replace("shop", f"shop {i}"))
+                recs[i] = Recorder(core)
+                core.add(GenerationRequest(f"e{i}", tuple(tokens), SamplingParams(temperature=0.0),
+                                           StopParams(max_new_tokens=6 + i % 4, ignore_eos=True)), recs[i])
+            for _ in range(5):
+                core.step()
+                check_cells(core)
+        run_all(core)
+        for i, rec in recs.items():
+            assert rec.finish is not None and rec.finish.reason is FinishReason.MAX_TOKENS, (i, rec.events[-1])
+        assert len(core.core._prefixes) <= core.core.slots
+        assert core.stats.prefix_cache_entries == len(core.core._prefixes) > 0
+    finally:
+        core.close()
+
+
+def test_cancelling_during_a_cached_prefix_copy(model):
+    core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=64)
+    try:
+        tokens = model.tokenize(SYSTEM + "\nQuestion: " + QUESTIONS[0])
+        first = run(core, model, "first", tokens, 8)
+        # "a" takes the cached prefix: the stream copy is queued in llama.cpp, to run at the next decode.
+        core.add(GenerationRequest("a", tuple(model.tokenize(SYSTEM + "\nQuestion: " + QUESTIONS[1])),
+                                   SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), Recorder(core))
+        inner = core.core
+        inner._admit()
+        inner._take_prefixes()
+        assert inner._running["a"].cached > 16
+        core.cancel("a")  # before llama.cpp has copied anything
+        check_cells(core)
+        again = run(core, model, "again", tokens, 8)
+        assert token_ids(again) == token_ids(first) and again.finish.usage.cached_tokens > 16
+        # Cancelled while waiting for a neighbour to compute the shared prefix, then mid-prefill after its copy.
+        long_prompt = model.tokenize(SYSTEM * 3)
+        leader, waiter, late = Recorder(core), Recorder(core), Recorder(core)
+        core.add(GenerationRequest("leader", tuple(long_prompt), SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), leader)
+        core.add(GenerationRequest("waiter", tuple(long_prompt) + (13,), SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), waiter)
+        core.step()
+        assert inner._running["waiter"].needs_prefix
+        core.cancel("waiter")
+        check_cells(core)
+        core.add(GenerationRequest("late", tuple(long_prompt[:-4]) + tuple(model.tokenize(" more words to read here " * 8, add_special=False)),
+                                   SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), late)
+        for _ in range(6):
+            core.step()
+            check_cells(core)
+        if "late" in inner._running:
+            core.cancel("late")
+        run_all(core)
+        assert leader.finish.reason is FinishReason.MAX_TOKENS
+        assert waiter.finish.reason is FinishReason.CANCELLED
+        solo = make_core(model, context_length=512, max_batch_size=1, prefix_cache=False)
+        try:
+            assert token_ids(leader) == token_ids(run(solo, model, "solo", long_prompt, 8))
+        finally:
+            solo.close()
+        assert core.cache_cells_used == 0
+    finally:
+        core.close()
+
+
+def test_the_setting_turns_reuse_off(model):
+    core = make_core(model, context_length=512, prefix_cache=False)
+    try:
+        tokens = model.tokenize(SYSTEM + "\nQuestion: " + QUESTIONS[0])
+        run(core, model, "a", tokens, 4)
+        second = run(core, model, "b", tokens, 4)
+        assert second.finish.usage.cached_tokens == 0 and core.stats.prefix_cache_entries == 0
+        assert core.core.slots == 2  # no spare cache streams either
+    finally:
+        core.close()
+
+
+# -- through gRPC
+
+
+def test_a_second_request_with_the_same_system_prompt_reports_cached_tokens(stub):
+    def ask(question: str) -> list[pb.GenerateStreamResponse]:
+        request = pb.GenerateStreamRequest(
+            chat=pb.Chat(messages=[pb.ChatMessage(role="system", content=SYSTEM),
+                                   pb.ChatMessage(role="user", content=question)]),
+            sampling=pb.SamplingParams(temperature=0.0),
+            stopping=pb.StoppingCriteria(max_new_tokens=8),
+        )
+        return stream(stub, request)
+
+    shared = stub.Tokenize(pb.TokenizeRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="system", content=SYSTEM)],
+                                                            add_generation_prompt=False))).count
+    before = stub.GetServerStatus(pb.GetServerStatusRequest())
+    ask(QUESTIONS[0])
+    second = ask(QUESTIONS[1])
+    assert second[-1].finish.usage.cached_tokens >= shared - 2  # the system turn's closing tokens may differ
+    status = stub.GetServerStatus(pb.GetServerStatusRequest())
+    assert status.cached_prefixes >= 1 and status.cached_prefix_tokens >= shared - 2
+    assert status.prefix_cache_hit_rate > 0
+    assert status.cached_prompt_tokens_total - before.cached_prompt_tokens_total >= shared - 2
+
+
+def test_greedy_output_through_grpc_is_the_same_cold_and_cached(stub):
+    prompt = SYSTEM + "\nQuestion: " + QUESTIONS[2] + "\nAnswer (in French):"
+    first = stream(stub, greedy(prompt, max_new_tokens=24))
+    again = stream(stub, greedy(prompt, max_new_tokens=24))
+    assert [t.id for m in first for t in m.tokens] == [t.id for m in again for t in m.tokens]
+    usage = again[-1].finish.usage
+    assert usage.cached_tokens == usage.prompt_tokens - 2  # all but the last two (see RECOMPUTED_TAIL)
