@@ -75,6 +75,18 @@ def test_a_late_error_keeps_the_results_before_it(tmp_path):
     assert on_disk["errors"] == ["gRPC rate: ZeroDivisionError: division by zero"]
 
 
+def test_the_transformers_reference_passes_only_equal_tokens_or_a_parting_at_a_near_tie():
+    check = load_check_module()
+    reference, wide = list(range(16)), [0.5] * 16
+    assert check.compare_greedy(reference, reference, wide)[0]
+    parted = reference[:5] + [99] * 11
+    assert not check.compare_greedy(parted, reference, wide)[0]  # a clear preference, not followed
+    near_tie = wide[:5] + [0.01] + wide[6:]
+    ok, detail = check.compare_greedy(parted, reference, near_tie)
+    assert ok and "part at step 5" in detail
+    assert not check.compare_greedy(reference[:15], reference, wide)[0]  # one token short
+
+
 def test_a_server_that_ignores_sigterm_is_killed(tmp_path):
     ignores_term = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
