@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -189,8 +190,36 @@ def test_overload_is_decoded_and_retried_after_its_delay(full_server, caplog):
 
 def test_round_robin_spreads_calls_over_several_servers(server, full_server):
     with Client([server.address, full_server.address]) as client:
-        batch_sizes = {client.status().max_batch_size for _ in range(8)}
+        # round_robin uses the servers as their connections become ready; pick_first never would.
+        batch_sizes = wait_for(
+            lambda: {client.status().max_batch_size for _ in range(4)} == {8, 1} and {8, 1},
+            what="calls to reach both servers",
+        )
     assert batch_sizes == {8, 1}
+
+
+def test_api_key_and_unauthenticated(tmp_path, monkeypatch):
+    key = f"sk-{uuid.uuid4().hex}"
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    running = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "256",
+                           env={"TOKENSPOUT_API_KEYS": f"ci:{digest}"})
+    try:
+        with Client(running.address, api_key=key, timeout=30) as client:
+            assert client.generate("Hi", max_new_tokens=2).generated_tokens >= 1
+        for wrong in (None, "sk-not-this-one"):
+            monkeypatch.delenv("TOKENSPOUT_API_KEY", raising=False)
+            with Client(running.address, api_key=wrong, timeout=30) as client:
+                with pytest.raises(tokenspout.UnauthenticatedError) as refused:
+                    with client.stream("Hi", max_new_tokens=2) as stream:
+                        next(stream)
+            assert refused.value.reason == "UNAUTHENTICATED" and stream.retries == 0
+        monkeypatch.setenv("TOKENSPOUT_API_KEY", key)  # the default when api_key is not given
+        with Client(running.address, timeout=30) as client:
+            assert client.status().max_batch_size == 1
+        refused_cli = run_cli("--address", running.address, "--api-key", "sk-wrong", "info")
+        assert refused_cli.returncode == 1 and "UNAUTHENTICATED" in refused_cli.stderr
+    finally:
+        stop_server(running)
 
 
 def test_tls_and_mutual_tls(tmp_path):

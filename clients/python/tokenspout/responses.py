@@ -175,27 +175,45 @@ def _nested_classes(cls: type) -> dict[str, type]:
     return nested
 
 
+@functools.cache
+def _plan(cls: type, descriptor: Any) -> list[tuple[str, str, Any]]:
+    """How to copy each field of `cls` from messages of `descriptor`: (name, how, detail), worked
+    out once per class, since streams convert one message per token."""
+    nested = _nested_classes(cls)
+    plan = []
+    for f in dataclasses.fields(cls):
+        field_descriptor = descriptor.fields_by_name.get(f.name)
+        if field_descriptor is None:
+            continue
+        if field_descriptor.is_repeated:
+            plan.append((f.name, "list", nested.get(f.name)))
+        elif f.name in nested:
+            plan.append((f.name, "message", nested[f.name]))
+        elif field_descriptor.enum_type is not None:
+            enum = field_descriptor.enum_type
+            prefix = _enum_prefix(enum.name)
+            names = {v.number: v.name.removeprefix(prefix).lower() for v in enum.values}
+            plan.append((f.name, "enum", names))
+        else:
+            plan.append((f.name, "optional" if field_descriptor.has_presence else "scalar", None))
+    return plan
+
+
 def from_proto(cls: type[T], message: Any) -> T:
     """Builds `cls` from a message with the same field names; fields the proto lacks keep defaults."""
-    nested = _nested_classes(cls)
-    descriptors = message.DESCRIPTOR.fields_by_name
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        descriptor = descriptors.get(f.name)
-        if descriptor is None:
-            continue
-        value = getattr(message, f.name)
-        if descriptor.is_repeated:
-            values[f.name] = [from_proto(nested[f.name], v) if f.name in nested else v for v in value]
-        elif descriptor.has_presence and not message.HasField(f.name):
-            values[f.name] = None
-        elif f.name in nested:
-            values[f.name] = from_proto(nested[f.name], value)
-        elif descriptor.enum_type is not None:
-            name = descriptor.enum_type.values_by_number[value].name
-            values[f.name] = name.removeprefix(_enum_prefix(descriptor.enum_type.name)).lower()
+    for name, how, detail in _plan(cls, message.DESCRIPTOR):
+        value = getattr(message, name)
+        if how == "scalar":
+            values[name] = value
+        elif how == "list":
+            values[name] = [from_proto(detail, v) for v in value] if detail else list(value)
+        elif how == "message":
+            values[name] = from_proto(detail, value) if message.HasField(name) else None
+        elif how == "optional":
+            values[name] = value if message.HasField(name) else None
         else:
-            values[f.name] = value
+            values[name] = detail.get(value, str(value))
     return cls(**values)
 
 

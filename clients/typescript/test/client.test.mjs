@@ -9,9 +9,10 @@ import {
   NotFoundError,
   OverloadedError,
   TokenspoutClient,
+  UnauthenticatedError,
   jsonSchema,
 } from "../dist/index.js";
-import { fullAddress, mainAddress, stopServers } from "./servers.mjs";
+import { authAddress, fullAddress, mainAddress, stopServers } from "./servers.mjs";
 
 let client;
 let full;
@@ -153,4 +154,22 @@ test("an overload is decoded with its retry delay, and retried", async () => {
   impatient.close();
   assert.ok(generated.generatedTokens >= 1);
   assert.ok(retries[0].error instanceof OverloadedError && retries[0].delayMs >= 1000);
+});
+
+test("the API key is sent as a bearer token; without it the call is UNAUTHENTICATED", async () => {
+  const key = `sk-${Date.now()}`;
+  const address = await authAddress(key);
+  const withKey = new TokenspoutClient({ address, apiKey: key, timeoutMs: 30_000 });
+  const withoutKey = new TokenspoutClient({ address, timeoutMs: 30_000 });
+  try {
+    assert.equal((await withKey.status()).maxBatchSize, 1);
+    const refused = await collect(
+      withoutKey.stream({ input: { case: "prompt", value: "Hi" }, stopping: { maxNewTokens: 2 } }),
+    ).catch((e) => e);
+    assert.ok(refused instanceof UnauthenticatedError, String(refused));
+    assert.equal(refused.reason, "UNAUTHENTICATED");
+  } finally {
+    withKey.close();
+    withoutKey.close();
+  }
 });
