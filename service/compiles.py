@@ -16,12 +16,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 
-import grpc
-
 from backend.constraints import CompiledConstraint, ConstraintCompiler
 from backend.constraints.compiler import source_chars
 from backend.types import ConstraintSpec
-from service.errors import ServiceError
+from service.errors import compile_budget_exceeded, too_many_compiles
 
 SMALL_SOURCE_CHARS = 16_384
 """Constraints up to this size compile in milliseconds (measured: a 6 kB schema in 10 ms)."""
@@ -48,26 +46,14 @@ class CompileGate:
             future.add_done_callback(_retrieve)
         else:
             if self.running >= self._max_concurrent:
-                raise ServiceError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    "TOO_MANY_COMPILES",
-                    f"{self.running} large constraint compiles are under way, the most this server allows; "
-                    "retry shortly",
-                    retry_after_s=1.0,
-                )
+                raise too_many_compiles(self.running)
             self.running += 1
             future = loop.run_in_executor(self._large, self._compiler.compile, spec)
             future.add_done_callback(self._finished)
         try:
             return await asyncio.wait_for(asyncio.shield(future), self._timeout_s)
         except TimeoutError:
-            raise ServiceError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                "COMPILE_BUDGET_EXCEEDED",
-                f"the constraint took more than {self._timeout_s:g} s to compile; it is still compiling and is "
-                "cached when done, so a retry after it finishes starts at once",
-                retry_after_s=self._timeout_s,
-            ) from None
+            raise compile_budget_exceeded(self._timeout_s) from None
 
     def _finished(self, future: asyncio.Future) -> None:
         self.running -= 1

@@ -196,6 +196,25 @@ def overloaded(in_flight: int, capacity: int, retry_after_s: float = 1.0) -> Ser
     )
 
 
+def too_many_compiles(running: int) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "TOO_MANY_COMPILES",
+        f"{running} large constraint compiles are under way, the most this server allows; retry shortly",
+        retry_after_s=1.0,
+    )
+
+
+def compile_budget_exceeded(budget_s: float) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "COMPILE_BUDGET_EXCEEDED",
+        f"the constraint took more than {budget_s:g} s to compile; it is still compiling and is cached "
+        "when done, so a retry after it finishes starts at once",
+        retry_after_s=budget_s,
+    )
+
+
 def unavailable(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.UNAVAILABLE, "DRAINING", message, retry_after_s=0.0)
 

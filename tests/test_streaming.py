@@ -63,6 +63,7 @@ def test_the_seed_actually_used_is_reported_and_replays(stub):
     unseeded = stream(stub, sampled(None))
     seed = unseeded[-1].finish.seed
     assert text_of(stream(stub, sampled(seed))) == text_of(unseeded)
+    assert stream(stub, sampled(None))[-1].finish.seed != seed, "each unseeded request draws its own seed"
 
 
 def test_max_new_tokens(stub):
@@ -195,10 +196,13 @@ PROMPTS = [
 
 def test_eight_concurrent_streams_match_their_solo_runs(stub):
     solo = {p: token_ids_of(stream(stub, greedy(p, max_new_tokens=24, ignore_eos=True))) for p in PROMPTS}
+    steps_before = stub.GetServerStatus(pb.GetServerStatusRequest()).engine_steps
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
         results = dict(
             zip(PROMPTS, pool.map(lambda p: stream(stub, greedy(p, max_new_tokens=24, ignore_eos=True)), PROMPTS))
         )
+    # They ran together: run one after another, they would have taken 8 x 24 steps.
+    assert stub.GetServerStatus(pb.GetServerStatusRequest()).engine_steps - steps_before < 96
     for prompt, messages in results.items():
         assert all(m.request_id == messages[0].request_id for m in messages)
         ids = token_ids_of(messages)
