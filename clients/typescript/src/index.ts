@@ -141,6 +141,7 @@ export class TokenspoutClient {
           }
           return;
         } catch (error) {
+          // A stream that has received anything is never retried: its output has begun.
           await this.beforeRetry(decodeError(error), received ? Infinity : retries, deadline, call.signal);
         }
       }
