@@ -5,15 +5,17 @@ so that drift in the machine's speed affects both alike:
   1. single-stream decode tokens/s with a key / without auth (every message passes the auth wrapper)
   2. unary calls (GetModelInfo, one after another): the server's CPU time per call, with a key /
      without auth (CPU time from /proc, so other work on a busy machine does not count), and calls/s
-  3. the key check alone (sha256 and compare_digest against every configured key), in microseconds,
-     for 1, 100 and 1,000 configured keys
+  3. in this process, in CPU time of this thread (which other work on the machine does not inflate):
+     the key check (sha256 and compare_digest against every configured key) for 1, 100 and 1,000
+     keys, and what the auth wrapper adds to each streamed message
 
-    python bench/auth.py [--tokens 128] [--reps 5] [--calls 300] [--keys 100]
+    python bench/auth.py [--tokens 128] [--reps 5] [--calls 2000] [--keys 100]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import os
 import pathlib
@@ -31,6 +33,7 @@ import grpc  # noqa: E402
 from common import PROMPTS, greedy_request, timed_request  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
 from service.auth import KeyStore  # noqa: E402
+from service.guard import guarded  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -71,17 +74,40 @@ def unary_calls(stub, pid: int, calls: int) -> tuple[float, float]:
 
 
 def check_us(keys: int) -> float:
+    """Thread CPU microseconds to check one key against `keys` configured ones (median of 5)."""
     store = KeyStore(keys_text(keys).replace("\n", ",").rstrip(","))
     assert store.name_for(f"bench-key-{keys - 1}") == f"caller-{keys - 1}"
-    runs = 2000 if keys < 1000 else 200
-    return timeit.timeit(lambda: store.name_for("not-a-key"), number=runs) / runs * 1e6
+    runs = 20_000 // keys + 10
+    timer = timeit.Timer(lambda: store.name_for("not-a-key"), timer=time.thread_time)
+    return statistics.median(timer.repeat(5, runs)) / runs * 1e6
+
+
+def wrapper_us_per_message(messages: int = 200_000) -> float:
+    """Thread CPU microseconds the auth wrapper adds to one streamed message."""
+
+    async def behavior(request, context):
+        for i in range(messages):
+            yield i
+
+    handler = grpc.unary_stream_rpc_method_handler(behavior)
+    wrapped = guarded(handler, lambda context: None).unary_stream
+
+    async def consume(stream) -> float:
+        start = time.thread_time()
+        async for _ in stream(None, None):
+            pass
+        return time.thread_time() - start
+
+    plain = statistics.median(asyncio.run(consume(behavior)) for _ in range(5))
+    guarded_s = statistics.median(asyncio.run(consume(wrapped)) for _ in range(5))
+    return (guarded_s - plain) / messages * 1e6
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--keys", type=int, default=100, help="keys in the server's file")
     args = parser.parse_args()
     flags = ("--max-batch-size", "1", "--context-length", "1024")
@@ -116,7 +142,8 @@ def main() -> int:
     off, on = (statistics.median(rate for _, rate in unary[name]) for name in ("off", "key"))
     print(f"unary calls:          {on:7.1f} /s with a key vs {off:7.1f} without auth: ratio {on / off:.3f}")
     for keys in (1, 100, 1000):
-        print(f"key check, {keys:5d} keys: {check_us(keys):7.1f} us")
+        print(f"key check, {keys:5d} keys: {check_us(keys):7.1f} us (thread CPU)")
+    print(f"auth wrapper per streamed message: {wrapper_us_per_message():.2f} us (thread CPU)")
     return 0
 
 
