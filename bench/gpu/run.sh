@@ -223,3 +223,4 @@ stage serve_fp16 180 gpu imports extension tiny_model
 stage serve_gptq 150 gpu imports extension tiny_model
 stage convert_exl2 150 gpu extension tiny_model
 stage serve_exl2 150 gpu imports convert_exl2
+exit 0  # finish() sets the status from the report, not from whether the last stage ran
