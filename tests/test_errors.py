@@ -157,10 +157,15 @@ def oversized_requests() -> dict[str, pb.GenerateStreamRequest]:
     model.model = "m" * 16_384
     wide = greedy("hi")
     wide.stopping.stop_sequences.extend(["\U0001f642" * 5000] * 16)
-    return {"logit-bias": bias, "stop-token-ids": stops, "model-name": model, "multibyte-stops": wide}
+    echoing = greedy("hi")  # llguidance quotes the whole 100 kB line in its error
+    echoing.constraint.grammar = "start: " + "x" * 50_000 + " ("
+    return {
+        "logit-bias": bias, "stop-token-ids": stops, "model-name": model, "multibyte-stops": wide,
+        "grammar-error": echoing,
+    }
 
 
-@pytest.mark.parametrize("name", ["logit-bias", "stop-token-ids", "model-name", "multibyte-stops"])
+@pytest.mark.parametrize("name", ["logit-bias", "stop-token-ids", "model-name", "multibyte-stops", "grammar-error"])
 def test_errors_stay_small_whatever_the_input(stub, name):
     error = generate_error(stub, oversized_requests()[name])
     assert error.code() in (INVALID, grpc.StatusCode.NOT_FOUND), error.details()
