@@ -125,10 +125,13 @@ def test_constrained_and_unconstrained_requests_share_a_batch(stub):
     plain = greedy("The three primary colours are", max_new_tokens=24, ignore_eos=True)
     solo = token_ids_of(stream(stub, plain))
     constrained = chat_request("What is 2 + 2?", pb.Constraint(json_schema=json.dumps(schema)))
+    steps_before = stub.GetServerStatus(pb.GetServerStatusRequest()).engine_steps
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(stream, stub, plain), pool.submit(stream, stub, constrained),
                    pool.submit(stream, stub, plain), pool.submit(stream, stub, constrained)]
         results = [f.result() for f in futures]
+    steps = stub.GetServerStatus(pb.GetServerStatusRequest()).engine_steps - steps_before
+    assert steps < 2 * 24, "one after another, the two plain streams alone would take 48 steps"
     for messages in results[0::2]:
         assert token_ids_of(messages)[:8] == solo[:8]
     for messages in results[1::2]:
