@@ -4,6 +4,7 @@ need, never the server (no llama-cpp-python, no numpy)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +29,9 @@ def pip(*args) -> subprocess.CompletedProcess:
 
 def test_the_client_package_installs_into_a_fresh_venv_without_the_server(tmp_path, server):
     started = time.monotonic()
-    built = pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp_path / "wheel", CLIENT)
+    source = tmp_path / "source"  # a copy: setuptools leaves build/ beside the sources it builds
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    built = pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp_path / "wheel", source)
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "wheel").glob("tokenspout_client-*.whl")
     venv = tmp_path / "venv"
