@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import ssl
 import tomllib
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -176,6 +177,22 @@ def load_config(
     return config
 
 
+def _check_tls_files(config: ServeConfig) -> None:
+    """Python's own TLS loads the files as gRPC will, so bad PEM fails here in one line, not in gRPC's log."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key, password=lambda: b"")  # never prompts
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"tls_cert and tls_key: not a PEM certificate and its unencrypted private key ({exc.reason or exc})"
+        ) from None
+    if config.tls_client_ca:
+        try:
+            context.load_verify_locations(config.tls_client_ca)
+        except ssl.SSLError as exc:
+            raise ValueError(f"tls_client_ca: not a PEM CA certificate ({exc.reason or exc})") from None
+
+
 def check(config: ServeConfig) -> None:
     """Every rule between settings, in one place; raises ValueError with one line naming the setting."""
     problems = [
@@ -212,6 +229,8 @@ def check(config: ServeConfig) -> None:
         path = getattr(config, name)
         if path and not os.access(path, os.R_OK):
             raise ValueError(f"{name}: cannot read {path}")
+    if config.tls_cert:
+        _check_tls_files(config)
     if config.reflection_requires_auth and not (config.api_keys or config.api_keys_file):
         raise ValueError("reflection_requires_auth needs api_keys or api_keys_file")
     if config.api_keys or config.api_keys_file:

@@ -3,6 +3,7 @@ the port checked before the model loads."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -174,3 +175,23 @@ def test_trace_content_false_really_is_off_on_the_server(tmp_path):
     config_file.write_text('trace_content = "yes"\n')
     attributes = traced_rpc_span(tmp_path, "--config", str(config_file))
     assert {"gen_ai.input.messages", "gen_ai.output.messages"} <= attributes
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_unusable_tls_files_are_refused_before_grpc_sees_them(tmp_path):
+    from test_tls import make_cert
+
+    ca = make_cert(tmp_path, "ca")
+    key, cert = make_cert(tmp_path, "server", ca)
+    other_key, _ = make_cert(tmp_path, "other", ca)
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    good = {"tls_cert": str(cert), "tls_key": str(key)}
+    load_config({**good, "tls_client_ca": str(ca[1])}, environ={})
+    for flags, message in (
+        ({**good, "tls_key": str(other_key)}, "tls_cert and tls_key: not a PEM certificate and its unencrypted"),
+        ({**good, "tls_cert": str(garbage)}, "tls_cert and tls_key"),
+        ({**good, "tls_client_ca": str(garbage)}, "tls_client_ca: not a PEM CA certificate"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            load_config(flags, environ={})
