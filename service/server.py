@@ -171,7 +171,7 @@ class TokenspoutServer:
                 return self.server.add_insecure_port(self.config.listen)
             return self.server.add_secure_port(self.config.listen, credentials)
         except RuntimeError:
-            raise StartupError(f"cannot listen on {self.config.listen}: the port is in use or the address is not local") from None
+            raise StartupError(f"cannot listen on {self.config.listen}: gRPC refused it (its log line says why)") from None
 
     def attach(self, engine: Engine) -> None:
         """Serves generation with this engine."""
