@@ -43,7 +43,7 @@ GPU_CHECK_FAIL=${GPU_CHECK_FAIL:-}
 GPU_CHECK_HANG=${GPU_CHECK_HANG:-}
 
 mkdir -p "$OUT"
-rm -rf "$REPORT" "$WORK/model" "$WORK/exl2-work" "$WORK/ext" "$WORK/site"  # torch_extensions stays: a rerun reuses it
+rm -rf "$REPORT" "$WORK/model" "$WORK/exl2-work" "$WORK/ext" "$WORK/site" "$WORK/cuda.env"  # torch_extensions stays
 mkdir -p "$REPORT" "$WORK/ext"
 rm -f "$OUT/run.log" "$OUT/summary.txt" "$OUT/preflight.txt" "$OUT/gpu-report.tar.gz"
 exec > >(tee -a "$OUT/run.log") 2>&1
