@@ -53,9 +53,18 @@ log = logging.getLogger(__name__)
 
 # Shorter shared prefixes are computed again: copying a cache stream costs about as much.
 MIN_REUSE_TOKENS = 16
-# The last prompt tokens are always computed again, at least two of them: llama.cpp computes a
-# batch of one token with other kernels than a longer one, and greedy output could then change.
+# Greedy output must not change with reuse, so the tokens computed after a reused prefix take the
+# kernels a fresh prefill of the whole prompt would: llama.cpp computes one token alone with other
+# kernels than several, and its CPU flash attention runs a batch of at least 64 tokens of one
+# sequence tiled, a smaller one row by row (each with its own rounding; measured, see
+# docs/benchmarks.md). So at least the last 2 prompt tokens are computed again, at least the last
+# 64 of a prompt of 64 or more, and only prefixes computed the same way are shared.
 RECOMPUTED_TAIL = 2
+WIDE_PROMPT = 64  # ggml's flash attention query tile (GGML_FA_TILE_Q)
+
+
+def _recomputed_tail(prompt_length: int) -> int:
+    return WIDE_PROMPT if prompt_length >= WIDE_PROMPT else RECOMPUTED_TAIL
 
 
 def default_threads() -> int:
@@ -81,8 +90,6 @@ class LlamaCppConfig:
     """Cache streams beyond max_batch_size that only keep prefixes (context_length cells each)."""
     max_pause_s: float = 300.0
     """A sequence whose caller has not read for this long ends with an error."""
-    flash_attention: bool = False
-    """llama.cpp's own choice when True; off, output does not depend on prefill chunking."""
     fail_requests_with_prefix: str = ""
     """Test-only fault injection: sampling raises for request ids with this prefix."""
 
@@ -136,11 +143,6 @@ class LlamaCppCore:
         # sequences have ascending, contiguous ids (see _fill_batch and docs/benchmarks.md).
         params.kv_unified = False
         params.no_perf = True
-        # llama.cpp's CPU flash attention computes a prompt token differently depending on where
-        # its prefill chunk starts, so a reused prefix would change greedy output (measured).
-        params.flash_attn_type = (
-            llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if config.flash_attention else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        )
         self.ctx = llama_cpp.llama_init_from_model(model.ptr, params)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context")
@@ -353,24 +355,31 @@ class LlamaCppCore:
         """The slot holding the longest computed prefix of the sequence's tokens (idle or live), and its length."""
         if not self.config.prefix_cache:
             return None, 0
-        source, shared = self._prefixes.longest(seq.tokens, seq.id)
+        wide = seq.prompt_length >= WIDE_PROMPT
+        source, shared = self._prefixes.longest(seq.tokens, seq.id, wide)
         for other in self._running.values():  # a live sequence's prompt cells (see PrefixIndex)
             computed = min(other.cached, other.prompt_length)
-            if other is not seq and not other.needs_prefix and computed > shared:
-                common = common_prefix(other.tokens[:computed], seq.tokens)
-                if common > shared:
-                    source, shared = other.slot, common
-        shared = min(shared, len(seq.tokens) - RECOMPUTED_TAIL)
+            if other is seq or other.needs_prefix or computed <= shared or (other.prompt_length >= WIDE_PROMPT) != wide:
+                continue
+            common = common_prefix(other.tokens[:computed], seq.tokens)
+            if common > shared:
+                source, shared = other.slot, common
+        own = source is not None and self._prefixes.owner(source) == seq.id  # its own cells: exact as they are
+        tail = RECOMPUTED_TAIL if own else _recomputed_tail(seq.prompt_length)
+        shared = min(shared, len(seq.tokens) - tail)
         return (source, shared) if shared >= MIN_REUSE_TOKENS else (None, 0)
 
     def _computing_longer_prefix(self, seq: _Sequence, available: int) -> bool:
         if not self.config.prefix_cache:
             return False
+        wide = seq.prompt_length >= WIDE_PROMPT
         for other in self._running.values():
             if other is seq or other.needs_prefix or other.paused or not other.prefilling:
                 continue
+            if (other.prompt_length >= WIDE_PROMPT) != wide:
+                continue
             coming = common_prefix(other.tokens[: other.prompt_length], seq.tokens)
-            coming = min(coming, len(seq.tokens) - RECOMPUTED_TAIL)
+            coming = min(coming, len(seq.tokens) - _recomputed_tail(seq.prompt_length))
             if coming >= available + MIN_REUSE_TOKENS:
                 return True
         return False
@@ -447,7 +456,8 @@ class LlamaCppCore:
         """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping."""
         del self._running[seq.id]
         if self.config.prefix_cache and seq.cached >= MIN_REUSE_TOKENS:
-            self._prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length)
+            wide = seq.prompt_length >= WIDE_PROMPT
+            self._prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, wide)
         else:
             llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         heapq.heappush(self._free_slots, seq.slot)

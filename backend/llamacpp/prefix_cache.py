@@ -6,12 +6,12 @@ their tokens, so a new prompt can start from the longest cached prefix, and
 names the least recently used entry when a stream has to be overwritten.
 Bookkeeping only: the engine core moves the cells (backend.llamacpp.core).
 
-Only cells computed as part of a prompt are shared with other requests: llama.cpp
-computes a token decoded alone with other kernels than the same token inside a
-prompt, so a later prompt that resent an earlier answer would see slightly
-different numbers, and greedy output could change. The sequence that computed
-an entry (one preempted, coming back) may use all of it: to it, those cells are
-exactly what it had.
+Only cells computed as part of a prompt are shared with other requests, and only
+with prompts computed the same way (see `wide`): llama.cpp computes a token
+decoded alone with other kernels than the same token inside a prompt, so a later
+prompt that resent an earlier answer would see slightly different numbers, and
+greedy output could change. The sequence that computed an entry (one preempted,
+coming back) may use all of it: to it, those cells are exactly what it had.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class CachedPrefix:
     """The request whose cells these are."""
     shared: int = 0
     """How many leading tokens other requests may reuse (those computed as prompt)."""
+    wide: bool = False
+    """Computed as a long prompt (flash attention tiled); shared only with long prompts."""
 
 
 class PrefixIndex:
@@ -54,9 +56,13 @@ class PrefixIndex:
     def tokens_held(self) -> int:
         return sum(len(entry.tokens) for entry in self._entries.values())
 
-    def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int) -> None:
+    def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, wide: bool) -> None:
         self._clock += 1
-        self._entries[slot] = CachedPrefix(tuple(tokens), self._clock, owner, min(shared, len(tokens)))
+        self._entries[slot] = CachedPrefix(tuple(tokens), self._clock, owner, min(shared, len(tokens)), wide)
+
+    def owner(self, slot: int) -> str:
+        entry = self._entries.get(slot)
+        return entry.owner if entry is not None else ""
 
     def drop(self, slot: int) -> CachedPrefix | None:
         return self._entries.pop(slot, None)
@@ -68,12 +74,17 @@ class PrefixIndex:
         self._clock += 1
         self._entries[slot].last_used = self._clock
 
-    def longest(self, tokens: Sequence[int], owner: str) -> tuple[int | None, int]:
+    def longest(self, tokens: Sequence[int], owner: str, wide: bool) -> tuple[int | None, int]:
         """The slot whose cached tokens share the longest usable prefix with `tokens` (for
-        the request `owner`), and that length."""
+        the request `owner`, whose prompt is `wide` or not), and that length."""
         best: tuple[int | None, int] = (None, 0)
         for slot, entry in self._entries.items():
-            usable = entry.tokens if entry.owner == owner else entry.tokens[: entry.shared]
+            if entry.owner == owner:
+                usable = entry.tokens
+            elif entry.wide == wide:
+                usable = entry.tokens[: entry.shared]
+            else:
+                continue
             shared = common_prefix(usable, tokens)
             if shared > best[1]:
                 best = (slot, shared)
