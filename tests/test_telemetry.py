@@ -117,6 +117,9 @@ def test_one_span_per_token_batch_under_the_rpc_span_in_the_callers_trace(traced
     for name in ("queue", "prefill"):
         (span,) = traced.wait_for_span(name)
         assert span.parent.span_id == rpc.context.span_id
+    (prefill,) = traced.wait_for_span("prefill")  # how much of the prompt came from the prefix cache
+    assert prefill.attributes["tokenspout.prefill.prompt_tokens"] == messages[-1].finish.usage.prompt_tokens
+    assert prefill.attributes["tokenspout.prefill.cached_tokens"] == messages[-1].finish.usage.cached_tokens
     assert len(batches) == 7
     position = 0
     for index, (batch, message) in enumerate(zip(batches, messages)):
