@@ -4,7 +4,9 @@ The engine delivers events from its own thread; `EventRelay` moves them onto
 the event loop, waking it once per burst rather than once per event. Each
 request's `RequestStream` is a bounded buffer: when a caller reads slowly and
 its buffer fills, its sequence is paused in the engine (cache kept, other
-streams unaffected) and resumed once the caller has read half of it. An
+streams unaffected) and resumed once the caller has read half of it; while
+paused it gives up its batch slot to any request waiting for one, and comes
+back with the same stream when resumed (see backend.llamacpp.core). An
 engine that cannot pause one sequence (exllamav2) runs it to the end, so the
 buffer then holds at most max_new_tokens events.
 """
