@@ -100,10 +100,12 @@ def _run(client: Client, args: argparse.Namespace) -> None:
             for chunk in stream:
                 out.write(_json(chunk) + "\n" if args.json else chunk.text)
                 out.flush()
+        if not args.json:
+            out.write("\n")
         if not args.json and stream.finish:
             finish = stream.finish
             usage = finish.usage.completion_tokens if finish.usage else 0
-            print(f"\n[{finish.reason}: {usage} tokens]", file=sys.stderr)
+            print(f"[{finish.reason}: {usage} tokens]", file=sys.stderr)
     elif args.command == "generate":
         prompt, options = _generate_options(args)
         generation = client.generate(prompt, **options)
@@ -136,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     except TokenspoutError as error:
         print(f"error: {error}", file=sys.stderr)
         for violation in error.field_violations:
-            print(f"  {violation.field}: {violation.description}", file=sys.stderr)
+            if f"{violation.field}: {violation.description}" not in str(error):
+                print(f"  {violation.field}: {violation.description}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
