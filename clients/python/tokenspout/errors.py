@@ -13,6 +13,8 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
+# gRPC's own retry hint; read when a server sends it without a RetryInfo.
+_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
 @dataclass(frozen=True)
@@ -114,11 +116,18 @@ _CLASSES: dict[grpc.StatusCode, type[TokenspoutError]] = {
 }
 
 
-def _status_details(trailing_metadata: Any) -> status_pb2.Status | None:
+def _trailer(trailing_metadata: Any, wanted: str) -> Any:
     for key, value in trailing_metadata or ():
-        if key == _STATUS_DETAILS_KEY:
-            return status_pb2.Status.FromString(value)
+        if key == wanted:
+            return value
     return None
+
+
+def _pushback_s(trailing_metadata: Any) -> float | None:
+    value = _trailer(trailing_metadata, _PUSHBACK_KEY)
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    return int(value) / 1000 if value is not None and value.isdigit() else None
 
 
 def from_rpc_error(error: grpc.RpcError) -> TokenspoutError:
@@ -126,7 +135,9 @@ def from_rpc_error(error: grpc.RpcError) -> TokenspoutError:
     code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
     message: str = error.details() or code.name  # type: ignore[attr-defined]
     fields: dict[str, Any] = {}
-    status = _status_details(error.trailing_metadata())  # type: ignore[attr-defined]
+    trailers = error.trailing_metadata()  # type: ignore[attr-defined]
+    details = _trailer(trailers, _STATUS_DETAILS_KEY)
+    status = status_pb2.Status.FromString(details) if details is not None else None
     violations: list[FieldViolation] = []
     for detail in status.details if status else ():
         info, bad_request, retry = (
@@ -140,5 +151,7 @@ def from_rpc_error(error: grpc.RpcError) -> TokenspoutError:
             violations += [FieldViolation(v.field, v.description) for v in bad_request.field_violations]
         elif detail.Unpack(retry):
             fields["retry_after"] = retry.retry_delay.ToNanoseconds() / 1e9
+    if "retry_after" not in fields:
+        fields["retry_after"] = _pushback_s(trailers)
     error_class = _CLASSES.get(code, TokenspoutError)
     return error_class(message, code=code, field_violations=violations, **fields)
