@@ -6,24 +6,22 @@ Prints:
   3. aggregate tokens/s at 1, 2, 4 and 8 concurrent streams through gRPC
   4. with --llama-server PATH: the same aggregate from llama.cpp's own C++ server on the same GGUF,
      and our figure divided by it (target >= 1.0 at every concurrency)
+  5. time to first token at 1 and 8 concurrent streams (short prompts, each rep unique so neither
+     server finds it cached), and with --llama-server, ours divided by llama-server's (target <= 1.0)
 
-    python bench/streaming.py [--tokens 128] [--reps 5] [--llama-server PATH]
+    python bench/streaming.py [--tokens 128] [--reps 5] [--threads 2] [--llama-server PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import pathlib
 import queue
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
@@ -34,8 +32,9 @@ from backend.llamacpp.core import LlamaCppConfig  # noqa: E402
 from backend.llamacpp.engine import LlamaCppEngine  # noqa: E402
 from backend.models import default_model_path  # noqa: E402
 from backend.types import GenerationRequest, SamplingParams, StopParams  # noqa: E402
-from common import aggregate_rate, timed_stream  # noqa: E402
+from common import aggregate_rate, greedy_request, timed_stream  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
+from llama_server import LlamaServer, start_llama_server  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
 PROMPTS = [
@@ -72,21 +71,11 @@ def engine_run(engine: LlamaCppEngine, prompt: str, tokens: int) -> tuple[float,
     return stamps[0] - start, (tokens - 1) / (stamps[-1] - stamps[0])
 
 
-def llama_server_aggregate(port: int, streams: int, tokens: int) -> float:
+def llama_server_aggregate(server: LlamaServer, streams: int, tokens: int) -> float:
     """The same workload through llama-server's streaming (SSE) completion endpoint."""
 
     def one(prompt: str) -> None:
-        body = json.dumps(
-            {"prompt": prompt, "n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
-             "stream": True}
-        ).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"})
-        received = 0
-        with urllib.request.urlopen(request, timeout=300) as response:
-            for line in response:
-                if line.startswith(b"data: "):
-                    chunk = json.loads(line[6:])
-                    received = chunk.get("tokens_predicted", received + 1) if chunk.get("stop") else received + 1
+        received = server.stream(prompt, tokens, cache_prompt=False).tokens
         assert received >= tokens, received
 
     start = time.perf_counter()
@@ -95,25 +84,28 @@ def llama_server_aggregate(port: int, streams: int, tokens: int) -> float:
     return streams * tokens / (time.perf_counter() - start)
 
 
-def start_llama_server(binary: str, model: pathlib.Path) -> tuple[subprocess.Popen, int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen(
-        [binary, "-m", str(model), "-c", str(CONTEXT * SLOTS), "-np", str(SLOTS), "-t", str(THREADS),
-         "--port", str(port), "--host", "127.0.0.1", "--no-webui"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                if response.status == 200:
-                    return process, port
-        except OSError:
-            time.sleep(0.5)
-    process.kill()
-    raise RuntimeError("llama-server did not start")
+def ttft_comparison(stub, reference: LlamaServer | None, reps: int) -> dict[int, tuple[float, float | None]]:
+    """Median time to first token of N concurrent 8-token streams, N in (1, 8), for each server."""
+
+    def our_first(prompt: str) -> float:
+        start = time.perf_counter()
+        first = None
+        for message in stub.GenerateStream(greedy_request(prompt, 8), timeout=300):  # read to the end, as for llama-server
+            if message.generated_tokens and first is None:
+                first = time.perf_counter() - start
+        return first
+
+    results = {}
+    for streams in (1, 8):
+        ours, theirs = [], []
+        with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+            for rep in range(reps):
+                prompts = [f"Request {rep * 8 + i} of {time.monotonic_ns()}: {p}" for i, p in enumerate(PROMPTS[:streams])]
+                ours.append(statistics.median(pool.map(our_first, prompts)))
+                if reference is not None:
+                    theirs.append(statistics.median(pool.map(lambda p: reference.stream(p, 8).ttft_s, prompts)))
+        results[streams] = (statistics.median(ours), statistics.median(theirs) if theirs else None)
+    return results
 
 
 def aggregate_comparison(stub, reference_server, args) -> tuple[dict[int, float], dict[int, float]]:
@@ -121,12 +113,12 @@ def aggregate_comparison(stub, reference_server, args) -> tuple[dict[int, float]
     ours: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
     reference: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
     if reference_server is not None:
-        llama_server_aggregate(reference_server[1], 1, 8)  # warm-up
+        llama_server_aggregate(reference_server, 1, 8)  # warm-up
     for _ in range(args.reps):
         for n in CONCURRENCY:
             ours[n].append(aggregate_rate(stub, n, args.tokens, PROMPTS))
             if reference_server is not None:
-                reference[n].append(llama_server_aggregate(reference_server[1], n, args.tokens))
+                reference[n].append(llama_server_aggregate(reference_server, n, args.tokens))
     median = lambda runs: {n: statistics.median(v) for n, v in runs.items() if v}  # noqa: E731
     return median(ours), median(reference)
 
@@ -136,14 +128,15 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--ttft-reps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=THREADS, help="for both servers")
     parser.add_argument("--llama-server", help="path to llama.cpp's llama-server binary, for the reference")
     args = parser.parse_args()
     model = default_model_path()
-    print(f"model {model.name}, {THREADS} threads, {SLOTS} slots, {args.tokens} tokens per stream, {os.cpu_count()} cores")
+    print(f"model {model.name}, {args.threads} threads, {SLOTS} slots, {args.tokens} tokens per stream, {os.cpu_count()} cores")
 
     tmp = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
-    server = start_server(tmp, "--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS), "--threads", str(THREADS))
-    engine = LlamaCppEngine(model, LlamaCppConfig(context_length=CONTEXT, max_batch_size=SLOTS, threads=THREADS))
+    server = start_server(tmp, "--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS), "--threads", str(args.threads))
+    engine = LlamaCppEngine(model, LlamaCppConfig(context_length=CONTEXT, max_batch_size=SLOTS, threads=args.threads))
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)
@@ -167,13 +160,15 @@ def main() -> int:
                 f"gRPC {statistics.median(ttft_grpc) * 1000:.1f} ms, added {added:.2f} ms median (target <= 5)"
             )
 
-            reference_server = start_llama_server(args.llama_server, model) if args.llama_server else None
+            reference_server = (
+                start_llama_server(args.llama_server, model, CONTEXT, SLOTS, args.threads) if args.llama_server else None
+            )
             try:
                 ours, reference = aggregate_comparison(stub, reference_server, args)
+                ttfts = ttft_comparison(stub, reference_server, args.reps)
             finally:
                 if reference_server is not None:
-                    reference_server[0].terminate()
-                    reference_server[0].wait()
+                    reference_server.stop()
     finally:
         engine.close()
         stop_server(server)
@@ -183,6 +178,12 @@ def main() -> int:
         line = f"  {n} streams: tokenspout {value:.1f}"
         if reference:
             line += f", llama-server {reference[n]:.1f}, ratio {value / reference[n]:.2f} (target >= 1.0)"
+        print(line)
+    print("time to first token, median, by concurrent streams:")
+    for n, (mine, theirs) in ttfts.items():
+        line = f"  {n} streams: tokenspout {mine * 1000:.1f} ms"
+        if theirs is not None:
+            line += f", llama-server {theirs * 1000:.1f} ms, ratio {mine / theirs:.2f} (target <= 1.0)"
         print(line)
     return 0
 
