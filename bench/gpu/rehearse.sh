@@ -4,7 +4,7 @@
 # to prove that every failure is caught, reported and packed, and that the stages after it still run.
 #
 #   bash bench/gpu/fetch_wheels.sh && bash bench/gpu/build_ext.sh   # first: the wheels and the prebuilt
-#   bash bench/gpu/rehearse.sh                                       # ~6 min on 2 cores
+#   bash bench/gpu/rehearse.sh                                       # 11-16 min on 2 busy cores
 #
 # python3 is build_ext.sh's venv (Python 3.12 with torch 2.11.0+cu130, transformers 5.17.0 and the
 # rest pinned as on that machine); the GPU stages are skipped, as run.sh does with no GPU. Real: the
