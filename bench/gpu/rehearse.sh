@@ -14,7 +14,7 @@
 # built in a second) takes its place, so run.sh's prebuilt path is still rehearsed; the last line
 # says so. A corrupt prebuilt is always rehearsed: its stage fails, the rest runs.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 VENV=${VENV:-$ROOT/bench/gpu/build/venv}
 PREBUILT=${PREBUILT:-$ROOT/bench/gpu/build/prebuilt}

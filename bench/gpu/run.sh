@@ -26,7 +26,7 @@
 # GPU_CHECK_SLOWDOWN=N multiplies it and every limit for a slower machine (the rehearsal on 2 busy cores).
 set -uo pipefail  # no -e: a stage's failure is a finding, and the next stage runs
 shopt -s nullglob
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 OUT=${OUT:-$ROOT/bench/results/gpu}
 WORK=${WORK:-/tmp/tokenspout-gpu}
@@ -67,7 +67,8 @@ stage_preflight() {
 stage_wheels() {
     compgen -G "$WHEELS/*.whl" >/dev/null || { echo "no wheels in $WHEELS: run bench/gpu/fetch_wheels.sh here and carry .whl"; return 1; }
     "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl &&
-        ls "$WORK/site" | grep -i 'dist-info$' && echo "$(ls -d "$WORK"/site/*.dist-info | wc -l) packages installed into $WORK/site"
+        installed=("$WORK"/site/*.dist-info) && printf '%s\n' "${installed[@]##*/}" &&
+        echo "${#installed[@]} packages installed into $WORK/site"
 }
 
 stage_imports() {
