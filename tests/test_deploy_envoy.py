@@ -71,7 +71,8 @@ def test_envoy_balances_and_takes_a_draining_replica_out(tmp_path):
             replicas[1].process.send_signal(signal.SIGTERM)
             after = Load(stub, "envoy-after", 4, tokens=4)
             outcomes = {**load.outcomes(), **after.outcomes()}
-            assert set(outcomes.values()) == {"ok"}, {**load.details, **after.details}
+            retries = urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats?filter=retry", timeout=5).read().decode()
+            assert set(outcomes.values()) == {"ok"}, ({**load.details, **after.details}, retries)
         served = [requests_finished(r) & set(load.ids) for r in replicas]
         assert all(served), "least_request used both replicas"
         assert not requests_finished(replicas[1]) & set(after.ids), "the draining replica got new calls"
