@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from service.errors import ServiceError
+from service.errors import ServiceError, unauthenticated
 from service.guard import guarded
 
 if TYPE_CHECKING:
@@ -106,10 +106,6 @@ class KeyStore:
             if hmac.compare_digest(digest, expected) and found is None:
                 found = name
         return found
-
-
-def unauthenticated(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", message)
 
 
 def certificate_subject(context: grpc.aio.ServicerContext) -> str:

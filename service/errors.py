@@ -215,6 +215,19 @@ def compile_budget_exceeded(budget_s: float) -> ServiceError:
     )
 
 
+def unauthenticated(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", message)
+
+
+def engine_down(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, "ENGINE_DOWN", message, retry_after_s=0.0)
+
+
+def paused_too_long(request_id: str, message: str) -> ServiceError:
+    """The caller stopped reading for too long: its slot went to others (not an engine fault)."""
+    return ServiceError(grpc.StatusCode.ABORTED, "PAUSED_TOO_LONG", f"request {request_id}: {message}")
+
+
 def unavailable(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.UNAVAILABLE, "DRAINING", message, retry_after_s=0.0)
 

@@ -21,10 +21,6 @@ ENGINE_DOWN_EXIT_CODE = 3
 _OPEN_WHILE_DRAINING = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Cancel", "GetServerStatus"))
 
 
-def engine_down(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.UNAVAILABLE, "ENGINE_DOWN", message, retry_after_s=0.0)
-
-
 class Admission(grpc.aio.ServerInterceptor):
     """While draining or after the engine died, new GenerationService calls are refused at once.
 

@@ -25,10 +25,10 @@ from backend.engine import Engine
 from service import auth
 from service.boundary import ErrorBoundary
 from service.config import ServeConfig
-from service.errors import ServiceError, unavailable
+from service.errors import ServiceError, engine_down, unavailable
 from service.generation import GenerationServicer
 from service.lifecycle import (
-    ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, engine_down, kill_engine_after,
+    ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, kill_engine_after,
 )
 from service.reflection import ReflectionServicer, load_descriptor_set
 from service.telemetry import Telemetry, from_environment
