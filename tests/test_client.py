@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -196,6 +197,28 @@ def test_round_robin_spreads_calls_over_several_servers(server, full_server):
             what="calls to reach both servers",
         )
     assert batch_sizes == {8, 1}
+
+
+def test_round_robin_sends_no_new_call_to_a_draining_server(tmp_path):
+    """Client health checking: a replica that is draining (NOT_SERVING, still listening) gets nothing new."""
+    draining, staying = (start_server(tmp_path, "--max-batch-size", str(n), "--context-length", "256",
+                                      "--grace-period-s", "60") for n in (1, 2))
+    try:
+        with Client([draining.address, staying.address], timeout=30) as client:
+            wait_for(lambda: {client.status().max_batch_size for _ in range(4)} == {1, 2}, what="both servers")
+            with Client(draining.address, timeout=60) as direct, direct.stream(
+                "Count:", max_new_tokens=240, ignore_eos=True
+            ) as long_stream:
+                next(long_stream)  # keeps the draining server open for its grace period
+                draining.process.send_signal(signal.SIGTERM)
+                wait_for(lambda: "draining" in draining.log(), what="the drain to start")
+                time.sleep(1)  # the health watch reports NOT_SERVING
+                sizes = [client.status().max_batch_size for _ in range(12)]
+                assert sizes == [2] * 12, sizes
+                assert draining.process.poll() is None, "the draining server was still listening"
+    finally:
+        for running in (draining, staying):
+            stop_server(running)
 
 
 def test_api_key_and_unauthenticated(tmp_path, monkeypatch):

@@ -71,8 +71,13 @@ def channel_spec(
         raise ValueError("give at least one address")
     channel_options: list[tuple[str, object]] = [*_DEFAULT_OPTIONS]
     if round_robin if round_robin is not None else len(addresses) > 1:
-        # A client-side service config: the server need not offer one.
-        config = {"loadBalancingConfig": [{"round_robin": {}}]}
+        # A client-side service config (the server need not offer one), as deploy/grpc-service-config.json
+        # but without its retryPolicy: this client retries by itself, honouring the server's RetryInfo.
+        # Health checking keeps new calls off a replica that is draining (NOT_SERVING).
+        config = {
+            "loadBalancingConfig": [{"round_robin": {}}],
+            "healthCheckConfig": {"serviceName": "tokenspout.v1.GenerationService"},
+        }
         channel_options.append(("grpc.service_config", json.dumps(config)))
     tls_settings = Tls() if tls is True else tls or None
     if tls_settings and tls_settings.server_name:
