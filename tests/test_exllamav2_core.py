@@ -415,7 +415,7 @@ class PagedEngine:
 def test_a_request_over_the_budget_is_out_of_range_before_it_reaches_the_engine():
     validator = RequestValidator(PagedEngine())
     fits = pb.GenerateStreamRequest(prompt="a b c", stopping=pb.StoppingCriteria(max_new_tokens=500))
-    assert validator.generation_request(fits).stopping.max_new_tokens == 500
+    assert validator.generation_request(fits)[0].stopping.max_new_tokens == 500
     too_big = pb.GenerateStreamRequest(prompt="a b c", stopping=pb.StoppingCriteria(max_new_tokens=1000))
     with pytest.raises(ServiceError) as refused:
         validator.generation_request(too_big)
@@ -430,7 +430,7 @@ def test_exllamav2s_own_samplers_pass_validation_where_the_engine_has_them():
         ),
     )
     request.sampling.logit_bias[5] = -100.0
-    sampling = RequestValidator(PagedEngine()).generation_request(request).sampling
+    sampling = RequestValidator(PagedEngine()).generation_request(request)[0].sampling
     assert (sampling.top_a, sampling.skew, sampling.banned_strings, sampling.token_healing) == (0.25, 1.0, ("As an AI",), True)
     assert sampling.dry.multiplier == pytest.approx(0.8) and sampling.logit_bias == {5: -100.0}
     with pytest.raises(ServiceError) as refused:  # the same request, to an engine with only the basics
