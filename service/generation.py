@@ -28,7 +28,7 @@ from service.compiles import CompileGate
 from service.config import ServeConfig
 from service.errors import (
     CURRENT_REQUEST_ID, FieldViolation, ServiceError, already_exists, constraint_failed, internal, invalid_argument,
-    overloaded, unavailable,
+    overloaded, paused_too_long, unavailable,
 )
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
@@ -258,7 +258,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                         raise constraint_failed(request_id, batch.message)
                     if batch.paused_too_long:  # the caller, not the engine: its slot went to others
                         log.info("request %s ended: %s", request_id, batch.message, extra=_ids(request_id))
-                        raise ServiceError(grpc.StatusCode.ABORTED, "PAUSED_TOO_LONG", f"request {request_id}: {batch.message}")
+                        raise paused_too_long(request_id, batch.message)
                     log.error("request %s failed in the engine: %s", request_id, batch.message, extra=_ids(request_id))
                     raise internal(request_id, batch.message)
                 message = convert.stream_response(request_id, batch, generation.output.return_tokens, input_tokens)
