@@ -12,35 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence, Unpack
+from typing import Any, AsyncIterator, Mapping, Sequence, Unpack
 
 import grpc
 import grpc.aio
 
 from tokenspout import requests as rq
 from tokenspout import responses as rs
-from tokenspout.client import _generation
 from tokenspout.connection import Tls, channel_spec
 from tokenspout.errors import CancelledError, TokenspoutError, from_rpc_error
 from tokenspout.retry import RetryPolicy, deadline_of, remaining
+from tokenspout.streams import StreamState, generation
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 log = logging.getLogger("tokenspout.client")
 
 
-class AsyncStream(AsyncIterator[rs.Chunk]):
+class AsyncStream(StreamState, AsyncIterator[rs.Chunk]):
     """The chunks of one generation; see tokenspout.client.Stream, which this mirrors."""
-
-    def __init__(self, start: Callable[[float | None], Any], retry: RetryPolicy, deadline: float | None) -> None:
-        self._start = start
-        self._retry = retry
-        self._deadline = deadline
-        self._call: Any = None
-        self._retries = 0
-        self._received = False
-        self._cancelled = False
-        self._chunks: list[rs.Chunk] = []
 
     def __aiter__(self) -> AsyncStream:
         return self
@@ -57,45 +47,22 @@ class AsyncStream(AsyncIterator[rs.Chunk]):
                 raise CancelledError("the stream was cancelled", code=grpc.StatusCode.CANCELLED) from None
             except grpc.RpcError as rpc_error:
                 error = from_rpc_error(rpc_error)
-                fresh = not self._received and not self._cancelled
-                wait = self._retry.delay(error, self._retries, self._deadline) if fresh else None
+                wait = self._retry_delay(error)
                 if wait is None:
                     raise error from None
                 log.info("retrying the stream in %.2f s after %s", wait, error)
                 await asyncio.sleep(wait)
-                self._retries += 1
-                self._call = None
                 continue
             if response is grpc.aio.EOF:
                 raise StopAsyncIteration
-            self._received = True
-            if response.heartbeat:
-                continue
-            chunk = rs.from_proto(rs.Chunk, response)
-            self._chunks.append(chunk)
-            return chunk
-
-    @property
-    def text(self) -> str:
-        return "".join(chunk.text for chunk in self._chunks)
-
-    @property
-    def finish(self) -> rs.Finish | None:
-        return self._chunks[-1].finish if self._chunks else None
-
-    @property
-    def retries(self) -> int:
-        return self._retries
+            chunk = self._accept(response)
+            if chunk is not None:
+                return chunk
 
     async def result(self) -> rs.Generation:
         async for _ in self:
             pass
-        return _generation(self._chunks)
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        if self._call is not None:
-            self._call.cancel()
+        return generation(self._chunks)
 
     async def __aenter__(self) -> AsyncStream:
         return self

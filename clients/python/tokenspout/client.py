@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence, Unpack
+from typing import Any, Iterator, Mapping, Sequence, Unpack
 
 import grpc
 
@@ -21,28 +21,19 @@ from tokenspout import responses as rs
 from tokenspout.connection import Tls, channel_spec
 from tokenspout.errors import TokenspoutError, from_rpc_error
 from tokenspout.retry import RetryPolicy, deadline_of, remaining
+from tokenspout.streams import StreamState, generation
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 log = logging.getLogger("tokenspout.client")
 
 
-class Stream(Iterator[rs.Chunk]):
+class Stream(StreamState, Iterator[rs.Chunk]):
     """The chunks of one generation, as they arrive (heartbeats are skipped).
 
     As a context manager, leaving the block cancels the RPC if it is still running, which frees
     its slot on the server at once. A call that has received nothing yet is retried per the policy.
     """
-
-    def __init__(self, start: Callable[[float | None], Any], retry: RetryPolicy, deadline: float | None) -> None:
-        self._start = start
-        self._retry = retry
-        self._deadline = deadline
-        self._call: Any = None
-        self._retries = 0
-        self._received = False
-        self._cancelled = False
-        self._chunks: list[rs.Chunk] = []
 
     def __iter__(self) -> Stream:
         return self
@@ -55,64 +46,27 @@ class Stream(Iterator[rs.Chunk]):
                 response = next(self._call)
             except grpc.RpcError as rpc_error:
                 error = from_rpc_error(rpc_error)
-                fresh = not self._received and not self._cancelled
-                wait = self._retry.delay(error, self._retries, self._deadline) if fresh else None
+                wait = self._retry_delay(error)
                 if wait is None:
                     raise error from None
                 log.info("retrying the stream in %.2f s after %s", wait, error)
                 time.sleep(wait)
-                self._retries += 1
-                self._call = None
                 continue
-            self._received = True
-            if response.heartbeat:
-                continue
-            chunk = rs.from_proto(rs.Chunk, response)
-            self._chunks.append(chunk)
-            return chunk
-
-    @property
-    def text(self) -> str:
-        """The text received so far."""
-        return "".join(chunk.text for chunk in self._chunks)
-
-    @property
-    def finish(self) -> rs.Finish | None:
-        """How the generation ended, once the last chunk has arrived."""
-        return self._chunks[-1].finish if self._chunks else None
-
-    @property
-    def retries(self) -> int:
-        return self._retries
+            chunk = self._accept(response)
+            if chunk is not None:
+                return chunk
 
     def result(self) -> rs.Generation:
         """Reads the rest of the stream and returns the whole generation."""
         for _ in self:
             pass
-        return _generation(self._chunks)
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        if self._call is not None:
-            self._call.cancel()
+        return generation(self._chunks)
 
     def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.cancel()
-
-
-def _generation(chunks: Sequence[rs.Chunk]) -> rs.Generation:
-    last = chunks[-1] if chunks else rs.Chunk()
-    return rs.Generation(
-        request_id=last.request_id,
-        text="".join(c.text for c in chunks),
-        tokens=[t for c in chunks for t in c.tokens],
-        generated_tokens=last.generated_tokens,
-        input_tokens=chunks[0].input_tokens if chunks else 0,
-        finish=last.finish,
-    )
 
 
 class Client:
