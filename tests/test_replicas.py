@@ -174,11 +174,14 @@ def test_haproxy_passes_deadlines_and_idles_out_nothing_that_streams(tmp_path):
             "/tokenspout.v1.GenerationService/GenerateStream", request.SerializeToString(), "tokenspout",
             ("grpc-timeout", "1S"),
         )
+        # On a busy machine a health check may have timed out during the long stream: wait until
+        # HAProxy counts the replica up again, or it answers 503 itself and the replica sees nothing.
+        proxy.wait_for(lambda states: all(states.values()))
         with socket.create_connection(("127.0.0.1", proxy.port)) as raw:
             raw.sendall(call)
             deadline = time.monotonic() + 60
             while "request with-deadline " not in replica.log():
-                assert time.monotonic() < deadline, replica.log()
+                assert time.monotonic() < deadline, replica.log() + proxy.log_path.read_text()
                 time.sleep(0.1)
         assert "request with-deadline ended by the caller: time_limit" in replica.log()
     finally:
