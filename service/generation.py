@@ -178,7 +178,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             raise invalid_argument(violations)
         compiled = await self._compiles.compile(spec)
         return pb.CompileConstraintResponse(
-            compile_ms=0.0 if compiled.cached else compiled.compile_s * 1000,
+            compile_ms=compiled.fresh_compile_s * 1000,
             cached=compiled.cached,
             warnings=compiled.warnings,
         )

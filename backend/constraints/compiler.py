@@ -182,17 +182,19 @@ class ConstraintCompiler:
         self.limits = limits
         self._parser_limits = limits.parser_limits()
         self._cache_size = cache_size
-        self.cached_bytes = 0
-        """The estimated memory of the cached constraints."""
         self._cache: collections.OrderedDict[ConstraintSpec, CompiledConstraint] = collections.OrderedDict()
         self._lock = threading.Lock()
+
+    @property
+    def cached_bytes(self) -> int:
+        """The estimated memory of the cached constraints (at most 256 of them: cheap to add up)."""
+        return sum(compiled.size_bytes for compiled in self._cache.values())
 
     def cached(self, spec: ConstraintSpec) -> CompiledConstraint | None:
         with self._lock:
             compiled = self._cache.get(spec)
             if compiled is not None and compiled.health.failed:
                 del self._cache[spec]
-                self.cached_bytes -= compiled.size_bytes
                 compiled = None
             if compiled is not None:
                 self._cache.move_to_end(spec)
@@ -218,20 +220,21 @@ class ConstraintCompiler:
             size_bytes=estimated_bytes(spec),
         )
         with self._lock:
-            replaced = self._cache.pop(spec, None)  # compiled twice at once: keep the newer
-            self.cached_bytes += compiled.size_bytes - (replaced.size_bytes if replaced else 0)
+            self._cache.pop(spec, None)  # compiled twice at once: keep the newer
             self._cache[spec] = compiled
             while len(self._cache) > self._cache_size or self.cached_bytes > self.limits.cache_bytes:
-                _, evicted = self._cache.popitem(last=False)
-                self.cached_bytes -= evicted.size_bytes
+                self._cache.popitem(last=False)
         return compiled
+
+
+_EMPTY_LANGUAGE = "the constraint allows no output at all (its language is empty)"
 
 
 def llguidance_message(error: str) -> str:
     """llguidance's error as a caller should read it (its terse mode appends a marker)."""
     message = error.replace("<non-verbose/>", "").strip()
     if message == "NoExtensionBias":  # no token can start a sentence
-        return "the constraint allows no output at all (its language is empty)"
+        return _EMPTY_LANGUAGE
     return message
 
 
@@ -243,7 +246,7 @@ def _first_step_problem(probe: llguidance.LLMatcher) -> str:
     """
     mask = probe.compute_bitmask()
     if not probe.is_error() and not any(mask) and not probe.is_accepting():
-        return "the constraint allows no output at all (its language is empty)"
+        return _EMPTY_LANGUAGE
     forced = probe.compute_ff_tokens()
     if not probe.is_error() and forced:
         probe.consume_tokens(forced)
