@@ -151,6 +151,9 @@ class GenerationRequest:
     arrival_time: float = field(default_factory=time.monotonic)
     deadline: float | None = None
     """The caller's deadline (time.monotonic()); a request still queued then never starts."""
+    last_message_start: int = 0
+    """Where a chat's last message begins in prompt_token_ids (0: not known): what later requests
+    of the same conversation or app most likely share; an engine may keep it reusable."""
 
     @property
     def end_by(self) -> float | None:

@@ -8,11 +8,13 @@ OUT_OF_RANGE; a model this server does not serve is NOT_FOUND.
 
 from __future__ import annotations
 
+import itertools
 import math
 import secrets
 import uuid
 from dataclasses import dataclass
 
+from backend.chat import ChatTemplateError
 from backend.engine import ChatMessage, Engine
 from backend.types import (
     DEFAULT_DRY_BREAKERS, ConstraintSpec, DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams,
@@ -104,6 +106,7 @@ class RequestValidator:
             sampling=sampling,
             stopping=stopping,
             output=output,
+            last_message_start=self._last_message_start(request, prompt),
         ), constraint
 
     def constraint_spec(self, c: pb.Constraint, violations: list[FieldViolation]) -> ConstraintSpec | None:
@@ -165,6 +168,17 @@ class RequestValidator:
                 field_name, f"{len(tokens)} prompt tokens leave no room in the {limit}-token context"
             )
         return tokens
+
+    def _last_message_start(self, request: pb.GenerateStreamRequest, prompt: list[int]) -> int:
+        """Where a chat's last message begins in its tokens: the history before it renders to their prefix."""
+        if request.WhichOneof("input") != "chat" or len(request.chat.messages) < 2:
+            return 0
+        history = [ChatMessage(m.role, m.content) for m in request.chat.messages[:-1]]
+        try:
+            before = self._engine.render_chat(history, False, self._special_tokens_in_chat_content)
+        except ChatTemplateError:  # a template may refuse a history on its own (e.g. ending with the system)
+            return 0
+        return sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], zip(before, prompt)))
 
     def _sampling(self, s: pb.SamplingParams, violations: list[FieldViolation]) -> SamplingParams:
         check = _RangeChecker("sampling", s, violations)

@@ -129,11 +129,28 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(core, model):
     before = len(short.events)
     for _ in range(3):
         core.step()
-    # 150 prompt tokens in chunks of at most 64 (minus the decoding token) take 3 steps,
+    # 150 prompt tokens in groups of at most 63 (see PromptLayout) take 3 steps,
     # and the decoding sequence gets a token in each of them.
     assert len(short.events) == before + 3
     assert long_.first_token_step() == core.steps
     run_until_idle(core)
+
+
+def test_a_burst_is_prefilled_one_prompt_a_step_in_arrival_order(model):
+    """A CPU prefills a token at the same cost batched or not, so one prompt a step gives the
+    first of a burst its first token at once and the last no later than all together would."""
+    core = make_core(model, max_batch_size=3)
+    try:
+        recs = [Recorder(core) for _ in range(3)]
+        for i, rec in enumerate(recs):
+            core.add(request(model, f"r{i}", prompt=f"Question {i}: why is the sky blue?", max_new_tokens=4), rec)
+        for _ in range(3):
+            core.step()
+        assert [rec.first_token_step() for rec in recs] == [1, 2, 3]
+        assert [len(rec.events) for rec in recs] == [3, 2, 1]  # each decodes once it has its first token
+        run_until_idle(core)
+    finally:
+        core.close()
 
 
 def test_a_fault_in_one_sequence_leaves_the_other_running(core, model, monkeypatch):
@@ -174,12 +191,13 @@ def test_a_paused_sequence_keeps_its_cache_and_resumes(core, model):
     a, b = Recorder(core), Recorder(core)
     core.add(request(model, "a", max_new_tokens=10), a)
     core.add(request(model, "b", max_new_tokens=10), b)
+    core.step()  # prefills a (one prompt a step), then b beside a's decoding
     core.step()
     core.pause("a")
-    cells = cache_cells(core, 0)
+    cells, a_had = cache_cells(core, 0), len(a.events)
     for _ in range(3):
         core.step()
-    assert len(a.events) == 1 and len(b.events) == 4  # only b advanced
+    assert len(a.events) == a_had and len(b.events) == 4  # only b advanced
     assert cache_cells(core, 0) == cells and core.stats.paused_sequences == 1
     run_until_idle(core)
     assert not core.has_work() and core.holds_sequences()  # a is parked: the worker may sleep
@@ -257,9 +275,11 @@ def test_a_gap_left_by_a_finished_sequence_is_closed_without_changing_outputs(mo
         core.add(request(model, "c", prompt="Rivers run", max_new_tokens=30), recs["c"])
         core.step()
         assert [core._running[r].slot for r in "abc"] == [0, 1, 2]
-        core.step()
-        core.step()  # b has finished: c moves down into slot 1
-        assert "b" not in core._running and core._running["c"].slot == 1
+        while "b" in core._running:  # prefilled one prompt a step, then 2 tokens
+            core.step()
+        assert core._running["c"].slot == 2
+        core.step()  # c moves down into the slot b left
+        assert core._running["c"].slot == 1
         assert cache_cells(core, 2) == 0 and cache_cells(core, 1) > 0
         run_until_idle(core)
         token_ids = lambda rec: [t.token_id for _, e in rec.events for t in e.tokens]  # noqa: E731

@@ -8,7 +8,8 @@ import pytest
 
 from backend.constraints import ConstraintCompiler
 from backend.engine import ChatMessage
-from backend.llamacpp.core import MIN_REUSE_TOKENS, WIDE_PROMPT
+from backend.llamacpp.core import MIN_REUSE_TOKENS
+from backend.llamacpp.layout import TILE_ROWS
 from backend.types import ConstraintSpec, ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
 from helpers import greedy, stream
 from test_engine_core import Recorder, make_core
@@ -21,11 +22,11 @@ SYSTEM = (
 QUESTIONS = ["Where are the hammers?", "Do you sell blue paint?", "What is the best saw for timber?"]
 
 
-def run(core, model, request_id: str, tokens, max_new_tokens: int = 16, constraint=None) -> Recorder:
+def run(core, model, request_id: str, tokens, max_new_tokens: int = 16, constraint=None, last_message_start=0) -> Recorder:
     rec = Recorder(core)
     stopping = StopParams(max_new_tokens=max_new_tokens, ignore_eos=constraint is None)
     core.add(GenerationRequest(request_id, tuple(tokens), SamplingParams(temperature=0.0), stopping,
-                               constraint=constraint), rec)
+                               constraint=constraint, last_message_start=last_message_start), rec)
     run_all(core)
     return rec
 
@@ -60,7 +61,7 @@ def token_ids(rec: Recorder) -> list[int]:
 
 @pytest.fixture
 def cores(model):
-    """The same settings with and without prefix reuse; each prompt fits one batch (see WIDE_PROMPT)."""
+    """The same settings with and without prefix reuse."""
     with_reuse = make_core(model, context_length=512, max_batch_size=3, batch_tokens=512)
     without = make_core(model, context_length=512, max_batch_size=3, batch_tokens=512, prefix_cache=False)
     yield with_reuse, without
@@ -68,10 +69,13 @@ def cores(model):
     without.close()
 
 
-def chat_tokens(model, *turns: str) -> list[int]:
+def chat_tokens(model, *turns: str, system: str = SYSTEM) -> tuple[list[int], int]:
+    """A chat's tokens, and where its last message starts (as the service finds it)."""
     roles = ["user", "assistant"] * len(turns)
-    messages = [ChatMessage("system", SYSTEM)] + [ChatMessage(role, text) for role, text in zip(roles, turns)]
-    return model.render_chat(messages)
+    messages = [ChatMessage("system", system)] + [ChatMessage(role, text) for role, text in zip(roles, turns)]
+    tokens, history = model.render_chat(messages), model.render_chat(messages[:-1], False)
+    assert tokens[: len(history)] == history
+    return tokens, len(history)
 
 
 def test_greedy_output_is_identical_with_and_without_reuse_for_prompts(cores, model):
@@ -90,16 +94,69 @@ def test_greedy_output_is_identical_with_and_without_reuse_for_a_multi_turn_chat
     """Each turn resends the history, the model's own earlier answers (computed while decoding) included."""
     with_reuse, without = cores
     turns: list[str] = []
-    previous = 0
     for i, question in enumerate(QUESTIONS):
-        tokens = chat_tokens(model, *turns, question)
-        reused, fresh = run(with_reuse, model, f"r{i}", tokens, 20), run(without, model, f"f{i}", tokens, 20)
+        tokens, start = chat_tokens(model, *turns, question, system=SYSTEM * 2)
+        reused = run(with_reuse, model, f"r{i}", tokens, 20, last_message_start=start)
+        fresh = run(without, model, f"f{i}", tokens, 20, last_message_start=start)
         assert token_ids(reused) == token_ids(fresh), question
-        if previous >= WIDE_PROMPT:  # the previous prompt came from the cache, but for the last 64 tokens
-            assert reused.finish.usage.cached_tokens >= previous - WIDE_PROMPT
+        if i > 0:  # the history came from the cache, but for the rows of the last tile before this message
+            assert reused.finish.usage.cached_tokens >= start - TILE_ROWS
         answer = b"".join(model.pieces[t] for t in token_ids(reused)).decode("utf-8", "replace")
         turns += [question, answer]
-        previous = len(tokens)
+
+
+def test_the_same_history_with_a_new_question_computes_only_the_question(cores, model):
+    """The workload of an app with one system prompt: everything before the last message is reused."""
+    with_reuse, without = cores
+    for i, question in enumerate(QUESTIONS):
+        tokens, start = chat_tokens(model, question, system=SYSTEM * 3)
+        assert start >= TILE_ROWS
+        reused = run(with_reuse, model, f"r{i}", tokens, 16, last_message_start=start)
+        fresh = run(without, model, f"f{i}", tokens, 16, last_message_start=start)
+        assert token_ids(reused) == token_ids(fresh), question
+        if i > 0:  # the history, and the last message's opening tokens it shares with the one before
+            assert start <= reused.finish.usage.cached_tokens <= len(tokens) - 2
+        else:
+            assert reused.finish.usage.cached_tokens == 0
+
+
+def test_a_prompt_longer_than_a_batch_is_identical_with_and_without_reuse(model):
+    with_reuse = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128)
+    without = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128, prefix_cache=False)
+    try:
+        for i, question in enumerate(QUESTIONS):
+            tokens, start = chat_tokens(model, question, system=SYSTEM * 7)
+            assert len(tokens) > 2 * 128
+            for last_message_start in (start, 0):  # a chat, and the same tokens as a plain prompt
+                reused = run(with_reuse, model, f"r{i}-{last_message_start}", tokens, 12,
+                             last_message_start=last_message_start)
+                fresh = run(without, model, f"f{i}-{last_message_start}", tokens, 12,
+                            last_message_start=last_message_start)
+                assert token_ids(reused) == token_ids(fresh), (question, last_message_start)
+        assert with_reuse.stats.cached_prompt_tokens_total > 0
+    finally:
+        with_reuse.close()
+        without.close()
+
+
+def test_a_prompt_computes_the_same_beside_other_streams_as_alone(model):
+    """Each prompt group goes in a llama_decode of its own, so what else runs cannot regroup its rows."""
+    busy = make_core(model, context_length=512, max_batch_size=4, batch_tokens=512, prefix_cache=False)
+    alone = make_core(model, context_length=512, max_batch_size=1, batch_tokens=512, prefix_cache=False)
+    try:
+        tokens, start = chat_tokens(model, QUESTIONS[0], system=SYSTEM * 2)
+        background = [Recorder(busy) for _ in range(3)]
+        for i, rec in enumerate(background):
+            busy.add(GenerationRequest(f"bg{i}", tuple(model.tokenize(f"Story {i}: once upon a time")),
+                                       SamplingParams(temperature=0.0), StopParams(max_new_tokens=60, ignore_eos=True)), rec)
+        for _ in range(4):
+            busy.step()
+        assert busy.running == 3 and all(rec.events for rec in background)  # all three decoding
+        beside = run(busy, model, "beside", tokens, 24, last_message_start=start)
+        assert token_ids(beside) == token_ids(run(alone, model, "alone", tokens, 24, last_message_start=start))
+    finally:
+        busy.close()
+        alone.close()
 
 
 def test_greedy_output_is_identical_with_and_without_reuse_when_constrained(cores, model):
@@ -129,7 +186,8 @@ def test_a_burst_sharing_a_prefix_computes_it_once(model):
         run_all(core)
         # The first computes the shared part; the others wait for it and copy it.
         assert [rec.finish.usage.cached_tokens >= MIN_REUSE_TOKENS for rec in recs] == [False, True, True]
-        assert core.stats.cached_prompt_tokens_total >= 2 * (len(prompts[1]) - WIDE_PROMPT)
+        shared = len(model.tokenize(SYSTEM + " " + SYSTEM + "\nQuestion:"))
+        assert core.stats.cached_prompt_tokens_total >= 2 * (shared - TILE_ROWS)
         solo = make_core(model, context_length=512, max_batch_size=1, batch_tokens=512, prefix_cache=False)
         try:
             for i, tokens in enumerate(prompts):
@@ -252,5 +310,4 @@ def test_greedy_output_through_grpc_is_the_same_cold_and_cached(stub):
     again = stream(stub, greedy(prompt, max_new_tokens=24))
     assert [t.id for m in first for t in m.tokens] == [t.id for m in again for t in m.tokens]
     usage = again[-1].finish.usage
-    tail = WIDE_PROMPT if usage.prompt_tokens >= WIDE_PROMPT else 2  # computed again (see RECOMPUTED_TAIL)
-    assert usage.cached_tokens == usage.prompt_tokens - tail
+    assert usage.cached_tokens == usage.prompt_tokens - 2  # a prompt row is never computed alone

@@ -1,15 +1,18 @@
 """Continuous batching on llama.cpp's multi-sequence batch API.
 
-Each step builds one `llama_batch` holding the next token of every decoding
-sequence plus chunks of waiting prompts, runs one `llama_decode`, and samples
-every sequence that produced logits with its own sampler chain. A new request
-joins at the next step.
+Each step runs one `llama_decode` for the next token of every decoding
+sequence, then one for the next group of rows of the first prompt still to
+prefill (grouped by its PromptLayout, so its numbers never depend on what else
+runs or is cached), and samples every sequence that produced logits with its
+own sampler chain. A new request joins at the next step; a burst is prefilled
+one prompt a step, in arrival order.
 
 Prefix reuse: a finished sequence leaves its cells in its slot (one llama.cpp
 sequence id, one cache stream), indexed by token (see PrefixIndex). A new
-request starts from the longest prefix of its prompt that any slot holds,
-copied across streams and trimmed, and prefills only the rest; a request whose
-prefix a neighbour is computing right now waits a step or two and copies it.
+request starts from the longest prefix of its prompt that any slot holds and
+its layout can take as computed, copied across streams and trimmed, and
+prefills only the rest; a request whose prefix a neighbour is computing right
+now waits a step or two and copies it.
 Idle prefixes live in free slots, so they never block a live request.
 
 Preemption: when a request waits for a slot and a paused sequence (its caller
@@ -41,6 +44,7 @@ import numpy as np
 
 from backend.constraints import apply_bitmask
 from backend.engine import EngineStats, EventSink
+from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prefix_cache import PrefixIndex, common_prefix
 from backend.llamacpp.sampling import build_sampler_chain
@@ -53,18 +57,9 @@ log = logging.getLogger(__name__)
 
 # Shorter shared prefixes are computed again: copying a cache stream costs about as much.
 MIN_REUSE_TOKENS = 16
-# Greedy output must not change with reuse, so the tokens computed after a reused prefix take the
-# kernels a fresh prefill of the whole prompt would: llama.cpp computes one token alone with other
-# kernels than several, and its CPU flash attention runs a batch of at least 64 tokens of one
-# sequence tiled, a smaller one row by row (each with its own rounding; measured, see
-# docs/benchmarks.md). So at least the last 2 prompt tokens are computed again, at least the last
-# 64 of a prompt of 64 or more, and only prefixes computed the same way are shared.
+# A sequence back from preemption takes its own cells as they are, but for its last 2 tokens:
+# llama.cpp computes a token alone with other kernels than several (see backend.llamacpp.layout).
 RECOMPUTED_TAIL = 2
-WIDE_PROMPT = 64  # ggml's flash attention query tile (GGML_FA_TILE_Q)
-
-
-def _recomputed_tail(prompt_length: int) -> int:
-    return WIDE_PROMPT if prompt_length >= WIDE_PROMPT else RECOMPUTED_TAIL
 
 
 def default_threads() -> int:
@@ -99,8 +94,11 @@ def _past(deadline: float | None, now: float) -> bool:
 
 
 class _Sequence:
-    def __init__(self, request: GenerationRequest, sink: EventSink, sampler: llama_cpp.llama_sampler_p):
+    def __init__(
+        self, request: GenerationRequest, sink: EventSink, sampler: llama_cpp.llama_sampler_p, layout: PromptLayout
+    ):
         self.request = request
+        self.layout = layout
         self.sink = sink
         self.sampler = sampler
         self.output = SequenceOutput(request)
@@ -140,7 +138,7 @@ class LlamaCppCore:
         params.n_threads = params.n_threads_batch = config.threads or default_threads()
         # A cache per sequence keeps each sequence's attention separate, so greedy output does
         # not depend on what else is in the batch. llama.cpp is fast with it only while a batch's
-        # sequences have ascending, contiguous ids (see _fill_batch and docs/benchmarks.md).
+        # sequences have ascending, contiguous ids (see _decoding_batch and docs/benchmarks.md).
         params.kv_unified = False
         params.no_perf = True
         self.ctx = llama_cpp.llama_init_from_model(model.ptr, params)
@@ -232,9 +230,10 @@ class LlamaCppCore:
         self._admit()
         self._take_prefixes()
         self._compact()
-        scheduled = self._fill_batch()
-        if scheduled:
-            self._decode_and_sample(scheduled)
+        for next_batch in (self._decoding_batch, self._prompt_batch):
+            scheduled = next_batch()
+            if scheduled:
+                self._decode_and_sample(scheduled)
         self._publish()
         return self._take_outputs()
 
@@ -285,7 +284,8 @@ class LlamaCppCore:
 
     def _new_sequence(self, request: GenerationRequest, sink: EventSink) -> _Sequence:
         chain = build_sampler_chain(request.sampling, self.model.vocab, self.model.vocab_size, self.context_length)
-        seq = _Sequence(request, sink, chain)
+        layout = PromptLayout.of(len(request.prompt_token_ids), request.last_message_start, self.config.batch_tokens)
+        seq = _Sequence(request, sink, chain, layout)
         if request.sampling.penalized or request.sampling.dry_on:  # they look back into the prompt too
             for token in request.prompt_token_ids:
                 llama_cpp.llama_sampler_accept(seq.sampler, token)
@@ -352,35 +352,39 @@ class LlamaCppCore:
                 self._reuse(seq, source, shared)
 
     def _best_prefix(self, seq: _Sequence) -> tuple[int | None, int]:
-        """The slot holding the longest computed prefix of the sequence's tokens (idle or live), and its length."""
+        """The slot holding the most reusable computed prefix of the sequence's tokens (idle or live), and its length."""
         if not self.config.prefix_cache:
             return None, 0
-        wide = seq.prompt_length >= WIDE_PROMPT
-        source, shared = self._prefixes.longest(seq.tokens, seq.id, wide)
+        candidates = list(self._prefixes.matches(seq.tokens, seq.id))
         for other in self._running.values():  # a live sequence's prompt cells (see PrefixIndex)
             computed = min(other.cached, other.prompt_length)
-            if other is seq or other.needs_prefix or computed <= shared or (other.prompt_length >= WIDE_PROMPT) != wide:
-                continue
-            common = common_prefix(other.tokens[:computed], seq.tokens)
-            if common > shared:
-                source, shared = other.slot, common
-        own = source is not None and self._prefixes.owner(source) == seq.id  # its own cells: exact as they are
-        tail = RECOMPUTED_TAIL if own else _recomputed_tail(seq.prompt_length)
-        shared = min(shared, len(seq.tokens) - tail)
-        return (source, shared) if shared >= MIN_REUSE_TOKENS else (None, 0)
+            if other is not seq and not other.needs_prefix and computed >= MIN_REUSE_TOKENS:
+                common = common_prefix(other.tokens[:computed], seq.tokens)
+                candidates.append((other.slot, common, other.layout.tiled_until))
+        best: tuple[int | None, int] = (None, 0)
+        for slot, common, tiled_until in candidates:
+            rows = self._reusable(seq, common, tiled_until)
+            if rows > best[1]:
+                best = (slot, rows)
+        return best if best[1] >= MIN_REUSE_TOKENS else (None, 0)
+
+    @staticmethod
+    def _reusable(seq: _Sequence, common: int, tiled_until: int | None) -> int:
+        """Rows of `common` cached ones the sequence takes: its own (tiled_until None) as they
+        are but for the last RECOMPUTED_TAIL, others' as far as its prompt layout allows."""
+        if tiled_until is not None:
+            return seq.layout.reusable(common, tiled_until)
+        rows = min(common, len(seq.tokens) - RECOMPUTED_TAIL)
+        return seq.layout.reusable(rows, seq.layout.tiled_until) if rows < seq.prompt_length else rows
 
     def _computing_longer_prefix(self, seq: _Sequence, available: int) -> bool:
         if not self.config.prefix_cache:
             return False
-        wide = seq.prompt_length >= WIDE_PROMPT
         for other in self._running.values():
             if other is seq or other.needs_prefix or other.paused or not other.prefilling:
                 continue
-            if (other.prompt_length >= WIDE_PROMPT) != wide:
-                continue
-            coming = common_prefix(other.tokens[: other.prompt_length], seq.tokens)
-            coming = min(coming, len(seq.tokens) - _recomputed_tail(seq.prompt_length))
-            if coming >= available + MIN_REUSE_TOKENS:
+            common = common_prefix(other.tokens[: other.prompt_length], seq.tokens)
+            if self._reusable(seq, common, other.layout.tiled_until) >= available + MIN_REUSE_TOKENS:
                 return True
         return False
 
@@ -456,8 +460,7 @@ class LlamaCppCore:
         """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping."""
         del self._running[seq.id]
         if self.config.prefix_cache and seq.cached >= MIN_REUSE_TOKENS:
-            wide = seq.prompt_length >= WIDE_PROMPT
-            self._prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, wide)
+            self._prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until)
         else:
             llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         heapq.heappush(self._free_slots, seq.slot)
@@ -465,26 +468,10 @@ class LlamaCppCore:
 
     # -- the batch -----------------------------------------------------------------
 
-    def _fill_batch(self) -> list[tuple[_Sequence, int | None]]:
-        """Decoding sequences first (their new tokens), then prompt chunks in slot order."""
-        batch = self._batch
-        n = 0
+    def _decoding_batch(self) -> list[tuple[_Sequence, int | None]]:
+        """The next token of every decoding sequence, in slot order."""
+        self._batch.n_tokens = 0
         scheduled: list[tuple[_Sequence, int | None]] = []
-
-        def put(seq: _Sequence, count: int) -> None:
-            nonlocal n
-            for token in seq.tokens[seq.cached : seq.cached + count]:
-                batch.token[n] = token
-                batch.pos[n] = seq.cached
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = seq.slot
-                batch.logits[n] = False
-                seq.cached += 1
-                n += 1
-            complete = seq.cached == len(seq.tokens)
-            batch.logits[n - 1] = complete  # sample only once every known token is in
-            scheduled.append((seq, n - 1 if complete else None))
-
         # With a cache per sequence, llama.cpp splits a batch into equal-length pieces per
         # sequence, so several tokens of one sequence beside others would cost extra forward
         # passes. Forced tokens therefore go all at once only when a sequence runs alone.
@@ -492,23 +479,42 @@ class LlamaCppCore:
         # Tokens in ascending sequence order: llama.cpp's per-sequence cache takes a much slower
         # path (measured: 1.7x per step at 8 sequences) when a batch lists sequences out of order.
         # Lowest-slot-first admission keeps the ids contiguous, which it also needs.
-        ready = sorted(
-            (seq for seq in self._running.values() if not seq.paused and not seq.needs_prefix),
-            key=lambda seq: seq.slot,
-        )
-        for seq in ready:
-            if not seq.prefilling and seq.cached < len(seq.tokens):
+        for seq in sorted(self._running.values(), key=lambda seq: seq.slot):
+            if not seq.paused and not seq.needs_prefix and not seq.prefilling and seq.cached < len(seq.tokens):
                 # Output tokens fed again after a preemption go one a step, as they were computed.
                 replaying = seq.cached < seq.replay_until - 1
-                put(seq, 1 if replaying else min(per_sequence, len(seq.tokens) - seq.cached))
-        for seq in ready:
-            budget = self.config.batch_tokens - n
-            if budget <= 0:
-                break
-            if seq.prefilling:
-                put(seq, min(budget, seq.prompt_length - seq.cached))
-        batch.n_tokens = n
+                self._put(seq, 1 if replaying else min(per_sequence, len(seq.tokens) - seq.cached), scheduled)
         return scheduled
+
+    def _prompt_batch(self) -> list[tuple[_Sequence, int | None]]:
+        """The next group of rows of the first prompt (in admission order) still to prefill.
+
+        One prompt a step, in a llama_decode of its own: its rows are grouped as its layout says
+        whatever else runs, and a burst of arrivals gets first tokens one after another instead
+        of all at the end (a CPU's prefill costs the same per token batched or not: measured).
+        """
+        self._batch.n_tokens = 0
+        scheduled: list[tuple[_Sequence, int | None]] = []
+        for seq in self._running.values():
+            if not seq.paused and not seq.needs_prefix and seq.prefilling:
+                self._put(seq, seq.layout.next_group(seq.cached, self.config.batch_tokens), scheduled)
+                break
+        return scheduled
+
+    def _put(self, seq: _Sequence, count: int, scheduled: list[tuple[_Sequence, int | None]]) -> None:
+        batch, n = self._batch, self._batch.n_tokens
+        for token in seq.tokens[seq.cached : seq.cached + count]:
+            batch.token[n] = token
+            batch.pos[n] = seq.cached
+            batch.n_seq_id[n] = 1
+            batch.seq_id[n][0] = seq.slot
+            batch.logits[n] = False
+            seq.cached += 1
+            n += 1
+        complete = seq.cached == len(seq.tokens)
+        batch.logits[n - 1] = complete  # sample only once every known token is in
+        batch.n_tokens = n
+        scheduled.append((seq, n - 1 if complete else None))
 
     def _fill_constraint_masks(self, sampling: Iterable[_Sequence]) -> None:
         """Fills the bitmask row of every constrained sequence about to be sampled (llguidance drops the GIL)."""

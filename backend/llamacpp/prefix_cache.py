@@ -6,18 +6,19 @@ their tokens, so a new prompt can start from the longest cached prefix, and
 names the least recently used entry when a stream has to be overwritten.
 Bookkeeping only: the engine core moves the cells (backend.llamacpp.core).
 
-Only cells computed as part of a prompt are shared with other requests, and only
-with prompts computed the same way (see `wide`): llama.cpp computes a token
-decoded alone with other kernels than the same token inside a prompt, so a later
-prompt that resent an earlier answer would see slightly different numbers, and
-greedy output could change. The sequence that computed an entry (one preempted,
-coming back) may use all of it: to it, those cells are exactly what it had.
+Only cells computed as part of a prompt are shared with other requests, as far
+as the new prompt's layout allows (see backend.llamacpp.layout): llama.cpp
+computes a token decoded alone with other kernels than the same token inside a
+prompt, so a later prompt that resent an earlier answer would see slightly
+different numbers, and greedy output could change. The sequence that computed an
+entry (one preempted, coming back) may use all of it: to it, those cells are
+exactly what it had.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -37,8 +38,8 @@ class CachedPrefix:
     """The request whose cells these are."""
     shared: int = 0
     """How many leading tokens other requests may reuse (those computed as prompt)."""
-    wide: bool = False
-    """Computed as a long prompt (flash attention tiled); shared only with long prompts."""
+    tiled_until: int = 0
+    """The layout its prompt rows were computed with (see PromptLayout)."""
 
 
 class PrefixIndex:
@@ -56,9 +57,9 @@ class PrefixIndex:
     def tokens_held(self) -> int:
         return sum(len(entry.tokens) for entry in self._entries.values())
 
-    def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, wide: bool) -> None:
+    def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, tiled_until: int) -> None:
         self._clock += 1
-        self._entries[slot] = CachedPrefix(tuple(tokens), self._clock, owner, min(shared, len(tokens)), wide)
+        self._entries[slot] = CachedPrefix(tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until)
 
     def owner(self, slot: int) -> str:
         entry = self._entries.get(slot)
@@ -74,21 +75,14 @@ class PrefixIndex:
         self._clock += 1
         self._entries[slot].last_used = self._clock
 
-    def longest(self, tokens: Sequence[int], owner: str, wide: bool) -> tuple[int | None, int]:
-        """The slot whose cached tokens share the longest usable prefix with `tokens` (for
-        the request `owner`, whose prompt is `wide` or not), and that length."""
-        best: tuple[int | None, int] = (None, 0)
+    def matches(self, tokens: Sequence[int], owner: str) -> Iterator[tuple[int, int, int | None]]:
+        """(slot, tokens in common, the layout's tiled_until) for every entry sharing a prefix with
+        `tokens`; the layout is None for the entries of `owner`, whose cells it may take as they are."""
         for slot, entry in self._entries.items():
-            if entry.owner == owner:
-                usable = entry.tokens
-            elif entry.wide == wide:
-                usable = entry.tokens[: entry.shared]
-            else:
-                continue
-            shared = common_prefix(usable, tokens)
-            if shared > best[1]:
-                best = (slot, shared)
-        return best
+            own = entry.owner == owner
+            common = common_prefix(entry.tokens if own else entry.tokens[: entry.shared], tokens)
+            if common:
+                yield slot, common, None if own else entry.tiled_until
 
     def victim(self, free_slots: Iterable[int], keep_newer_than: int | None = None) -> int | None:
         """A free slot to overwrite: an empty one first, else the least recently used entry's
