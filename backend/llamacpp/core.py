@@ -1,11 +1,12 @@
 """Continuous batching on llama.cpp's multi-sequence batch API.
 
-Each step runs one `llama_decode` for the next token of every decoding
-sequence, then one for the next group of rows of the first prompt still to
-prefill (grouped by its PromptLayout, so its numbers never depend on what else
-runs or is cached), and samples every sequence that produced logits with its
-own sampler chain. A new request joins at the next step; a burst is prefilled
-one prompt a step, in arrival order.
+Each step runs one `llama_decode`: the next group of rows of the first prompt
+still to prefill (grouped by its PromptLayout, so its numbers never depend on
+what else runs or is cached), or else the next token of every decoding
+sequence, and samples every sequence that produced logits with its own sampler
+chain. A new request joins at the next step; a burst is prefilled one prompt
+group a step, in arrival order, and decoding waits at most batch_tokens
+prompt rows.
 
 Prefix reuse: a finished sequence leaves its cells in its slot (one llama.cpp
 sequence id, one cache stream), indexed by token (see PrefixIndex). A new
@@ -154,6 +155,7 @@ class LlamaCppCore:
         self._preempted: dict[str, _Sequence] = {}  # in preemption order: the first comes back first
         self._outputs: list[Output] = []
         self.steps = 0
+        self._prompt_rows_since_decode = 0
         self.stats = EngineStats(cache_tokens_total=config.context_length * config.max_batch_size)
         # One bitmask row per slot, filled for every constrained sequence about to be sampled.
         self._bitmask = llguidance.numpy.allocate_token_bitmask(self.slots, model.vocab_size)
@@ -230,10 +232,14 @@ class LlamaCppCore:
         self._admit()
         self._take_prefixes()
         self._compact()
-        for next_batch in (self._decoding_batch, self._prompt_batch):
-            scheduled = next_batch()
-            if scheduled:
-                self._decode_and_sample(scheduled)
+        scheduled = self._prompt_batch()
+        if scheduled:
+            self._prompt_rows_since_decode += self._batch.n_tokens
+        else:
+            scheduled = self._decoding_batch()
+            self._prompt_rows_since_decode = 0
+        if scheduled:
+            self._decode_and_sample(scheduled)
         self._publish()
         return self._take_outputs()
 
@@ -480,26 +486,40 @@ class LlamaCppCore:
         # path (measured: 1.7x per step at 8 sequences) when a batch lists sequences out of order.
         # Lowest-slot-first admission keeps the ids contiguous, which it also needs.
         for seq in sorted(self._running.values(), key=lambda seq: seq.slot):
-            if not seq.paused and not seq.needs_prefix and not seq.prefilling and seq.cached < len(seq.tokens):
+            if self._decodes(seq):
                 # Output tokens fed again after a preemption go one a step, as they were computed.
                 replaying = seq.cached < seq.replay_until - 1
                 self._put(seq, 1 if replaying else min(per_sequence, len(seq.tokens) - seq.cached), scheduled)
         return scheduled
 
     def _prompt_batch(self) -> list[tuple[_Sequence, int | None]]:
-        """The next group of rows of the first prompt (in admission order) still to prefill.
+        """The next group of rows of the first prompt (in arrival order) still to prefill, unless
+        decoding sequences have waited for batch_tokens prompt rows already.
 
-        One prompt a step, in a llama_decode of its own: its rows are grouped as its layout says
-        whatever else runs, and a burst of arrivals gets first tokens one after another instead
-        of all at the end (a CPU's prefill costs the same per token batched or not: measured).
+        Prompts go first, each group in a llama_decode of its own (its rows grouped as its layout
+        says, whatever else runs), so a burst of arrivals gets its first tokens one after another
+        instead of all at the end: a CPU prefills a token at the same cost batched or not
+        (measured: docs/benchmarks.md). Decoding sequences wait at most batch_tokens prompt rows.
         """
         self._batch.n_tokens = 0
         scheduled: list[tuple[_Sequence, int | None]] = []
-        for seq in self._running.values():
-            if not seq.paused and not seq.needs_prefix and seq.prefilling:
-                self._put(seq, seq.layout.next_group(seq.cached, self.config.batch_tokens), scheduled)
-                break
+        seq = next((s for s in self._running.values() if not s.paused and not s.needs_prefix and s.prefilling), None)
+        if seq is None:
+            return scheduled
+        rows = seq.layout.next_group(seq.cached, self.config.batch_tokens)
+        waited = self._prompt_rows_since_decode
+        if waited and waited + rows > self.config.batch_tokens and self._decoding_batch_ready():
+            return scheduled
+        self._put(seq, rows, scheduled)
         return scheduled
+
+    def _decoding_batch_ready(self) -> bool:
+        return any(map(self._decodes, self._running.values()))
+
+    @staticmethod
+    def _decodes(seq: _Sequence) -> bool:
+        """Whether the sequence has tokens to feed in the decoding batch."""
+        return not seq.paused and not seq.needs_prefix and not seq.prefilling and seq.cached < len(seq.tokens)
 
     def _put(self, seq: _Sequence, count: int, scheduled: list[tuple[_Sequence, int | None]]) -> None:
         batch, n = self._batch, self._batch.n_tokens
