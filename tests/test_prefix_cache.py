@@ -304,6 +304,29 @@ def test_a_second_request_with_the_same_system_prompt_reports_cached_tokens(stub
     assert status.cached_prompt_tokens_total - before.cached_prompt_tokens_total >= shared - 2
 
 
+def test_the_service_keeps_a_chat_history_reusable_whatever_the_question(stub):
+    """The service tells the engine where the last message starts: a history whose length is no
+    multiple of a tile is reused whole, even when the two questions' prompts would be tiled
+    differently as plain prompts (they end in different tiles here)."""
+    system = SYSTEM * 4
+
+    def ask(question: str) -> pb.GenerateStreamResponse:
+        request = pb.GenerateStreamRequest(
+            chat=pb.Chat(messages=[pb.ChatMessage(role="system", content=system),
+                                   pb.ChatMessage(role="user", content=question)]),
+            sampling=pb.SamplingParams(temperature=0.0),
+            stopping=pb.StoppingCriteria(max_new_tokens=2),
+        )
+        return stream(stub, request)[-1]
+
+    history = stub.Tokenize(pb.TokenizeRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="system", content=system)],
+                                                             add_generation_prompt=False))).count
+    assert history % TILE_ROWS > 16
+    short, long_ = ask("Hammers?"), ask("Which aisle holds " + ", ".join(["the blue paint"] * 12) + "?")
+    assert (short.finish.usage.prompt_tokens - 2) // TILE_ROWS != (long_.finish.usage.prompt_tokens - 2) // TILE_ROWS
+    assert long_.finish.usage.cached_tokens >= history
+
+
 def test_greedy_output_through_grpc_is_the_same_cold_and_cached(stub):
     prompt = SYSTEM + "\nQuestion: " + QUESTIONS[2] + "\nAnswer (in French):"
     first = stream(stub, greedy(prompt, max_new_tokens=24))
