@@ -61,10 +61,6 @@ class PrefixIndex:
         self._clock += 1
         self._entries[slot] = CachedPrefix(tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until)
 
-    def owner(self, slot: int) -> str:
-        entry = self._entries.get(slot)
-        return entry.owner if entry is not None else ""
-
     def drop(self, slot: int) -> CachedPrefix | None:
         return self._entries.pop(slot, None)
 
