@@ -156,6 +156,19 @@ def test_a_burst_is_prefilled_one_prompt_a_step_in_arrival_order(model):
         core.close()
 
 
+def test_a_short_prompt_waits_for_one_group_of_a_long_one_not_all_of_it(core, model):
+    long_, short = Recorder(core), Recorder(core)
+    core.add(request(model, "long", prompt="word " * 200, max_new_tokens=2), long_)
+    core.step()  # the long prompt's first group (of four)
+    core.add(request(model, "short", max_new_tokens=2), short)
+    core.step()  # its second: it was waiting before the short one came
+    core.step()
+    assert short.first_token_step() == 3 and not long_.events
+    assert core._running["long"].prefilling
+    run_until_idle(core)
+    assert long_.finish.reason is short.finish.reason is FinishReason.MAX_TOKENS
+
+
 def test_a_fault_in_one_sequence_leaves_the_other_running(core, model, monkeypatch):
     good, bad = Recorder(core), Recorder(core)
     original = core._describe

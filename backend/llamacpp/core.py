@@ -5,8 +5,8 @@ still to prefill (grouped by its PromptLayout, so its numbers never depend on
 what else runs or is cached), or else the next token of every decoding
 sequence, and samples every sequence that produced logits with its own sampler
 chain. A new request joins at the next step; a burst is prefilled one prompt
-group a step, in arrival order, and decoding waits at most batch_tokens
-prompt rows.
+group a step, the prompts taking turns in arrival order, and decoding waits at
+most batch_tokens prompt rows.
 
 Prefix reuse: a finished sequence leaves its cells in its slot (one llama.cpp
 sequence id, one cache stream), indexed by token (see PrefixIndex). A new
@@ -31,6 +31,7 @@ import collections
 import ctypes
 import dataclasses
 import heapq
+import itertools
 import logging
 import math
 import os
@@ -110,6 +111,7 @@ class _Sequence:
         self.replay_until = 0  # back from preemption: output tokens to feed again, one a step, as first computed
         self.needs_prefix = False  # to look for a cached prefix before its prefill starts
         self.admissions = 0
+        self.prefill_turn = 0  # the prompt waiting longest for a prefill group goes next (round robin)
         self.paused_since: float | None = None  # the caller is not reading: skip it in batches
 
     @property
@@ -156,6 +158,7 @@ class LlamaCppCore:
         self._outputs: list[Output] = []
         self.steps = 0
         self._prompt_rows_since_decode = 0
+        self._turns = itertools.count()
         self.stats = EngineStats(cache_tokens_total=config.context_length * config.max_batch_size)
         # One bitmask row per slot, filled for every constrained sequence about to be sampled.
         self._bitmask = llguidance.numpy.allocate_token_bitmask(self.slots, model.vocab_size)
@@ -323,6 +326,7 @@ class LlamaCppCore:
         heapq.heapify(self._free_slots)
         seq.slot, seq.cached, seq.needs_prefix, seq.replay_until = slot, 0, True, len(seq.tokens)
         seq.admissions += 1
+        seq.prefill_turn = next(self._turns)
         self._running[seq.id] = seq
         if source == slot:
             self._prefixes.drop(slot)
@@ -493,24 +497,28 @@ class LlamaCppCore:
         return scheduled
 
     def _prompt_batch(self) -> list[tuple[_Sequence, int | None]]:
-        """The next group of rows of the first prompt (in arrival order) still to prefill, unless
-        decoding sequences have waited for batch_tokens prompt rows already.
+        """The next group of rows of the prompt waiting longest for one, unless decoding sequences
+        have waited for batch_tokens prompt rows already.
 
         Prompts go first, each group in a llama_decode of its own (its rows grouped as its layout
         says, whatever else runs), so a burst of arrivals gets its first tokens one after another
         instead of all at the end: a CPU prefills a token at the same cost batched or not
-        (measured: docs/benchmarks.md). Decoding sequences wait at most batch_tokens prompt rows.
+        (measured: docs/benchmarks.md). Prompts take turns a group at a time, so a short prompt
+        waits for one group of a long one, not all of it; decoding sequences wait at most
+        batch_tokens prompt rows.
         """
         self._batch.n_tokens = 0
         scheduled: list[tuple[_Sequence, int | None]] = []
-        seq = next((s for s in self._running.values() if not s.paused and not s.needs_prefix and s.prefilling), None)
-        if seq is None:
+        waiting = [s for s in self._running.values() if not s.paused and not s.needs_prefix and s.prefilling]
+        if not waiting:
             return scheduled
+        seq = min(waiting, key=lambda s: s.prefill_turn)
         rows = seq.layout.next_group(seq.cached, self.config.batch_tokens)
         waited = self._prompt_rows_since_decode
         if waited and waited + rows > self.config.batch_tokens and self._decoding_batch_ready():
             return scheduled
         self._put(seq, rows, scheduled)
+        seq.prefill_turn = next(self._turns)
         return scheduled
 
     def _decoding_batch_ready(self) -> bool:
