@@ -207,9 +207,9 @@ def test_eight_concurrent_streams_match_their_solo_runs(stub):
         assert all(m.request_id == messages[0].request_id for m in messages)
         ids = token_ids_of(messages)
         assert len(ids) == 24
-        # Batched matmuls may round differently from solo ones on CPU; the first tokens must agree.
-        # (Measured: see docs/benchmarks.md, "batch-size nondeterminism".)
-        assert ids[:8] == solo[prompt][:8], prompt
+        # Each prompt is computed in groups of its own (backend.llamacpp.layout) and each sequence
+        # has its own cache, so what else runs changes no number: greedy output is the same.
+        assert ids == solo[prompt], prompt
 
 
 def test_request_id_is_echoed(stub):
