@@ -201,15 +201,17 @@ def test_round_robin_spreads_calls_over_several_servers(server, full_server):
 
 def test_round_robin_sends_no_new_call_to_a_draining_server(tmp_path):
     """Client health checking: a replica that is draining (NOT_SERVING, still listening) gets nothing new."""
-    draining, staying = (start_server(tmp_path, "--max-batch-size", str(n), "--context-length", "256",
+    draining, staying = (start_server(tmp_path, "--max-batch-size", str(n), "--context-length", "1024",
                                       "--grace-period-s", "60") for n in (1, 2))
     try:
         with Client([draining.address, staying.address], timeout=30) as client:
             wait_for(lambda: {client.status().max_batch_size for _ in range(4)} == {1, 2}, what="both servers")
             with Client(draining.address, timeout=60) as direct, direct.stream(
-                "Count:", max_new_tokens=240, ignore_eos=True
+                "Count:", max_new_tokens=1000, ignore_eos=True
             ) as long_stream:
-                next(long_stream)  # keeps the draining server open for its grace period
+                # Keeps the draining server open (several seconds of tokens: 240 once ended before
+                # the checks below did); leaving this block cancels it.
+                next(long_stream)
                 draining.process.send_signal(signal.SIGTERM)
                 wait_for(lambda: "draining" in draining.log(), what="the drain to start")
                 time.sleep(1)  # the health watch reports NOT_SERVING
