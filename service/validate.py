@@ -8,7 +8,6 @@ OUT_OF_RANGE; a model this server does not serve is NOT_FOUND.
 
 from __future__ import annotations
 
-import itertools
 import math
 import secrets
 import uuid
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 
 from backend.chat import ChatTemplateError
 from backend.engine import ChatMessage, Engine
+from backend.tokens import common_prefix
 from backend.types import (
     DEFAULT_DRY_BREAKERS, ConstraintSpec, DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams,
     StopParams, XtcParams,
@@ -178,7 +178,7 @@ class RequestValidator:
             before = self._engine.render_chat(history, False, self._special_tokens_in_chat_content)
         except ChatTemplateError:  # a template may refuse a history on its own (e.g. ending with the system)
             return 0
-        return sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], zip(before, prompt)))
+        return common_prefix(before, prompt)
 
     def _sampling(self, s: pb.SamplingParams, violations: list[FieldViolation]) -> SamplingParams:
         check = _RangeChecker("sampling", s, violations)

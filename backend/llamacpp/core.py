@@ -48,10 +48,11 @@ from backend.constraints import apply_bitmask
 from backend.engine import EngineStats, EventSink
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
-from backend.llamacpp.prefix_cache import PrefixIndex, common_prefix
+from backend.llamacpp.prefix_cache import PrefixIndex
 from backend.llamacpp.sampling import build_sampler_chain
 from backend.logprobs import with_logprobs
 from backend.sequence import ConstraintFailed, SequenceOutput
+from backend.tokens import common_prefix
 from backend.types import ErrorEvent, Event, FinishReason, GeneratedToken, GenerationRequest
 from backend.worker import CancelOrder, Output
 
