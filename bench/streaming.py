@@ -49,12 +49,14 @@ PROMPTS = [
     "The planets of the solar system",
 ]
 CONTEXT, SLOTS, THREADS = 1024, 8, 2
+CONCURRENCY = (1, 2, 4, 8)
 
 
 class Burst(NamedTuple):
+    """First-token times of a burst of concurrent streams."""
+
     median_s: float
     slowest_s: float
-CONCURRENCY = (1, 2, 4, 8)
 
 
 def engine_run(engine: LlamaCppEngine, prompt: str, tokens: int) -> tuple[float, float]:

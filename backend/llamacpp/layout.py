@@ -15,8 +15,8 @@ depends on what is cached or on what else runs, every prompt has one layout:
 later request with the same history reuses everything before its own question;
 from there (or from the start of a plain prompt, or of a chat whose history is
 shorter than a tile) it advances in whole tiles, leaving the last 2 to
-TILE_ROWS + 1 rows for the small groups. Cached rows are
-reused as far as they were computed in the mode the new layout asks for.
+TILE_ROWS + 1 rows for the small groups. Cached rows are reused as far as they
+were computed in the mode the new layout asks for.
 """
 
 from __future__ import annotations
