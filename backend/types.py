@@ -163,6 +163,11 @@ class GenerationRequest:
             limits.append(self.arrival_time + self.stopping.time_limit_s)
         return min((t for t in limits if t is not None), default=None)
 
+    @property
+    def ends_at_deadline(self) -> bool:
+        """The caller's deadline, not the request's own time limit, is what `end_by` names."""
+        return self.deadline is not None and self.end_by == self.deadline
+
 
 @dataclass(frozen=True)
 class TopLogprob:

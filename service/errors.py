@@ -228,6 +228,16 @@ def paused_too_long(request_id: str, message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.ABORTED, "PAUSED_TOO_LONG", f"request {request_id}: {message}")
 
 
+def deadline_exceeded(request_id: str, generated_tokens: int) -> ServiceError:
+    """The caller's deadline ended the request; what streamed before stays delivered."""
+    return ServiceError(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        "DEADLINE_EXCEEDED",
+        f"request {request_id}: the caller's deadline passed after {generated_tokens} generated tokens",
+        metadata={"request_id": request_id},
+    )
+
+
 def unavailable(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.UNAVAILABLE, "DRAINING", message, retry_after_s=0.0)
 

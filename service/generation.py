@@ -22,13 +22,13 @@ from opentelemetry import trace
 
 from backend.constraints.validation import json_output_problem
 from backend.engine import Engine
-from backend.types import ErrorEvent, GenerationRequest
+from backend.types import ErrorEvent, FinishReason, GenerationRequest
 from service import auth, convert
 from service.compiles import CompileGate
 from service.config import ServeConfig
 from service.errors import (
-    CURRENT_REQUEST_ID, FieldViolation, ServiceError, already_exists, constraint_failed, internal, invalid_argument,
-    overloaded, paused_too_long, unavailable,
+    CURRENT_REQUEST_ID, FieldViolation, ServiceError, already_exists, constraint_failed, deadline_exceeded, internal,
+    invalid_argument, overloaded, paused_too_long, unavailable,
 )
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
@@ -271,6 +271,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 message = convert.stream_response(request_id, batch, generation.output.return_tokens, input_tokens)
                 input_tokens = 0  # only on the first message
                 finish = batch[-1].finish
+                if finish is not None and finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
+                    # gRPC's contract: a call past the caller's deadline fails. Ending it OK would race
+                    # the caller's own timer, so a loaded client could see either outcome.
+                    finish = None  # logged and traced below as the caller's leaving
+                    raise deadline_exceeded(request_id, batch[-1].generated_tokens)
                 if validate_afterwards:
                     text.append(message.text)
                     if finish is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import random
 import signal
@@ -16,6 +17,11 @@ from grpc_status import rpc_status
 
 from conftest import SERVER_CONTEXT_LENGTH, start_server, stop_server
 from helpers import greedy, rpc_error, stream, text_of, token_ids_of
+from service.config import ServeConfig
+from service.errors import ServiceError
+from service.generation import GenerationServicer
+from service.server import build_engine
+from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -126,6 +132,47 @@ def fill_the_batch(stub, count: int = 4) -> list:
     for call in calls:
         next(call)
     return calls
+
+
+class _CallerContext:
+    """What the servicer reads of a call: no metadata, and the caller's time left."""
+
+    def __init__(self, time_remaining: float) -> None:
+        self._time_remaining = time_remaining
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    def time_remaining(self) -> float:
+        return self._time_remaining
+
+
+def test_the_callers_deadline_fails_the_call_when_the_engine_ends_it():
+    """Over the wire, gRPC's own deadline timers race the engine's deadline check, and a loaded
+    caller once got an OK response past its deadline. In process, only the engine's check can end
+    the call, and it must fail with DEADLINE_EXCEEDED just as gRPC's would."""
+    config = ServeConfig(context_length=512, max_batch_size=2)
+    engine = build_engine(config)
+    servicer = GenerationServicer(engine, RequestValidator(engine), config)
+
+    async def generate(time_remaining: float, **stopping) -> pb.GenerateResponse:
+        request = pb.GenerateRequest.FromString(greedy(PROMPT, ignore_eos=True, **stopping).SerializeToString())
+        return await servicer.Generate(request, _CallerContext(time_remaining))
+
+    async def both() -> tuple[ServiceError, pb.GenerateResponse]:
+        with pytest.raises(ServiceError) as past_deadline:
+            await generate(0.5, max_new_tokens=400)
+        # A time limit of the request's own, shorter than the deadline, still ends it normally.
+        return past_deadline.value, await generate(60, max_new_tokens=400, time_limit_ms=300)
+
+    try:
+        error, limited = asyncio.run(both())
+    finally:
+        engine.close()
+    assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED and error.reason == "DEADLINE_EXCEEDED"
+    assert "deadline passed after" in error.message
+    assert limited.finish.reason == FINISH.FINISH_REASON_TIME_LIMIT and limited.generated_tokens < 400
+    assert engine.stats.running_sequences == 0
 
 
 def test_a_deadline_that_passes_in_the_queue_never_starts(small_stub):
