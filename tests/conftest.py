@@ -28,6 +28,13 @@ class RunningServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_for_log(self, text: str, timeout_s: float = 30) -> None:
+        """Waits until the server has logged `text` (signals and reloads are handled asynchronously)."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log():
+            assert time.monotonic() < deadline, f"the server never logged {text!r}:\n{self.log()}"
+            time.sleep(0.05)
+
 
 def start_server(
     tmp_dir: pathlib.Path, *flags: str, env: dict[str, str] | None = None, timeout_s: float = 120

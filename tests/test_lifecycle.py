@@ -300,7 +300,7 @@ def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
         calls = [stub.GenerateStream(greedy(PROMPT, max_new_tokens=120, ignore_eos=True), timeout=120) for _ in range(4)]
         firsts = [next(call) for call in calls]
         server.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        server.wait_for_log("draining: up to")  # new calls are refused from here on
         with grpc.insecure_channel(server.address) as fresh:
             refused = rpc_error(lambda: pb_grpc.GenerationServiceStub(fresh).GenerateStream(greedy(PROMPT), timeout=5))
         assert refused.code() == grpc.StatusCode.UNAVAILABLE
@@ -319,7 +319,7 @@ def test_a_second_signal_exits_at_once(tmp_path):
         )
         next(call)
         server.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        server.wait_for_log("draining: up to")
         assert server.process.poll() is None  # draining: the stream still runs
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=30) == 1
