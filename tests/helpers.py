@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from tokenspout.v1 import generation_pb2 as pb
+
+SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 256), ("grpc.http2.bdp_probe", 0)]
+"""Channel options for a caller that stops reading: the server feels it after a few messages."""
 
 
 def greedy(prompt: str, max_new_tokens: int = 24, **stopping) -> pb.GenerateStreamRequest:
@@ -62,3 +67,14 @@ def bad_request_fields(error: grpc.RpcError) -> dict[str, str]:
     """The BadRequest field violations of an error, field -> description."""
     assert error_reason(error), "every error carries an ErrorInfo"
     return {v.field: v.description for bad in _details(error, error_details_pb2.BadRequest) for v in bad.field_violations}
+
+
+def wait_for(condition, timeout_s: float = 30.0, what: str = "condition"):
+    """Polls `condition` until it returns something true, and returns that."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

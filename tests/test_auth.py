@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from conftest import start_server, stop_server
-from helpers import error_reason, greedy, rpc_error
+from helpers import SMALL_WINDOW, error_reason, greedy, rpc_error
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -114,8 +114,12 @@ def list_services(channel, metadata=()) -> list[str]:
     return [s.name for s in response.list_services_response.service]
 
 
-def test_another_callers_cancel_does_nothing(stub):
-    alice = stub.GenerateStream(long_request("shared-id", 120), metadata=bearer("alice"), timeout=120)
+def test_another_callers_cancel_does_nothing(keyed, stub):
+    # Unread on a small window, alice's stream pauses and stays running however long the checks take.
+    unread = grpc.insecure_channel(keyed.address, options=SMALL_WINDOW)
+    alice = pb_grpc.GenerationServiceStub(unread).GenerateStream(
+        long_request("shared-id", 120), metadata=bearer("alice"), timeout=120
+    )
     first = next(alice)
     response = stub.Cancel(pb.CancelRequest(request_ids=["shared-id"]), metadata=bearer("bob"), timeout=10)
     assert list(response.not_found) == ["shared-id"] and not response.cancelled  # as if it did not exist
@@ -127,6 +131,7 @@ def test_another_callers_cancel_does_nothing(stub):
     rest = list(alice)
     assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 120
     assert first.request_id == rest[-1].request_id == "shared-id"
+    unread.close()
 
 
 def test_the_owner_cancels_its_own_request(stub):

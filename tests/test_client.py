@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 
 import pydantic
@@ -18,6 +17,7 @@ import pytest
 
 import tokenspout
 from conftest import ROOT, start_server, stop_server
+from helpers import wait_for
 from tokenspout import Client, Constraint, Output, RetryPolicy, Sampling, Stopping
 
 
@@ -43,16 +43,6 @@ def full_server(tmp_path_factory):
     )
     yield running
     assert stop_server(running) == 0, running.log()
-
-
-def wait_for(condition, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_every_rpc(client):
@@ -213,8 +203,10 @@ def test_round_robin_sends_no_new_call_to_a_draining_server(tmp_path):
                 # the checks below did); leaving this block cancels it.
                 next(long_stream)
                 draining.process.send_signal(signal.SIGTERM)
-                wait_for(lambda: "draining" in draining.log(), what="the drain to start")
-                time.sleep(1)  # the health watch reports NOT_SERVING
+                draining.wait_for_log("draining: up to")
+                # Once the health watch has reported NOT_SERVING, nothing new goes there.
+                wait_for(lambda: all(client.status().max_batch_size == 2 for _ in range(4)),
+                         what="the draining server to leave the rotation")
                 sizes = [client.status().max_batch_size for _ in range(12)]
                 assert sizes == [2] * 12, sizes
                 assert draining.process.poll() is None, "the draining server was still listening"

@@ -10,7 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import start_server, stop_server
-from helpers import error_reason, greedy, rpc_error
+from helpers import SMALL_WINDOW, error_reason, greedy, rpc_error
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -45,9 +45,12 @@ def refused_on_a_fresh_connection(address: str) -> grpc.RpcError:
 
 def test_drain_is_visible_while_running_streams_finish(tmp_path):
     server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60")
-    with grpc.insecure_channel(server.address) as channel:
+    with grpc.insecure_channel(server.address) as channel, \
+            grpc.insecure_channel(server.address, options=SMALL_WINDOW) as unread:
         stub = pb_grpc.GenerationServiceStub(channel)
-        calls = [stub.GenerateStream(long_request(250, f"running-{i}"), timeout=120) for i in range(2)]
+        # Unread on a small window, the streams pause and stay running however long the checks take.
+        calls = [pb_grpc.GenerationServiceStub(unread).GenerateStream(long_request(250, f"running-{i}"), timeout=120)
+                 for i in range(2)]
         for call in calls:
             next(call)
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=120)

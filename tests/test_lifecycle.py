@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from conftest import SERVER_CONTEXT_LENGTH, start_server, stop_server
-from helpers import greedy, rpc_error, stream, text_of, token_ids_of
+from helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of, token_ids_of, wait_for
 from service.config import ServeConfig
 from service.errors import ServiceError
 from service.generation import GenerationServicer
@@ -243,8 +243,7 @@ def test_a_slow_reader_pauses_and_never_stalls_the_others(small_server, small_st
         watcher.start()
         if with_slow_reader:
             # A small HTTP/2 window, so the server feels the slow reader quickly.
-            channel = grpc.insecure_channel(small_server.address, options=[("grpc.http2.lookahead_bytes", 256),
-                                                                           ("grpc.http2.bdp_probe", 0)])
+            channel = grpc.insecure_channel(small_server.address, options=SMALL_WINDOW)
             slow_call = pb_grpc.GenerationServiceStub(channel).GenerateStream(slow_request, timeout=120)
             slow_messages.append(next(slow_call))
 
@@ -255,11 +254,15 @@ def test_a_slow_reader_pauses_and_never_stalls_the_others(small_server, small_st
                 channel.close()
 
             slow_thread = threading.Thread(target=read_slowly)
-            slow_thread.start()
+            # Parked while the fast streams are counted: a burst of its own after a read, just
+            # before or after them, would add steps that say nothing about its neighbours.
+            wait_for(lambda: status(small_stub).paused_sequences == 1, what="the slow reader to be paused")
         before = status(small_stub).engine_steps
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             results = list(pool.map(lambda r: stream(small_stub, r), fast[:3]))
         steps = status(small_stub).engine_steps - before
+        if slow_thread is not None:
+            slow_thread.start()  # it reads slowly from here, resuming and pausing again
         for messages in results:
             assert messages[-1].generated_tokens == 96
         if slow_thread is not None:

@@ -11,7 +11,7 @@ import pytest
 
 from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
 from conftest import start_server, stop_server
-from helpers import greedy, rpc_error, stream, text_of
+from helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of
 from test_engine_core import Recorder, make_core
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -73,7 +73,9 @@ def test_a_paused_sequence_gives_its_slot_to_a_waiting_request_and_comes_back(mo
 
 
 def test_a_preempted_sequence_can_be_cancelled_and_time_out(model):
-    core = make_core(model, max_batch_size=1, max_pause_s=0.05)
+    # Long enough that a loaded machine never stalls that long between pause() and the next step.
+    max_pause_s = 0.5
+    core = make_core(model, max_batch_size=1, max_pause_s=max_pause_s)
     try:
         a, b = Recorder(core), Recorder(core)
         core.add(request(model, "a", PROMPTS[0]), a)
@@ -82,7 +84,7 @@ def test_a_preempted_sequence_can_be_cancelled_and_time_out(model):
         core.add(request(model, "b", PROMPTS[1], max_new_tokens=200), b)
         core.step()  # "a" gives way
         assert core.stats.preempted_sequences == 1 and core.running == 1
-        time.sleep(0.06)
+        time.sleep(max_pause_s)
         core.step()
         event = a.events[-1][1]
         assert isinstance(event, ErrorEvent) and event.paused_too_long and "max_pause_s" in event.message
@@ -124,8 +126,7 @@ def test_eight_streams_that_stop_reading_never_block_a_normal_request(server):
         stub = pb_grpc.GenerationServiceStub(channel)
         solo = {p: text_of(stream(stub, greedy(p, max_new_tokens=tokens, ignore_eos=True))) for p in PROMPTS}
         # A small HTTP/2 window on each stalled caller's own channel, so the server feels it at once.
-        options = [("grpc.http2.lookahead_bytes", 256), ("grpc.http2.bdp_probe", 0)]
-        channels = [grpc.insecure_channel(server.address, options=options) for _ in PROMPTS]
+        channels = [grpc.insecure_channel(server.address, options=SMALL_WINDOW) for _ in PROMPTS]
         calls = [pb_grpc.GenerationServiceStub(ch).GenerateStream(greedy(p, max_new_tokens=tokens, ignore_eos=True),
                                                                   timeout=120)
                  for ch, p in zip(channels, PROMPTS)]
@@ -151,13 +152,16 @@ def test_a_caller_that_never_reads_again_ends_with_aborted(tmp_path):
     server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512", "--stream-buffer-events", "4",
                           "--max-pause-s", "0.5")
     try:
-        options = [("grpc.http2.lookahead_bytes", 256), ("grpc.http2.bdp_probe", 0)]
-        with grpc.insecure_channel(server.address, options=options) as channel:
+        with grpc.insecure_channel(server.address, options=SMALL_WINDOW) as channel:
             call = pb_grpc.GenerationServiceStub(channel).GenerateStream(
                 greedy(PROMPTS[0], max_new_tokens=400, ignore_eos=True), timeout=60
             )
             next(call)
-            time.sleep(2.0)
+            # Watched from another connection: this one's window is full. The sequence pauses,
+            # and max_pause_s later it is failed and freed.
+            with grpc.insecure_channel(server.address) as side:
+                wait_for(lambda s: s.running_sequences == s.preempted_sequences == 0,
+                         pb_grpc.GenerationServiceStub(side))
             error = rpc_error(lambda: list(call))
             assert error.code() == grpc.StatusCode.ABORTED and "max_pause_s" in error.details()
     finally:

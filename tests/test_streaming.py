@@ -20,8 +20,9 @@ PROMPT = "The three primary colours are"
 def test_tokens_arrive_incrementally(stub):
     call = stub.GenerateStream(greedy(PROMPT, max_new_tokens=32, ignore_eos=True), timeout=60)
     first = next(call)
-    # The first message is a single token, sent while the other 31 are still to come.
-    assert first.generated_tokens == 1 and not first.HasField("finish")
+    # The first message comes while most tokens are still to come (a single one, unless the
+    # server's loop lagged a step behind the engine).
+    assert 1 <= first.generated_tokens < 8 and not first.HasField("finish")
     assert first.input_tokens > 0
     rest = list(call)
     assert len(rest) >= 1 and rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS

@@ -245,7 +245,8 @@ def test_spans_and_metrics_arrive_over_otlp_grpc_with_json_logs_and_prometheus(t
         ):
             time.sleep(0.1)
         names = [s.name for s in collector.spans]
-        assert names.count("token_batch") == 5 and RPC_SPAN in names and {"queue", "prefill"} <= set(names)
+        assert sum(len(m.tokens) for m in messages) == 5
+        assert names.count("token_batch") == len(messages) and RPC_SPAN in names  # one span per message and {"queue", "prefill"} <= set(names)
         assert collector.resource_attributes["service.name"] == "tokenspout-test"
         assert "gen_ai.server.time_to_first_token" in collector.metric_names
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/metrics", timeout=10).read().decode()
