@@ -35,6 +35,11 @@ class RunningServer:
             assert time.monotonic() < deadline, f"the server never logged {text!r}:\n{self.log()}"
             time.sleep(0.05)
 
+    def wait_until_draining(self) -> None:
+        """Waits until a signalled server drains: it refuses new calls from that log line on
+        (the refusal is set in the same synchronous run that logs it)."""
+        self.wait_for_log("draining: up to")
+
 
 def start_server(
     tmp_dir: pathlib.Path, *flags: str, env: dict[str, str] | None = None, timeout_s: float = 120

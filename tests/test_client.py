@@ -203,7 +203,7 @@ def test_round_robin_sends_no_new_call_to_a_draining_server(tmp_path):
                 # the checks below did); leaving this block cancels it.
                 next(long_stream)
                 draining.process.send_signal(signal.SIGTERM)
-                draining.wait_for_log("draining: up to")
+                draining.wait_until_draining()
                 # Once the health watch has reported NOT_SERVING, nothing new goes there.
                 wait_for(lambda: all(client.status().max_batch_size == 2 for _ in range(4)),
                          what="the draining server to leave the rotation")

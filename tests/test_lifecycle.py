@@ -303,7 +303,7 @@ def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
         calls = [stub.GenerateStream(greedy(PROMPT, max_new_tokens=120, ignore_eos=True), timeout=120) for _ in range(4)]
         firsts = [next(call) for call in calls]
         server.process.send_signal(signal.SIGTERM)
-        server.wait_for_log("draining: up to")  # new calls are refused from here on
+        server.wait_until_draining()
         with grpc.insecure_channel(server.address) as fresh:
             refused = rpc_error(lambda: pb_grpc.GenerationServiceStub(fresh).GenerateStream(greedy(PROMPT), timeout=5))
         assert refused.code() == grpc.StatusCode.UNAVAILABLE
@@ -322,7 +322,7 @@ def test_a_second_signal_exits_at_once(tmp_path):
         )
         next(call)
         server.process.send_signal(signal.SIGTERM)
-        server.wait_for_log("draining: up to")
+        server.wait_until_draining()
         assert server.process.poll() is None  # draining: the stream still runs
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=30) == 1

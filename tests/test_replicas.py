@@ -75,7 +75,7 @@ def _spread_then_sigterm(stub, replicas) -> None:
     load = Load(stub, "spread", STREAMS, tokens=16)
     load.wait_until_streaming()
     draining.process.send_signal(signal.SIGTERM)
-    draining.wait_for_log("draining: up to")  # it refuses new calls from here on
+    draining.wait_until_draining()
     after = Load(stub, "after-sigterm", 6, tokens=4)
     outcomes = {**load.outcomes(), **after.outcomes()}
     assert set(outcomes.values()) == {"ok"}, {**load.details, **after.details}
