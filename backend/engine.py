@@ -8,6 +8,7 @@ worker thread. The service never touches model objects itself.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -83,6 +84,46 @@ class EngineStats:
     @property
     def prefix_hit_rate(self) -> float:
         return self.cached_prompt_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0
+
+
+@dataclass(frozen=True)
+class CancelOrder:
+    """A cancel as the worker received it, so the core can tell how long it took to serve."""
+
+    request_id: str
+    issued_at: float
+    issued_at_step: int
+
+
+@dataclass
+class EngineCounters:
+    """The running totals of an engine core (engine thread only); `snapshot` publishes them."""
+
+    started_total: int = 0
+    prompt_tokens_total: int = 0
+    cached_prompt_tokens_total: int = 0
+    cancelled_total: int = 0
+    last_cancel_latency_steps: int = 0
+    last_cancel_latency_s: float = 0.0
+    max_cancel_latency_steps: int = 0
+    preempted_total: int = 0
+    recomputed_tokens_total: int = 0
+
+    def started(self, prompt_tokens: int) -> None:
+        self.started_total += 1
+        self.prompt_tokens_total += prompt_tokens
+
+    def cancelled(self, order: CancelOrder, step: int, now: float) -> None:
+        """A cancel that ended a request: how many steps and seconds it took to serve."""
+        steps = step - order.issued_at_step
+        self.cancelled_total += 1
+        self.last_cancel_latency_steps = steps
+        self.last_cancel_latency_s = now - order.issued_at
+        self.max_cancel_latency_steps = max(self.max_cancel_latency_steps, steps)
+
+    def snapshot(self, **live: int) -> EngineStats:
+        """The totals with the live figures (running_sequences, cache_tokens_used, ...) as one EngineStats."""
+        return EngineStats(**dataclasses.asdict(self), **live)
 
 
 class Engine(Protocol):

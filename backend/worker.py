@@ -18,10 +18,9 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
-from backend.engine import EngineStats, EventSink
+from backend.engine import CancelOrder, EngineStats, EventSink
 from backend.types import Event, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -53,13 +52,6 @@ class Command(enum.Enum):
     PAUSE = "pause"
     RESUME = "resume"
     SHUTDOWN = "shutdown"
-
-
-@dataclass(frozen=True)
-class CancelOrder:
-    request_id: str
-    issued_at: float
-    issued_at_step: int
 
 
 class EngineCore(Protocol):

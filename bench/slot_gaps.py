@@ -2,7 +2,7 @@
 
 Nine greedy sequences decode together; the one in slot 3 finishes after 4 tokens and leaves a
 gap. Prints tokens/s of the other eight with and without moving a sequence into the gap
-(`LlamaCppCore._compact`), and whether every sequence's tokens came out the same both ways.
+(`Slots.compact`), and whether every sequence's tokens came out the same both ways.
 
     python bench/slot_gaps.py [--reps 2]
 """
@@ -16,7 +16,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore  # noqa: E402
+from backend.config import EngineConfig  # noqa: E402
+from backend.llamacpp.core import LlamaCppCore  # noqa: E402
 from backend.llamacpp.model import GgufModel  # noqa: E402
 from backend.models import default_model_path  # noqa: E402
 from backend.types import GenerationRequest, SamplingParams, StopParams  # noqa: E402
@@ -28,7 +29,7 @@ PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees gro
 
 def run(core: LlamaCppCore, model: GgufModel, close_gaps: bool) -> tuple[float, list[list[int]]]:
     if not close_gaps:
-        core._compact = lambda: None
+        core.slots.compact = lambda running: None
     events: dict[int, list] = {i: [] for i in range(len(PROMPTS))}
     for i, prompt in enumerate(PROMPTS):
         core.add(
@@ -45,7 +46,7 @@ def run(core: LlamaCppCore, model: GgufModel, close_gaps: bool) -> tuple[float, 
         deliver_all(core.step())
     rate = (sum(map(len, events.values())) - before) / (time.perf_counter() - start)
     if not close_gaps:
-        del core._compact
+        del core.slots.compact
     return rate, [[t.token_id for e in events[i] for t in e.tokens] for i in sorted(events)]
 
 
@@ -54,7 +55,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
     model = GgufModel(default_model_path())
-    core = LlamaCppCore(model, LlamaCppConfig(context_length=1024, max_batch_size=9))
+    core = LlamaCppCore(model, EngineConfig(context_length=1024, max_batch_size=9))
     for _ in range(args.reps):
         without, tokens_without = run(core, model, close_gaps=False)
         with_moves, tokens_with = run(core, model, close_gaps=True)

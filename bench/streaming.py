@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 
-from backend.llamacpp.core import LlamaCppConfig  # noqa: E402
+from backend.config import EngineConfig  # noqa: E402
 from backend.llamacpp.engine import LlamaCppEngine  # noqa: E402
 from backend.models import default_model_path  # noqa: E402
 from backend.types import GenerationRequest, SamplingParams, StopParams  # noqa: E402
@@ -150,7 +150,7 @@ def main() -> int:
 
     tmp = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
     server = start_server(tmp, "--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS), "--threads", str(args.threads))
-    engine = LlamaCppEngine(model, LlamaCppConfig(context_length=CONTEXT, max_batch_size=SLOTS, threads=args.threads))
+    engine = LlamaCppEngine(model, EngineConfig.of(context_length=CONTEXT, max_batch_size=SLOTS, threads=args.threads))
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)

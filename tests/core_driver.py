@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from backend.engine import CancelOrder
 from backend.worker import deliver_all
 
 _COMMANDS = frozenset({"add", "cancel", "pause", "resume", "expire", "step", "close"})
@@ -21,6 +23,8 @@ class Delivering:
             return attribute
 
         def command(*args, **kwargs):
+            if name == "cancel" and isinstance(args[0], str):  # as the worker issues it, now
+                args = (CancelOrder(args[0], time.monotonic(), self.core.steps),)
             outputs = attribute(*args, **kwargs)
             deliver_all(outputs)
             return outputs

@@ -5,17 +5,18 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 
-from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
+from backend.config import EngineConfig
+from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
 from backend.models import default_model_path
-from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
+from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
 from core_driver import Delivering
 
 
 def make_core(model, **settings) -> Delivering:
     """A core driven in-process whose commands deliver their events, as the worker does."""
     config = dict(context_length=256, max_batch_size=2, batch_tokens=64, threads=1) | settings
-    return Delivering(LlamaCppCore(model, LlamaCppConfig(**config)))
+    return Delivering(LlamaCppCore(model, EngineConfig.of(**config)))
 
 
 @pytest.fixture
@@ -71,7 +72,7 @@ def test_a_new_request_joins_at_the_next_step(core, model):
     core.add(request(model, "b"), b)
     core.step()
     assert b.first_token_step() == 4  # prefilled and sampled in the very next step
-    assert core.running == 2
+    assert core.stats.running_sequences == 2
     # Both sequences advance one token per step, in the same llama_decode.
     core.step()
     assert [step for step, _ in a.events][-1] == [step for step, _ in b.events][-1] == 5
@@ -86,7 +87,7 @@ def test_a_finished_sequence_frees_its_cache_at_once(core, model):
     assert cache_cells(core, 0) > 0
     run_until_idle(core)
     assert rec.finish.usage.completion_tokens == 5
-    assert core.running == 0 and core.cache_cells_used == 0 and cache_cells(core, 0) == 0
+    assert core.stats.running_sequences == 0 and core.stats.cache_tokens_used == 0 and cache_cells(core, 0) == 0
 
 
 def test_cancel_ends_a_running_sequence_and_frees_its_cache(core, model):
@@ -96,7 +97,7 @@ def test_cancel_ends_a_running_sequence_and_frees_its_cache(core, model):
         core.step()
     core.cancel("a")
     assert rec.finish.reason is FinishReason.CANCELLED
-    assert core.running == 0 and cache_cells(core, 0) == 0 and not core.has_work()
+    assert core.stats.running_sequences == 0 and cache_cells(core, 0) == 0 and not core.has_work()
 
 
 def test_cancel_of_a_waiting_request(core, model):
@@ -104,7 +105,7 @@ def test_cancel_of_a_waiting_request(core, model):
     for rid, rec in recs.items():
         core.add(request(model, rid, max_new_tokens=50), rec)
     core.step()
-    assert core.running == 2  # two slots; "c" waits
+    assert core.stats.running_sequences == 2  # two slots; "c" waits
     core.cancel("c")
     assert recs["c"].finish.reason is FinishReason.CANCELLED and len(recs["c"].events) == 1
     core.cancel("a")
@@ -164,27 +165,27 @@ def test_a_short_prompt_waits_for_one_group_of_a_long_one_not_all_of_it(core, mo
     core.step()  # its second: it was waiting before the short one came
     core.step()
     assert short.first_token_step() == 3 and not long_.events
-    assert core._running["long"].prefilling
+    assert core.scheduler.running["long"].prefilling
     run_until_idle(core)
     assert long_.finish.reason is short.finish.reason is FinishReason.MAX_TOKENS
 
 
 def test_a_fault_in_one_sequence_leaves_the_other_running(core, model, monkeypatch):
     good, bad = Recorder(core), Recorder(core)
-    original = core._describe
+    original = core.picker.pick
 
-    def faulty(token, logits, req):
-        if req.request_id == "bad":
+    def faulty(ctx, row, slot, sampler, output):
+        if output.request.request_id == "bad":
             raise RuntimeError("injected")
-        return original(token, logits, req)
+        return original(ctx, row, slot, sampler, output)
 
-    monkeypatch.setattr(core.core, "_describe", faulty)
+    monkeypatch.setattr(core.picker, "pick", faulty)
     core.add(request(model, "good"), good)
     core.add(request(model, "bad"), bad)
     run_until_idle(core)
     assert isinstance(bad.events[-1][1], ErrorEvent) and "injected" in bad.events[-1][1].message
     assert good.finish.reason is FinishReason.MAX_TOKENS and good.finish.usage.completion_tokens == 8
-    assert core.cache_cells_used == 0
+    assert core.stats.cache_tokens_used == 0
 
 
 def test_the_threaded_engine_delivers_events_from_its_worker():
@@ -254,7 +255,7 @@ def test_cancel_latency_is_recorded_in_steps(core, model):
 
 def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypatch):
     from backend.constraints import ConstraintCompiler
-    from backend.types import ConstraintSpec
+    from backend.constraints import ConstraintSpec
 
     compiled = ConstraintCompiler(model.constraint_tokenizer()).compile(ConstraintSpec("regex", "[0-9]{5}"))
     letter = model.tokenize("x", add_special=False)[0]
@@ -264,7 +265,8 @@ def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypa
 
     def sample(sampler, ctx, index):  # a sampler that ignores the mask for the constrained sequence
         token = original(sampler, ctx, index)
-        return letter if core._running.get("c") is not None and core._running["c"].sampler == sampler else token
+        constrained_seq = core.scheduler.running.get("c")
+        return letter if constrained_seq is not None and constrained_seq.sampler.chain == sampler else token
 
     monkeypatch.setattr(llama_cpp, "llama_sampler_sample", sample)
     good, bad = Recorder(core), Recorder(core)
@@ -273,7 +275,7 @@ def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypa
     run_until_idle(core)
     failure = bad.events[-1][1]
     assert isinstance(failure, ErrorEvent) and "rejected" in failure.message
-    assert failure.constraint_failed, "the caller's constraint failed, not the engine"
+    assert failure.kind is ErrorKind.CONSTRAINT_FAILED, "the caller's constraint failed, not the engine"
     assert compiled.health.failed, "a failed matcher's constraint must leave the cache"
     assert all(isinstance(event, ErrorEvent) or not event.text for _, event in bad.events)  # never output
     assert good.finish.usage.completion_tokens == 8
@@ -290,12 +292,12 @@ def test_a_gap_left_by_a_finished_sequence_is_closed_without_changing_outputs(mo
         core.add(request(model, "b", max_new_tokens=2), recs["b"])
         core.add(request(model, "c", prompt="Rivers run", max_new_tokens=30), recs["c"])
         core.step()
-        assert [core._running[r].slot for r in "abc"] == [0, 1, 2]
-        while "b" in core._running:  # prefilled one prompt a step, then 2 tokens
+        assert [core.scheduler.running[r].slot for r in "abc"] == [0, 1, 2]
+        while "b" in core.scheduler.running:  # prefilled one prompt a step, then 2 tokens
             core.step()
-        assert core._running["c"].slot == 2
+        assert core.scheduler.running["c"].slot == 2
         core.step()  # c moves down into the slot b left
-        assert core._running["c"].slot == 1
+        assert core.scheduler.running["c"].slot == 1
         assert cache_cells(core, 2) == 0 and cache_cells(core, 1) > 0
         run_until_idle(core)
         token_ids = lambda rec: [t.token_id for _, e in rec.events for t in e.tokens]  # noqa: E731

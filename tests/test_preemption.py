@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams
 from conftest import start_server, stop_server
 from helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of
 from test_engine_core import Recorder, make_core
@@ -83,11 +83,11 @@ def test_a_preempted_sequence_can_be_cancelled_and_time_out(model):
         core.pause("a")
         core.add(request(model, "b", PROMPTS[1], max_new_tokens=200), b)
         core.step()  # "a" gives way
-        assert core.stats.preempted_sequences == 1 and core.running == 1
+        assert core.stats.preempted_sequences == 1 and core.stats.running_sequences == 1
         time.sleep(max_pause_s)
         core.step()
         event = a.events[-1][1]
-        assert isinstance(event, ErrorEvent) and event.paused_too_long and "max_pause_s" in event.message
+        assert isinstance(event, ErrorEvent) and event.kind is ErrorKind.PAUSED_TOO_LONG and "max_pause_s" in event.message
         assert core.stats.preempted_sequences == 0
         core.cancel("b")
         assert b.finish.reason is FinishReason.CANCELLED and not core.holds_sequences()

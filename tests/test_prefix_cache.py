@@ -8,9 +8,10 @@ import pytest
 
 from backend.constraints import ConstraintCompiler
 from backend.engine import ChatMessage
-from backend.llamacpp.core import MIN_REUSE_TOKENS
+from backend.llamacpp.slots import MIN_REUSE_TOKENS
 from backend.llamacpp.layout import TILE_ROWS
-from backend.types import ConstraintSpec, ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.constraints import ConstraintSpec
+from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
 from helpers import greedy, stream
 from test_engine_core import Recorder, make_core
 from tokenspout.v1 import generation_pb2 as pb
@@ -44,13 +45,14 @@ def check_cells(core) -> None:
     """What the core believes each slot holds is what llama.cpp's cache holds."""
     inner = core.core
     memory = llama_cpp.llama_get_memory(inner.ctx)
-    live = {seq.slot: seq for seq in inner._running.values()}
-    for slot in range(inner.slots):
+    live = {seq.slot: seq for seq in inner.scheduler.running.values()}
+    prefixes = inner.slots.prefixes
+    for slot in range(inner.slots.count):
         held = llama_cpp.llama_memory_seq_pos_max(memory, slot) + 1
         if slot in live:
             assert held == live[slot].cached, (slot, held, live[slot].cached)
-        elif slot in inner._prefixes:
-            assert held == len(inner._prefixes._entries[slot].tokens), slot
+        elif slot in prefixes:
+            assert held == len(prefixes._entries[slot].tokens), slot
         else:
             assert held == 0, slot
 
@@ -151,7 +153,7 @@ def test_a_prompt_computes_the_same_beside_other_streams_as_alone(model):
                                        SamplingParams(temperature=0.0), StopParams(max_new_tokens=60, ignore_eos=True)), rec)
         for _ in range(4):
             busy.step()
-        assert busy.running == 3 and all(rec.events for rec in background)  # all three decoding
+        assert busy.stats.running_sequences == 3 and all(rec.events for rec in background)  # all three decoding
         beside = run(busy, model, "beside", tokens, 24, last_message_start=start)
         assert token_ids(beside) == token_ids(run(alone, model, "alone", tokens, 24, last_message_start=start))
     finally:
@@ -216,8 +218,8 @@ def test_eviction_under_pressure_never_fails_a_live_request(model):
         run_all(core)
         for i, rec in recs.items():
             assert rec.finish is not None and rec.finish.reason is FinishReason.MAX_TOKENS, (i, rec.events[-1])
-        assert len(core.core._prefixes) <= core.core.slots
-        assert core.stats.prefix_cache_entries == len(core.core._prefixes) > 0
+        assert len(core.slots.prefixes) <= core.slots.count
+        assert core.stats.prefix_cache_entries == len(core.slots.prefixes) > 0
     finally:
         core.close()
 
@@ -233,7 +235,7 @@ def test_cancelling_during_a_cached_prefix_copy(model):
         inner = core.core
         inner._admit()
         inner._take_prefixes()
-        assert inner._running["a"].cached > 16
+        assert inner.scheduler.running["a"].cached > 16
         core.cancel("a")  # before llama.cpp has copied anything
         check_cells(core)
         again = run(core, model, "again", tokens, 8)
@@ -244,7 +246,7 @@ def test_cancelling_during_a_cached_prefix_copy(model):
         core.add(GenerationRequest("leader", tuple(long_prompt), SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), leader)
         core.add(GenerationRequest("waiter", tuple(long_prompt) + (13,), SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), waiter)
         core.step()
-        assert inner._running["waiter"].needs_prefix
+        assert inner.scheduler.running["waiter"].needs_prefix
         core.cancel("waiter")
         check_cells(core)
         core.add(GenerationRequest("late", tuple(long_prompt[:-4]) + tuple(model.tokenize(" more words to read here " * 8, add_special=False)),
@@ -252,7 +254,7 @@ def test_cancelling_during_a_cached_prefix_copy(model):
         for _ in range(6):
             core.step()
             check_cells(core)
-        if "late" in inner._running:
+        if "late" in inner.scheduler.running:
             core.cancel("late")
         run_all(core)
         assert leader.finish.reason is FinishReason.MAX_TOKENS
@@ -262,7 +264,7 @@ def test_cancelling_during_a_cached_prefix_copy(model):
             assert token_ids(leader) == token_ids(run(solo, model, "solo", long_prompt, 8))
         finally:
             solo.close()
-        assert core.cache_cells_used == 0
+        assert core.stats.cache_tokens_used == 0
     finally:
         core.close()
 
@@ -274,7 +276,7 @@ def test_the_setting_turns_reuse_off(model):
         run(core, model, "a", tokens, 4)
         second = run(core, model, "b", tokens, 4)
         assert second.finish.usage.cached_tokens == 0 and core.stats.prefix_cache_entries == 0
-        assert core.core.slots == 2  # no spare cache streams either
+        assert core.slots.count == 2  # no spare cache streams either
     finally:
         core.close()
 

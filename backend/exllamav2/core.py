@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.engine import EngineStats, EventSink
+from backend.engine import CancelOrder, EngineCounters, EngineStats, EventSink
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.exllamav2.results import JobResults
 from backend.types import ErrorEvent, FinishReason, GenerationRequest
-from backend.worker import CancelOrder, Output
+from backend.worker import Output
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ class ExLlamaV2Core:
         self._jobs: dict[str, _Job] = {}
         self._outputs: list[Output] = []
         self.steps = 0
+        self.counters = EngineCounters()
+        self._cache_tokens_total = cache_tokens
         self.stats = EngineStats(cache_tokens_total=cache_tokens)
 
     def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]:
@@ -74,21 +76,12 @@ class ExLlamaV2Core:
         self._publish()
         return []
 
-    def cancel(self, order: CancelOrder | str) -> list[Output]:
-        if isinstance(order, str):
-            order = CancelOrder(order, time.monotonic(), self.steps)
+    def cancel(self, order: CancelOrder) -> list[Output]:
         entry = self._jobs.get(order.request_id)
         if entry is None:
             return []  # finished already: nothing to free
         self._end(entry, FinishReason.CANCELLED)
-        latency_steps = self.steps - order.issued_at_step
-        self.stats = dataclasses.replace(
-            self.stats,
-            cancelled_total=self.stats.cancelled_total + 1,
-            last_cancel_latency_steps=latency_steps,
-            last_cancel_latency_s=time.monotonic() - order.issued_at,
-            max_cancel_latency_steps=max(self.stats.max_cancel_latency_steps, latency_steps),
-        )
+        self.counters.cancelled(order, self.steps, time.monotonic())
         self._publish()
         return self._take_outputs()
 
@@ -142,20 +135,13 @@ class ExLlamaV2Core:
                 self._outputs.append((entry.sink, dataclasses.replace(event, step=self.steps)))
                 if event.finish is not None:
                     del self._jobs[entry.request.request_id]
-                    cached = event.finish.usage.cached_tokens
-                    self.stats = dataclasses.replace(
-                        self.stats, cached_prompt_tokens_total=self.stats.cached_prompt_tokens_total + cached
-                    )
+                    self.counters.cached_prompt_tokens_total += event.finish.usage.cached_tokens
         self._publish()
         return self._take_outputs()
 
     def _started(self, entry: _Job) -> None:
         entry.results.started_at = time.monotonic()
-        self.stats = dataclasses.replace(
-            self.stats,
-            started_total=self.stats.started_total + 1,
-            prompt_tokens_total=self.stats.prompt_tokens_total + len(entry.request.prompt_token_ids),
-        )
+        self.counters.started(len(entry.request.prompt_token_ids))
 
     def _rebuild(self) -> bool:
         """A fresh generator; None, and False, when that fails too (the next request tries again)."""
@@ -189,12 +175,12 @@ class ExLlamaV2Core:
         running = [e for e in self._jobs.values() if e.results.started_at is not None]
         idle_pages = len(getattr(self._generator, "unreferenced_pages", None) or {})
         page_size = getattr(self._generator, "page_size", 256)
-        self.stats = dataclasses.replace(
-            self.stats,
+        self.stats = self.counters.snapshot(
             steps=self.steps,
             running_sequences=len(running),
             queued_requests=len(self._jobs) - len(running),
             cache_tokens_used=sum(len(e.request.prompt_token_ids) + e.results.generated for e in running),
+            cache_tokens_total=self._cache_tokens_total,
             prefix_cache_entries=idle_pages,
             prefix_cache_tokens=idle_pages * page_size,
         )

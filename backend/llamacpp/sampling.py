@@ -1,15 +1,120 @@
-"""Per-sequence sampler chains built from llama.cpp's own samplers."""
+"""Choosing each sequence's next token from one decode's logits.
+
+Per row to sample: the constraint's mask (llguidance fills one bitmask row per
+slot, for every constrained sequence at once), the ban on end-of-generation
+tokens before min_new_tokens, then the sequence's own llama.cpp sampler chain,
+and logprobs when the caller asked. Every picked token is accepted by the chain
+as it is picked, so checking several rows of one sequence in a step (the token
+picked at each row against the token fed after it) needs no sampler rollback:
+a sequence's chain and matcher only ever see the tokens it really generates.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import math
+import os
+import time
 
 import llama_cpp
+import llguidance
+import llguidance.numpy
+import numpy as np
 
+from backend.constraints import ConstraintState, apply_bitmask
 from backend.engine import COMMON_SAMPLERS
-from backend.types import SamplingParams
+from backend.llamacpp.model import GgufModel
+from backend.logprobs import with_logprobs
+from backend.sequence import SequenceOutput
+from backend.types import GeneratedToken, OutputParams, SamplingParams
 
 SUPPORTED_SAMPLERS = COMMON_SAMPLERS
+
+
+class Sampler:
+    """One sequence's sampler chain (llama.cpp's own samplers); `free` it when the sequence ends."""
+
+    def __init__(self, params: SamplingParams, model: GgufModel, context_length: int) -> None:
+        self.chain = build_sampler_chain(params, model.vocab, model.vocab_size, context_length)
+        self._looks_back = params.penalized or params.dry_on
+
+    def start(self, prompt: tuple[int, ...]) -> None:
+        """Penalties and DRY look back into the prompt too."""
+        if self._looks_back:
+            for token in prompt:
+                llama_cpp.llama_sampler_accept(self.chain, token)
+
+    def accept(self, token: int) -> None:
+        """A token generated without sampling (forced by the grammar): penalties and DRY still see it."""
+        llama_cpp.llama_sampler_accept(self.chain, token)
+
+    def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
+        """Samples from a row's logits and accepts the token."""
+        return llama_cpp.llama_sampler_sample(self.chain, ctx, row)
+
+    def free(self) -> None:
+        if self.chain is not None:
+            llama_cpp.llama_sampler_free(self.chain)
+            self.chain = None
+
+
+class TokenPicker:
+    """Picks tokens from the logits of the last decode, with one bitmask row per slot for constraints."""
+
+    def __init__(self, model: GgufModel, slots: int, compute_threads: int) -> None:
+        self._model = model
+        self._bitmask = llguidance.numpy.allocate_token_bitmask(slots, model.vocab_size)
+        # Mask threads must not compete with llama.cpp's: only cores it leaves free fill in parallel.
+        spare_cores = (os.cpu_count() or 1) - compute_threads
+        self._executor = llguidance.LLExecutor(spare_cores) if spare_cores >= 2 else None
+
+    def fill_masks(self, constrained: list[tuple[ConstraintState, int]]) -> None:
+        """Fills the bitmask row (by slot) of every constrained sequence about to be sampled (llguidance
+        drops the GIL)."""
+        if not constrained:
+            return
+        start = time.perf_counter()
+        if self._executor is not None:
+            rows = [(state.matcher, slot) for state, slot in constrained]
+            llguidance.numpy.fill_next_token_bitmask_par(self._executor, rows, self._bitmask)
+        else:  # measured on 2 cores: a parallel fill costs more than it saves
+            for state, slot in constrained:
+                llguidance.numpy.fill_next_token_bitmask(state.matcher, self._bitmask, slot)
+        share = (time.perf_counter() - start) / len(constrained)
+        for state, _ in constrained:
+            state.mask_s += share
+
+    def pick(
+        self, ctx: llama_cpp.llama_context_p, row: int, slot: int, sampler: Sampler, output: SequenceOutput
+    ) -> GeneratedToken:
+        """The token sampled from a row's logits; the slot's mask row must be filled (see fill_masks).
+
+        Raises ConstraintFailed when the sequence's matcher failed computing that mask.
+        """
+        logits = llama_cpp.llama_get_logits_ith(ctx, row)
+        if output.constraint is not None:
+            output.check_constraint()
+            start = time.perf_counter()
+            apply_bitmask(self._row(logits), self._bitmask[slot])
+            output.constraint.mask_s += time.perf_counter() - start
+        if not output.eos_allowed():
+            for token in self._model.eos_token_ids:
+                logits[token] = -math.inf
+        token = sampler.sample(ctx, row)
+        return self._describe(token, logits, output.request.output)
+
+    def forced(self, token: int) -> GeneratedToken:
+        """A token the grammar left no alternative to (no logits: no logprobs)."""
+        return GeneratedToken(token, self._model.pieces[token])
+
+    def _describe(self, token: int, logits: ctypes.POINTER(ctypes.c_float), wanted: OutputParams) -> GeneratedToken:
+        piece = self._model.pieces[token]
+        if not wanted.return_logprobs and not wanted.top_logprobs:
+            return GeneratedToken(token, piece)
+        return with_logprobs(token, self._row(logits), self._model.pieces.__getitem__, wanted.top_logprobs)
+
+    def _row(self, logits: ctypes.POINTER(ctypes.c_float)) -> np.ndarray:
+        return np.ctypeslib.as_array(logits, shape=(self._model.vocab_size,))
 
 
 def build_sampler_chain(

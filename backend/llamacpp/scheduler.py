@@ -1,0 +1,171 @@
+"""Who runs: waiting, running and preempted sequences, and what each engine step computes.
+
+Pure bookkeeping, no llama.cpp call: the core asks for decisions and carries
+them out (the slots place cells, the batch feeds rows).
+
+- Admission: oldest first, a preempted sequence whose caller reads again before
+  a new request. When every batch place is taken, the sequence paused longest
+  (its caller is not reading) is preempted to make room: it gives up its slot,
+  keeps its tokens and sampler, and comes back once its caller reads again.
+- Expiry: requests past their deadline or time limit, and sequences whose
+  caller has read nothing for max_pause_s.
+- The step's work: the next group of rows of the prompt waiting longest for
+  one, each group a llama_decode of its own (its layout says how rows group, so
+  its numbers never depend on what else runs), unless decoding sequences have
+  waited batch_tokens prompt rows already; else the next token of every
+  decoding sequence. A CPU prefills a token at the same cost batched or not
+  (docs/benchmarks.md), so a burst of arrivals gets first tokens one after
+  another instead of all at the end.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from backend.llamacpp.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class Admission:
+    sequence: Sequence
+    """A new request, or a preempted sequence coming back."""
+    preempting: Sequence | None = None
+    """The paused sequence that gives up its slot for it, if the batch is full."""
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Tokens of one sequence for this step's decode: `tokens[cached : cached + count]`."""
+
+    sequence: Sequence
+    count: int
+
+
+@dataclass(frozen=True)
+class Expired:
+    never_started: list[Sequence]
+    timed_out: list[Sequence]
+    paused_too_long: list[Sequence]
+
+
+class Scheduler:
+    def __init__(self, max_batch_size: int, batch_tokens: int, max_pause_s: float) -> None:
+        self.max_batch_size = max_batch_size
+        self.batch_tokens = batch_tokens
+        self.max_pause_s = max_pause_s
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: dict[str, Sequence] = {}
+        self.preempted: dict[str, Sequence] = {}
+        """In preemption order: the first comes back first."""
+        self._turns = itertools.count()
+        self._prompt_rows_since_decode = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def find(self, request_id: str) -> Sequence | None:
+        """A request that has started (running or preempted)."""
+        return self.running.get(request_id) or self.preempted.get(request_id)
+
+    def find_waiting(self, request_id: str) -> Sequence | None:
+        return next((seq for seq in self.waiting if seq.id == request_id), None)
+
+    def remove(self, seq: Sequence) -> None:
+        """Forgets a sequence, wherever it is."""
+        if self.running.pop(seq.id, None) is None and self.preempted.pop(seq.id, None) is None:
+            self.waiting.remove(seq)
+
+    def has_work(self) -> bool:
+        """Whether a step would do anything: something to admit, or a running sequence not paused."""
+        return self._has_candidate() or any(not seq.paused for seq in self.running.values())
+
+    def holds_sequences(self) -> bool:
+        return bool(self.waiting or self.running or self.preempted)
+
+    def all(self) -> Iterator[Sequence]:
+        yield from self.running.values()
+        yield from self.preempted.values()
+        yield from self.waiting
+
+    # -- decisions ------------------------------------------------------------------
+
+    def expired(self, now: float) -> Expired:
+        started = [*self.running.values(), *self.preempted.values()]
+        timed_out = [seq for seq in started if seq.output.deadline_passed(now)]
+        return Expired(
+            never_started=[seq for seq in self.waiting if seq.output.deadline_passed(now)],
+            timed_out=timed_out,
+            paused_too_long=[
+                seq for seq in started
+                if seq not in timed_out and seq.paused and now - seq.paused_since >= self.max_pause_s
+            ],
+        )
+
+    def admit(self) -> Iterator[Admission]:
+        """Starts waiting work while there is room or a paused sequence to preempt; each admission is in
+        `running` when yielded, each preempted one in `preempted` (the caller moves their cells)."""
+        while self._has_candidate():
+            victim = None
+            if len(self.running) >= self.max_batch_size:
+                victim = self._longest_paused()
+                if victim is None:
+                    return
+                del self.running[victim.id]
+                self.preempted[victim.id] = victim
+            back = next((seq for seq in self.preempted.values() if not seq.paused), None)
+            if back is not None:
+                del self.preempted[back.id]
+            seq = back or self.waiting.popleft()
+            seq.admissions += 1
+            seq.replay_until = len(seq.tokens)
+            seq.prefill_turn = next(self._turns)
+            self.running[seq.id] = seq
+            yield Admission(seq, victim)
+
+    def next_feeds(self) -> list[Feed]:
+        """This step's rows: one prompt's next group, or every decoding sequence's next token."""
+        prefill = self._prefill_feed()
+        if prefill is not None:
+            self._prompt_rows_since_decode += prefill.count
+            return [prefill]
+        self._prompt_rows_since_decode = 0
+        return self._decoding_feeds()
+
+    def _prefill_feed(self) -> Feed | None:
+        ready = [seq for seq in self.running.values() if seq.ready_to_prefill]
+        if not ready:
+            return None
+        seq = min(ready, key=lambda s: s.prefill_turn)
+        rows = seq.layout.next_group(seq.cached, self.batch_tokens)
+        waited = self._prompt_rows_since_decode
+        if waited and waited + rows > self.batch_tokens and any(s.decodes for s in self.running.values()):
+            return None  # decoding sequences have waited long enough
+        seq.prefill_turn = next(self._turns)
+        return Feed(seq, rows)
+
+    def _decoding_feeds(self) -> list[Feed]:
+        """The known tokens of every decoding sequence, in slot order.
+
+        Tokens in ascending sequence order: llama.cpp's per-sequence cache takes a much slower path
+        (measured: 1.7x per step at 8 sequences) when a batch lists sequences out of order.
+        With a cache per sequence, llama.cpp splits a batch into equal-length pieces per sequence,
+        so several tokens of one sequence beside others would cost extra forward passes: tokens
+        forced by a grammar go all at once only when a sequence runs alone.
+        """
+        per_sequence = self.batch_tokens if len(self.running) == 1 else 1
+        feeds = []
+        for seq in sorted(self.running.values(), key=lambda seq: seq.slot):
+            if seq.decodes:
+                replaying = seq.cached < seq.replay_until - 1  # fed again one a step, as first computed
+                feeds.append(Feed(seq, 1 if replaying else min(per_sequence, len(seq.tokens) - seq.cached)))
+        return feeds
+
+    def _has_candidate(self) -> bool:
+        return bool(self.waiting) or any(not seq.paused for seq in self.preempted.values())
+
+    def _longest_paused(self) -> Sequence | None:
+        paused = [seq for seq in self.running.values() if seq.paused]
+        return min(paused, key=lambda s: s.paused_since) if paused else None

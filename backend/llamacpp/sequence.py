@@ -1,0 +1,62 @@
+"""One request's state inside the llama.cpp engine, from arrival to its end.
+
+Its tokens are the prompt, then every generated token; `cached` of them are in
+its slot's cells (a llama.cpp sequence id while it holds one). The scheduler
+moves it between waiting, running and preempted; the slots place its cells;
+the batch feeds `tokens[cached:]`; its sampler picks what comes next.
+"""
+
+from __future__ import annotations
+
+from backend.engine import EventSink
+from backend.llamacpp.layout import PromptLayout
+from backend.llamacpp.sampling import Sampler
+from backend.sequence import SequenceOutput
+from backend.types import GenerationRequest
+
+
+class Sequence:
+    def __init__(self, request: GenerationRequest, sink: EventSink, sampler: Sampler, layout: PromptLayout) -> None:
+        self.request = request
+        self.sink = sink
+        self.sampler = sampler
+        self.layout = layout
+        self.output = SequenceOutput(request)
+        self.tokens: list[int] = list(request.prompt_token_ids)
+        self.prompt_length = len(request.prompt_token_ids)
+        self.slot = -1
+        self.cached = 0
+        self.replay_until = 0
+        """Back from preemption: output tokens below this are fed again one a step, as first computed."""
+        self.needs_prefix = False
+        """Placed in a slot, still to look for a cached prefix before its prefill starts."""
+        self.admissions = 0
+        self.prefill_turn = 0
+        """The prompt whose turn is lowest gets the next prefill group (round robin)."""
+        self.paused_since: float | None = None
+        """Its caller is not reading: it is skipped in batches, and may be preempted."""
+
+    @property
+    def id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prefilling(self) -> bool:
+        return self.cached < self.prompt_length
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_since is not None
+
+    @property
+    def placed(self) -> bool:
+        return self.slot >= 0
+
+    @property
+    def decodes(self) -> bool:
+        """Whether it has known tokens to feed in a decoding batch."""
+        return not self.paused and not self.needs_prefix and not self.prefilling and self.cached < len(self.tokens)
+
+    @property
+    def ready_to_prefill(self) -> bool:
+        return not self.paused and not self.needs_prefix and self.prefilling

@@ -1,0 +1,201 @@
+"""Where cells live: llama.cpp sequence ids ("slots", one cache stream each), and every call that moves them.
+
+A running sequence holds one slot. A slot no one holds keeps the cells of the
+last sequence that used it, indexed by token (see PrefixIndex), so a new prompt
+starts from the longest prefix any slot holds that its layout can take as
+computed: copied across streams and trimmed, or used in place. A sequence
+whose prefix a neighbour is computing right now waits a step or two and copies
+it. Idle prefixes live only in free slots, so they never block a live request.
+
+llama.cpp's per-sequence cache is fast only while a batch's sequences have
+ascending, contiguous ids: new sequences take a slot that keeps them so, and
+`compact` closes a gap left by one that ended, one move per step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Iterable
+
+import llama_cpp
+
+from backend.llamacpp.prefix_cache import PrefixIndex
+from backend.llamacpp.sequence import Sequence
+from backend.tokens import common_prefix
+
+# Shorter shared prefixes are computed again: copying a cache stream costs about as much.
+MIN_REUSE_TOKENS = 16
+# A sequence back from preemption takes its own cells as they are, but for its last 2 tokens:
+# llama.cpp computes a token alone with other kernels than several (see backend.llamacpp.layout).
+RECOMPUTED_TAIL = 2
+
+
+class Slots:
+    def __init__(self, memory: llama_cpp.llama_memory_t, count: int, prefix_cache: bool) -> None:
+        self._memory = memory
+        self.count = count
+        self._free = list(range(count))  # a heap: the lowest slot goes first
+        self._prefix_cache = prefix_cache
+        self.prefixes = PrefixIndex()
+        """What free slots still hold."""
+
+    # -- placing and leaving -------------------------------------------------------
+
+    def place(self, seq: Sequence, running: Collection[Sequence]) -> int | None:
+        """Gives a sequence a free slot (see _pick_slot), taking in place the prefix that slot holds if it is
+        the best; returns how many prompt tokens it took so (None: it still looks, see take_prefixes)."""
+        source, shared = self._best_prefix(seq, running)
+        slot = self._pick_slot(source, running)
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+        seq.slot, seq.cached, seq.needs_prefix = slot, 0, True
+        if source == slot:
+            self.prefixes.drop(slot)
+            self._reuse(seq, slot, shared)
+            return shared
+        if slot in self.prefixes:
+            self._clear_for_reuse(slot)
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        return None
+
+    def vacate(self, seq: Sequence) -> None:
+        """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping."""
+        if self._prefix_cache and seq.cached >= MIN_REUSE_TOKENS:
+            self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until)
+        else:
+            llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+        heapq.heappush(self._free, seq.slot)
+        seq.slot, seq.cached = -1, 0
+
+    def roll_back(self, seq: Sequence, keep: int) -> None:
+        """Drops a sequence's cells from position `keep` on (rows fed ahead that were not accepted)."""
+        if keep < seq.cached:
+            llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, keep, -1)
+            seq.cached = keep
+
+    def _pick_slot(self, source: int | None, running: Collection[Sequence]) -> int:
+        """A free slot that keeps the live sequences contiguous (a hole between them, else one beside
+        them); among those, the one holding the best prefix, else an empty one, else the least
+        recently used prefix's."""
+        live = [seq.slot for seq in running if seq.placed]
+        candidates = self._free
+        if live:
+            low, high = min(live), max(live)
+            holes = [slot for slot in self._free if low < slot < high]
+            beside = [slot for slot in self._free if slot in (low - 1, high + 1)]
+            candidates = holes or beside or self._free
+        if source in candidates and source in self.prefixes:
+            return source
+        return self.prefixes.victim(candidates)
+
+    # -- prefix reuse ----------------------------------------------------------------
+
+    def take_prefixes(self, running: Collection[Sequence]) -> list[tuple[Sequence, int]]:
+        """Each newly placed sequence starts from the best cached prefix, unless a neighbour is computing a
+        longer one; returns (sequence, prompt tokens it took) for those that are done looking."""
+        taken = []
+        for seq in sorted((s for s in running if s.needs_prefix), key=lambda s: s.slot):
+            source, shared = self._best_prefix(seq, running)
+            if self._computing_longer_prefix(seq, shared, running):
+                continue  # copy it once computed, a step or two from now
+            if source is None:
+                seq.needs_prefix = False
+            else:
+                self._reuse(seq, source, shared)
+            taken.append((seq, shared if source is not None else 0))
+        return taken
+
+    def _best_prefix(self, seq: Sequence, running: Iterable[Sequence]) -> tuple[int | None, int]:
+        """The slot holding the most reusable computed prefix of the sequence's tokens (idle or live), and its length."""
+        if not self._prefix_cache:
+            return None, 0
+        candidates = list(self.prefixes.matches(seq.tokens, seq.id))
+        for other in running:  # a live sequence's prompt cells (see PrefixIndex)
+            computed = min(other.cached, other.prompt_length)
+            if other is not seq and other.placed and not other.needs_prefix and computed >= MIN_REUSE_TOKENS:
+                common = common_prefix(other.tokens[:computed], seq.tokens)
+                candidates.append((other.slot, common, other.layout.tiled_until))
+        best: tuple[int | None, int] = (None, 0)
+        for slot, common, tiled_until in candidates:
+            rows = _reusable(seq, common, tiled_until)
+            if rows > best[1]:
+                best = (slot, rows)
+        return best if best[1] >= MIN_REUSE_TOKENS else (None, 0)
+
+    def _computing_longer_prefix(self, seq: Sequence, available: int, running: Iterable[Sequence]) -> bool:
+        if not self._prefix_cache:
+            return False
+        for other in running:
+            if other is seq or other.needs_prefix or other.paused or not other.prefilling or not other.placed:
+                continue
+            common = common_prefix(other.tokens[: other.prompt_length], seq.tokens)
+            if _reusable(seq, common, other.layout.tiled_until) >= available + MIN_REUSE_TOKENS:
+                return True
+        return False
+
+    def _reuse(self, seq: Sequence, source: int, shared: int) -> None:
+        """Copies `source`'s cache stream into the sequence's slot (llama.cpp copies it before the next
+        decode) and trims it to the shared prefix."""
+        if source != seq.slot:
+            llama_cpp.llama_memory_seq_cp(self._memory, source, seq.slot, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, shared, -1)
+        if source in self.prefixes:
+            self.prefixes.touch(source)
+        seq.cached = shared
+        seq.needs_prefix = False
+
+    # -- keeping decoding sequences contiguous -------------------------------------------
+
+    def compact(self, running: Collection[Sequence]) -> None:
+        """Keeps the decoding sequences on contiguous slots, one move per step.
+
+        llama.cpp's per-sequence cache decodes a batch whose ids have a gap (left by a finished
+        or paused sequence) 22% slower at 8 sequences. Moving the highest decoding sequence into
+        the lowest hole copies one cache stream (a few milliseconds) and removes the gap. Where
+        the run starts does not matter: slots below it may hold cached prefixes.
+        """
+        decoding = sorted((seq for seq in running if seq.placed and not seq.paused), key=lambda seq: seq.slot)
+        if not decoding:
+            return
+        top = decoding[-1]
+        taken = {seq.slot for seq in decoding}
+        hole = next((slot for slot in range(decoding[0].slot, top.slot) if slot not in taken), None)
+        if hole is None:
+            return
+        parked = next((seq for seq in running if seq.slot == hole), None)
+        if parked is None:
+            self._move(top, hole)
+        elif self._free and max(self._free) > top.slot:
+            self._move(parked, max(self._free))  # a paused sequence waits above the decoding ones
+
+    def _move(self, seq: Sequence, slot: int) -> None:
+        """Moves a sequence's cache to a free slot; llama.cpp copies the stream before the next decode."""
+        self._free.remove(slot)
+        self._clear_for_reuse(slot)
+        llama_cpp.llama_memory_seq_cp(self._memory, seq.slot, slot, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+        self._free.append(seq.slot)
+        heapq.heapify(self._free)
+        seq.slot = slot
+
+    def _clear_for_reuse(self, slot: int) -> None:
+        """A slot taken out of the free list is about to be overwritten: its cached prefix, if any,
+        moves to a free slot holding nothing or an older prefix, or is given up."""
+        if slot not in self.prefixes:
+            return
+        target = self.prefixes.victim(self._free, keep_newer_than=slot)
+        if target is None:
+            self.prefixes.drop(slot)
+            return
+        self.prefixes.drop(target)
+        llama_cpp.llama_memory_seq_cp(self._memory, slot, target, -1, -1)
+        self.prefixes.move(slot, target)
+
+
+def _reusable(seq: Sequence, common: int, tiled_until: int | None) -> int:
+    """Rows of `common` cached ones the sequence takes: its own (tiled_until None) as they
+    are but for the last RECOMPUTED_TAIL, others' as far as its prompt layout allows."""
+    if tiled_until is not None:
+        return seq.layout.reusable(common, tiled_until)
+    rows = min(common, len(seq.tokens) - RECOMPUTED_TAIL)
+    return seq.layout.reusable(rows, seq.layout.tiled_until) if rows < seq.prompt_length else rows
