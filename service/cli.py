@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import Callable
 
 from service import logs
-from service.config import FIELDS, ServeConfig, field_type, load_config
+from service.config import SETTINGS, ServeConfig, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -16,10 +17,10 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gRPC server")
     serve.add_argument("--config", help="TOML file with settings (also TOKENSPOUT_CONFIG)")
     # Values stay text here: load_config parses every source the same way, with one-line errors.
-    for name, field in FIELDS.items():
+    for name, setting in SETTINGS.items():
         flag = "--" + name.replace("_", "-")
-        help_text = f"default: {field.default!r}"
-        if field_type(name) is bool:  # `--flag` alone means true; `--flag false` is false
+        help_text = f"default: {setting.default!r}"
+        if setting.kind is bool:  # `--flag` alone means true; `--flag false` is false
             serve.add_argument(flag, dest=name, nargs="?", const="true", default=None, help=help_text)
         else:
             serve.add_argument(flag, dest=name, default=None, help=help_text)
@@ -27,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, build: Callable | None = None) -> int:
+    """`build` replaces backend.engines.build_engine (tests wrap the engine it builds)."""
     args = _parser().parse_args(argv)
     if args.command == "fetch-model":
         from backend.models import default_model_path
@@ -42,12 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs.configure(config.log_level, config.log_format)
     from backend.engine import EngineUnavailable
-    from backend.models import ModelNotFound
+    from backend.models import ModelError
     from service import server
 
     try:
-        return asyncio.run(server.run(config))
-    except (ModelNotFound, EngineUnavailable, server.StartupError) as exc:
+        return asyncio.run(server.run(config, build) if build else server.run(config))
+    except (ModelError, EngineUnavailable, server.StartupError) as exc:
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
 

@@ -18,7 +18,7 @@ import concurrent.futures
 
 from backend.constraints import CompiledConstraint, ConstraintCompiler
 from backend.constraints.compiler import source_chars
-from backend.types import ConstraintSpec
+from backend.constraints import ConstraintSpec
 from service.errors import compile_budget_exceeded, too_many_compiles
 
 SMALL_SOURCE_CHARS = 16_384

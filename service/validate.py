@@ -14,10 +14,11 @@ import uuid
 from dataclasses import dataclass
 
 from backend.chat import ChatTemplateError
+from backend.constraints import ConstraintSpec
 from backend.engine import ChatMessage, Engine
 from backend.tokens import common_prefix
 from backend.types import (
-    DEFAULT_DRY_BREAKERS, ConstraintSpec, DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams,
+    DEFAULT_DRY_BREAKERS, DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams,
     StopParams, XtcParams,
 )
 from service.errors import FieldViolation, invalid_argument, not_found_model, out_of_range, unimplemented

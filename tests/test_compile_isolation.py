@@ -16,7 +16,7 @@ import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintLimits
 from backend.constraints.compiler import estimated_bytes
-from backend.types import ConstraintSpec
+from backend.constraints import ConstraintSpec
 from conftest import start_server, stop_server
 from helpers import bad_request_fields, error_reason, rpc_error
 from tokenspout.v1 import generation_pb2 as pb
@@ -95,7 +95,7 @@ def test_inputs_past_the_byte_limit_are_refused(gated):
 def test_the_cache_is_bounded_by_estimated_memory(model):
     small = ConstraintSpec("regex", "[0-9]{3}")
     budget = 3 * estimated_bytes(small)
-    compiler = ConstraintCompiler(model.constraint_tokenizer(), limits=ConstraintLimits(cache_bytes=budget))
+    compiler = ConstraintCompiler(model.constraint_tokenizer(), limits=ConstraintLimits(cache_mb=budget / (1 << 20)))
     specs = [ConstraintSpec("regex", f"[0-9]{{{n}}}") for n in range(1, 7)]
     for spec in specs:
         compiler.compile(spec)

@@ -19,13 +19,14 @@ def test_precedence_flags_env_file(tmp_path):
     config_file.write_text('listen = "0.0.0.0:7000"\ncontext_length = 4096\nthreads = 3\nmax_batch_size = 4\n')
     environ = {"TOKENSPOUT_CONTEXT_LENGTH": "1024", "TOKENSPOUT_THREADS": "2"}
     config = load_config({"threads": 1, "model": None}, environ=environ, config_file=str(config_file))
-    assert (config.listen, config.context_length, config.threads, config.max_batch_size) == ("0.0.0.0:7000", 1024, 1, 4)
+    engine = config.engine
+    assert (config.listen, engine.context_length, engine.llamacpp.threads, engine.max_batch_size) == ("0.0.0.0:7000", 1024, 1, 4)
 
 
 def test_config_file_from_environment(tmp_path):
     config_file = tmp_path / "c.toml"
     config_file.write_text("max_batch_size = 3\n")
-    assert load_config({}, environ={"TOKENSPOUT_CONFIG": str(config_file)}).max_batch_size == 3
+    assert load_config({}, environ={"TOKENSPOUT_CONFIG": str(config_file)}).engine.max_batch_size == 3
 
 
 @pytest.mark.parametrize(
@@ -58,9 +59,11 @@ def test_the_example_config_file_loads():
     from conftest import ROOT
 
     config = load_config({}, environ={}, config_file=str(ROOT / "deploy" / "tokenspout.toml"))
-    assert config.listen == "0.0.0.0:50051" and config.max_batch_size == 8
+    assert config.listen == "0.0.0.0:50051" and config.engine.max_batch_size == 8
     gpu = load_config({"model": "/models/x-exl2"}, environ={}, config_file=str(ROOT / "deploy" / "tokenspout-exllamav2.toml"))
-    assert (gpu.engine, gpu.cache_type, gpu.cache_tokens, gpu.model) == ("exllamav2", "q8", 32768, "/models/x-exl2")
+    engine = gpu.engine
+    assert (engine.kind, engine.exllamav2.cache_type, engine.exllamav2.cache_tokens, engine.model) == (
+        "exllamav2", "q8", 32768, "/models/x-exl2")
 
 
 def test_a_local_gguf_is_served_under_its_name(tmp_path):
@@ -103,3 +106,27 @@ def test_exllamav2_missing_is_reported_without_a_traceback(capsys, tmp_path):
     assert main(["serve", *ANY_PORT, "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert "pip install 'tokenspout[exllamav2]'" in error and "Traceback" not in error
+
+
+@pytest.mark.parametrize("kind", ["truncated", "text", "directory"])
+def test_a_bad_model_file_stops_the_start_in_one_line(kind, tmp_path):
+    import subprocess
+    import sys
+
+    from backend.models import default_model_path
+    from conftest import ROOT
+
+    bad = tmp_path / "bad.gguf"
+    if kind == "truncated":
+        with open(default_model_path(), "rb") as model:
+            bad.write_bytes(model.read(3_000_000))
+    elif kind == "text":
+        bad.write_text("not a model\n")
+    else:
+        bad.mkdir()
+    result = subprocess.run([sys.executable, "-m", "service.cli", "serve", *ANY_PORT, "--model", str(bad)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    ours = [line for line in result.stderr.splitlines() if line.startswith("tokenspout:")]
+    assert len(ours) == 1 and str(bad) in ours[0], result.stderr
+    assert "Traceback" not in result.stderr and " ERROR " not in result.stderr, result.stderr

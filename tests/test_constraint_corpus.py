@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintError
-from backend.types import ConstraintSpec
+from backend.constraints import ConstraintSpec
 from conftest import REPORT, SHARED_DATA
 from helpers import bad_request_fields
 from tokenspout.v1 import generation_pb2 as pb

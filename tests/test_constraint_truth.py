@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintState
-from backend.types import ConstraintSpec
+from backend.constraints import ConstraintSpec
 from helpers import bad_request_fields, error_reason, rpc_error
 from tokenspout.v1 import generation_pb2 as pb
 

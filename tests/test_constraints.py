@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintState, apply_bitmask
-from backend.types import ConstraintSpec
+from backend.constraints import ConstraintSpec
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from service.config import ENV_PREFIX, FIELDS
+from service.config import ENV_PREFIX, SETTINGS
 from service.server import SERVICE_NAME
 
 sys.path.insert(0, str(ROOT / "deploy" / "haproxy"))
@@ -170,7 +170,7 @@ def test_the_deployment_runs_unprivileged_with_keys_from_a_secret(overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_tokenspout_variable_is_a_real_setting(overlay):
     names = {e["name"] for e in container(overlay)["env"] if e["name"].startswith(ENV_PREFIX)}
-    unknown = {n for n in names if n[len(ENV_PREFIX):].lower() not in FIELDS}
+    unknown = {n for n in names if n[len(ENV_PREFIX):].lower() not in SETTINGS}
     assert not unknown
 
 

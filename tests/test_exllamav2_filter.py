@@ -8,7 +8,8 @@ import pytest
 from backend.constraints import ConstraintCompiler
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore
-from backend.types import ConstraintSpec, ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.constraints import ConstraintSpec
+from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
 from core_driver import Delivering
 from exllamav2_fakes import FakeGenerators, FakeJobs, eos, streaming
 

@@ -14,11 +14,11 @@ import pytest
 
 from conftest import ROOT, start_server, stop_server
 from service.cli import _parser, main
-from service.config import FIELDS, field_type, load_config
+from service.config import SETTINGS, load_config, value_of
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
-BOOLS = [name for name in FIELDS if field_type(name) is bool]
+BOOLS = [name for name, setting in SETTINGS.items() if setting.kind is bool]
 # reflection_requires_auth is only allowed with keys; every case carries one.
 WITH_A_KEY = {"TOKENSPOUT_API_KEYS": "ops:" + "ab" * 32}
 WORDS = [("true", True), ("false", False), ("1", True), ("0", False), ("yes", True), ("no", False),
@@ -38,26 +38,26 @@ def test_the_bool_settings_are_found():
 @pytest.mark.parametrize("word, expected", WORDS)
 def test_bool_settings_from_every_source(name, word, expected, tmp_path):
     flag = "--" + name.replace("_", "-")
-    assert getattr(from_flags(flag, word), name) is expected
-    assert getattr(load_config({}, environ={**WITH_A_KEY, f"TOKENSPOUT_{name.upper()}": word}), name) is expected
+    assert value_of(from_flags(flag, word), name) is expected
+    assert value_of(load_config({}, environ={**WITH_A_KEY, f"TOKENSPOUT_{name.upper()}": word}), name) is expected
     quoted = tmp_path / "quoted.toml"
     quoted.write_text(f'{name} = "{word}"\n')
-    assert getattr(load_config({}, environ=WITH_A_KEY, config_file=str(quoted)), name) is expected
+    assert value_of(load_config({}, environ=WITH_A_KEY, config_file=str(quoted)), name) is expected
     native = tmp_path / "native.toml"
     native.write_text(f"{name} = {str(expected).lower()}\n")
-    assert getattr(load_config({}, environ=WITH_A_KEY, config_file=str(native)), name) is expected
+    assert value_of(load_config({}, environ=WITH_A_KEY, config_file=str(native)), name) is expected
 
 
 @pytest.mark.parametrize("name", BOOLS)
 def test_a_bare_bool_flag_means_true_and_flags_win(name, tmp_path):
     flag = "--" + name.replace("_", "-")
-    assert getattr(from_flags(flag), name) is True
+    assert value_of(from_flags(flag), name) is True
     config_file = tmp_path / "c.toml"
     config_file.write_text(f"{name} = true\n")
     environ = {**WITH_A_KEY, f"TOKENSPOUT_{name.upper()}": "yes"}
-    assert getattr(from_flags("--config", str(config_file), flag, "false", environ=environ), name) is False
-    assert getattr(load_config({}, environ={**environ, f"TOKENSPOUT_{name.upper()}": "no"},
-                               config_file=str(config_file)), name) is False
+    assert value_of(from_flags("--config", str(config_file), flag, "false", environ=environ), name) is False
+    assert value_of(load_config({}, environ={**environ, f"TOKENSPOUT_{name.upper()}": "no"},
+                                config_file=str(config_file)), name) is False
 
 
 @pytest.mark.parametrize("name", BOOLS)

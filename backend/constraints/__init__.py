@@ -7,6 +7,7 @@ samples, and feeds the sampled token back to the matcher.
 """
 
 from backend.constraints.compiler import CompiledConstraint, ConstraintCompiler, ConstraintError, ConstraintLimits
+from backend.constraints.spec import ConstraintSpec
 from backend.constraints.state import ConstraintState, apply_bitmask
 from backend.constraints.tokenizer import build_tokenizer
 
@@ -15,6 +16,7 @@ __all__ = [
     "ConstraintCompiler",
     "ConstraintError",
     "ConstraintLimits",
+    "ConstraintSpec",
     "ConstraintState",
     "apply_bitmask",
     "build_tokenizer",

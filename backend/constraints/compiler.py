@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import llguidance
 
-from backend.types import ConstraintSpec
+from backend.constraints.spec import ConstraintSpec
 
 # Whitespace JSON allows between tokens, when the caller opts into it.
 _JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]"
@@ -39,23 +39,37 @@ class ConstraintError(ValueError):
 
 @dataclass(frozen=True)
 class ConstraintLimits:
-    """llguidance's parser limits, explicit (its own defaults, except where noted)."""
+    """llguidance's parser limits for one constraint, explicit (its own defaults, except where noted);
+    past them a constraint is INVALID_ARGUMENT. The server's settings are these names after `constraint_`."""
 
     max_items_in_row: int = 2000
-    initial_lexer_fuel: int = 1_000_000
+    """Most alternatives in one grammar rule."""
+    lexer_fuel: int = 1_000_000
+    """Work allowed building a constraint's lexer (about 50 per microsecond)."""
     step_lexer_fuel: int = 200_000
+    """Lexer work allowed per token mask (about 14 per microsecond)."""
     step_max_items: int = 50_000
+    """Parser items allowed per token mask."""
     max_lexer_states: int = 50_000
     """About 1-2 kB each, shared by every matcher of one constraint (llguidance: 250,000)."""
     max_grammar_size: int = 500_000
-    cache_bytes: int = 512 << 20
-    """Estimated memory the compiled-constraint cache may hold (see `estimated_bytes`)."""
+    """Symbols in a compiled grammar."""
+    cache_mb: float = 512
+    """Estimated memory the compiled-constraint cache may hold (see `estimated_bytes`), besides its entry cap."""
+
+    def __post_init__(self) -> None:
+        if min(dataclasses.astuple(self)) <= 0:
+            raise ValueError("constraint_* limits must be positive")
+
+    @property
+    def cache_bytes(self) -> int:
+        return int(self.cache_mb * (1 << 20))
 
     def parser_limits(self) -> llguidance.LLParserLimits:
         # Terse errors: a verbose one dumps the parser state, which can run to megabytes.
         return llguidance.LLParserLimits(
             max_items_in_row=self.max_items_in_row,
-            initial_lexer_fuel=self.initial_lexer_fuel,
+            initial_lexer_fuel=self.lexer_fuel,
             step_lexer_fuel=self.step_lexer_fuel,
             step_max_items=self.step_max_items,
             max_lexer_states=self.max_lexer_states,

@@ -16,7 +16,7 @@ import jsonschema
 import regex
 
 from backend.constraints.compiler import MAX_JSON_DEPTH, json_depth
-from backend.types import ConstraintSpec
+from backend.constraints.spec import ConstraintSpec
 
 
 class _Unchecked(Exception):

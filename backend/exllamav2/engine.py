@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 import logging
 import pathlib
-from dataclasses import dataclass
 from typing import Sequence
 
 from backend.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, SpecialTokens, tokenize_chat
-from backend.constraints import ConstraintCompiler, ConstraintLimits
+from backend.config import EngineConfig
+from backend.constraints import ConstraintCompiler
 from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineUnavailable, ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
@@ -30,17 +30,8 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 256  # the dynamic generator's page: cache sizes and prefill chunks are multiples of it
 
 
-@dataclass(frozen=True)
-class ExLlamaV2Config:
-    max_seq_len: int = 0
-    """Most tokens one sequence holds; 0 keeps the model's own."""
-    cache_tokens: int = 0
-    """The cache's token budget, shared by every job; 0 means max_seq_len * max_batch_size."""
-    cache_type: str = "fp16"  # fp16, q4, q6 or q8
-    max_batch_size: int = 8
-    max_chunk_size: int = 2048
-    gpu_split: tuple[float, ...] = ()
-    """GB per GPU; empty means fill the GPUs in order (autosplit)."""
+MAX_CHUNK_TOKENS = 2048
+"""Most prompt tokens the generator prefills in one forward pass (a multiple of PAGE_SIZE)."""
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -48,13 +39,7 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 class ExLlamaV2Engine(WorkerEngine):
-    def __init__(
-        self,
-        model_dir: pathlib.Path,
-        config: ExLlamaV2Config = ExLlamaV2Config(),
-        model_id: str = "",
-        constraint_limits: ConstraintLimits = ConstraintLimits(),
-    ) -> None:
+    def __init__(self, model_dir: pathlib.Path, config: EngineConfig = EngineConfig()) -> None:
         import llguidance
 
         try:  # importing exllamav2 compiles its CUDA extension, which can fail in many ways
@@ -74,9 +59,9 @@ class ExLlamaV2Engine(WorkerEngine):
         self._torch = torch
         xconfig = XConfig(str(model_dir))
         xconfig.arch_compat_overrides()
-        if config.max_seq_len:
-            xconfig.max_seq_len = config.max_seq_len
-        chunk = max(PAGE_SIZE, min(_round_up(config.max_chunk_size, PAGE_SIZE), xconfig.max_seq_len))
+        own = config.exllamav2
+        xconfig.max_seq_len = config.context_length
+        chunk = max(PAGE_SIZE, min(MAX_CHUNK_TOKENS, xconfig.max_seq_len))
         xconfig.max_input_len = chunk
         xconfig.max_attention_size = chunk**2
         # exllamav2's own verdict: flash-attn >= 2.5.7 that imports, unless EXLLAMA_NO_FLASH_ATTN is set.
@@ -84,14 +69,14 @@ class ExLlamaV2Engine(WorkerEngine):
         batch_size = config.max_batch_size if self.paged else 1
         if not self.paged:
             log.warning("flash-attn >= 2.5.7 not found: exllamav2 runs unpaged, one request at a time")
-        cache_tokens = _round_up(config.cache_tokens or xconfig.max_seq_len * batch_size, PAGE_SIZE)
+        cache_tokens = _round_up(own.cache_tokens or xconfig.max_seq_len * batch_size, PAGE_SIZE)
         cache_class = {"fp16": ExLlamaV2Cache, "q4": ExLlamaV2Cache_Q4, "q6": ExLlamaV2Cache_Q6, "q8": ExLlamaV2Cache_Q8}[
-            config.cache_type
+            own.cache_type
         ]
         self.model = ExLlamaV2(xconfig)
-        self.cache = cache_class(self.model, max_seq_len=cache_tokens, lazy=not config.gpu_split)
-        if config.gpu_split:
-            self.model.load(list(config.gpu_split))
+        self.cache = cache_class(self.model, max_seq_len=cache_tokens, lazy=not own.gpu_split)
+        if own.gpu_split:
+            self.model.load(list(own.gpu_split))
         else:
             self.model.load_autosplit(self.cache)
         self.tokenizer = ExLlamaV2Tokenizer(xconfig, lazy_init=False)
@@ -109,9 +94,9 @@ class ExLlamaV2Engine(WorkerEngine):
         )
         tokenizer_json = (model_dir / "tokenizer.json").read_text()
         ll_tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=xconfig.vocab_size, eos_token=list(self.eos_token_ids))
-        self.constraints = ConstraintCompiler(ll_tokenizer, limits=constraint_limits)
+        self.constraints = ConstraintCompiler(ll_tokenizer, limits=config.constraint)
         self.info = ModelInfo(
-            model_id=model_id or model_dir.name,
+            model_id=config.model_id or model_dir.name,
             engine="exllamav2" if self.paged else "exllamav2 (unpaged: one request at a time)",
             context_length=self.max_seq_len,
             vocab_size=xconfig.vocab_size,

@@ -5,23 +5,18 @@ from __future__ import annotations
 import pathlib
 from typing import Sequence
 
-from backend.constraints import ConstraintCompiler, ConstraintLimits
+from backend.config import EngineConfig
+from backend.constraints import ConstraintCompiler
 from backend.engine import CONSTRAINT_KINDS, ChatMessage, ModelInfo
-from backend.llamacpp.core import LlamaCppConfig, LlamaCppCore
+from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
 from backend.worker import EngineWorker, WorkerEngine
 
 
 class LlamaCppEngine(WorkerEngine):
-    def __init__(
-        self,
-        model_path: pathlib.Path,
-        config: LlamaCppConfig = LlamaCppConfig(),
-        model_id: str = "",
-        constraint_limits: ConstraintLimits = ConstraintLimits(),
-    ) -> None:
-        self.model = GgufModel(model_path, config.gpu_layers)
+    def __init__(self, model_path: pathlib.Path, config: EngineConfig = EngineConfig(), model_id: str = "") -> None:
+        self.model = GgufModel(model_path, config.llamacpp.gpu_layers)
         self.core = LlamaCppCore(self.model, config)
         self.info = ModelInfo(
             model_id=model_id or self.model.name,
@@ -36,7 +31,7 @@ class LlamaCppEngine(WorkerEngine):
             constraint_kinds=CONSTRAINT_KINDS,
             quantization=self.model.quantization,
         )
-        self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=constraint_limits)
+        self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
         self._worker = EngineWorker(self.core, name="llama.cpp-engine")
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

@@ -17,17 +17,26 @@ import llguidance
 from backend.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, SpecialTokens, tokenize_chat
 from backend.constraints import build_tokenizer
 from backend.engine import ChatMessage
+from backend.models import ModelError
 
 log = logging.getLogger(__name__)
 
 _LOG_LEVEL_ERROR = 4  # GGML_LOG_LEVEL_ERROR
 
 
+_load_errors: list[str] | None = None
+"""While a model loads: llama.cpp's errors, for the one line that says why it could not."""
+
+
 @llama_cpp.llama_log_callback
 def _forward_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     # llama.cpp is chatty on stderr; keep only its errors, through Python logging.
     if level == _LOG_LEVEL_ERROR:
-        log.error("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+        message = text.decode("utf-8", "replace").rstrip()
+        if _load_errors is not None:
+            _load_errors.append(message)
+        else:
+            log.error("llama.cpp: %s", message)
 
 
 _backend_ready = False
@@ -41,14 +50,27 @@ def init_backend() -> None:
         _backend_ready = True
 
 
+def _load(path: pathlib.Path, gpu_layers: int) -> llama_cpp.llama_model_p:
+    """The loaded model; ModelError, with llama.cpp's first complaint, when it is not one llama.cpp can load."""
+    global _load_errors
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = gpu_layers
+    _load_errors = []
+    try:
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        errors = _load_errors
+    finally:
+        _load_errors = None
+    if not model:
+        why = f": {errors[0]}" if errors else ""
+        raise ModelError(f"{path} is not a GGUF model llama.cpp can load (damaged, truncated or another format){why}")
+    return model
+
+
 class GgufModel:
     def __init__(self, path: pathlib.Path, gpu_layers: int = 0) -> None:
         init_backend()
-        params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = gpu_layers
-        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-        if not model:
-            raise ValueError(f"llama.cpp could not load {path}")
+        model = _load(path, gpu_layers)
         self.path = path
         self.ptr = model
         self.vocab = llama_cpp.llama_model_get_vocab(model)

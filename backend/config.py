@@ -1,0 +1,119 @@
+"""The engine's settings, declared once: the server's config nests an EngineConfig, and each engine
+reads the shared part and its own section. Every rule between settings is checked when the object is
+built, so a bad combination fails in one line naming the setting, however it was built."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from dataclasses import dataclass, field
+
+from backend.constraints import ConstraintLimits
+
+
+class EngineKind(enum.StrEnum):
+    LLAMA_CPP = "llama.cpp"
+    """GGUF models on CPU or GPU."""
+    EXLLAMAV2 = "exllamav2"
+    """EXL2 or GPTQ model directories on CUDA GPUs."""
+
+
+class CacheType(enum.StrEnum):
+    """exllamav2's cache precision: a quantized cache holds more tokens in the same memory."""
+
+    FP16 = "fp16"
+    Q8 = "q8"
+    Q6 = "q6"
+    Q4 = "q4"
+
+
+def default_threads() -> int:
+    """Every core but one: llama.cpp's threads wait for each other at every operation, so a
+    core taken by the server's own gRPC work stalls them all (measured: docs/benchmarks.md)."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def _require(rules: list[tuple[bool, str]]) -> None:
+    for broken, message in rules:
+        if broken:
+            raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class LlamaCppSettings:
+    threads: int = 0
+    """CPU threads for llama.cpp; 0: every core but one (see default_threads)."""
+    batch_tokens: int = 512
+    """Most tokens in one llama_decode call: bounds a prefill chunk, and so how long decoding waits for it."""
+    gpu_layers: int = 0
+    """Layers to offload to a GPU (a CUDA or Metal build of llama.cpp)."""
+    prefix_cache: bool = True
+    """Start each prompt from the longest cached prefix of earlier ones (greedy output is unchanged)."""
+    prefix_cache_slots: int = 2
+    """Cache streams beyond max_batch_size that only keep prefixes (context_length cells each)."""
+    max_pause_s: float = 300.0
+    """A sequence whose caller reads nothing for this long ends with ABORTED (PAUSED_TOO_LONG)."""
+
+    def __post_init__(self) -> None:
+        _require([
+            (self.threads < 0, "threads must not be negative"),
+            (self.gpu_layers < 0, "gpu_layers must not be negative"),
+            (self.prefix_cache_slots < 0, "prefix_cache_slots must not be negative"),
+            (self.max_pause_s <= 0, "max_pause_s must be positive"),
+        ])
+
+    @property
+    def compute_threads(self) -> int:
+        return self.threads or default_threads()
+
+
+@dataclass(frozen=True)
+class ExLlamaV2Settings:
+    cache_tokens: int = 0
+    """The cache's token budget shared by all jobs (0: context_length * max_batch_size)."""
+    cache_type: CacheType = CacheType.FP16
+    gpu_split: tuple[float, ...] = ()
+    """GB per GPU (empty: fill the GPUs in order)."""
+
+    def __post_init__(self) -> None:
+        _require([
+            (self.cache_tokens < 0, "cache_tokens must not be negative"),
+            (any(gb <= 0 for gb in self.gpu_split), "gpu_split: every GPU's share must be positive"),
+        ])
+
+
+_SECTIONS = {"llamacpp": LlamaCppSettings, "exllamav2": ExLlamaV2Settings}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kind: EngineKind = field(default=EngineKind.LLAMA_CPP, metadata={"setting": "engine"})
+    model: str = "default"
+    """A local GGUF path (or "default": the embedded SmolLM2-135M-Instruct), or a model directory for exllamav2."""
+    model_id: str = ""
+    """The name callers use in `model`; defaults to the model's own name."""
+    context_length: int = 2048
+    """Most tokens one sequence holds, prompt and output together."""
+    max_batch_size: int = 8
+    """Sequences decoded together."""
+    llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
+    exllamav2: ExLlamaV2Settings = field(default_factory=ExLlamaV2Settings)
+    constraint: ConstraintLimits = field(default_factory=ConstraintLimits, metadata={"prefix": "constraint_"})
+
+    def __post_init__(self) -> None:
+        _require([
+            (self.context_length < 16, "context_length must be at least 16"),
+            (self.max_batch_size < 1, "max_batch_size must be at least 1"),
+            (self.llamacpp.batch_tokens < self.max_batch_size, "batch_tokens must be at least max_batch_size"),
+        ])
+
+    @classmethod
+    def of(cls, **settings) -> EngineConfig:
+        """Built from setting names alone (`context_length=1024, prefix_cache=False`), each going to its
+        section, as tests and benchmarks like to write it."""
+        sections = {}
+        for section, kind in _SECTIONS.items():
+            names = {f.name for f in dataclasses.fields(kind)} & settings.keys()
+            sections[section] = kind(**{name: settings.pop(name) for name in names})
+        return cls(**settings, **sections)
