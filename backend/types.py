@@ -9,10 +9,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from backend.constraints import CompiledConstraint
+from backend.constraints import CompiledConstraint
 
 
 class FinishReason(enum.Enum):
@@ -127,18 +125,6 @@ class OutputParams:
 
 
 @dataclass(frozen=True)
-class ConstraintSpec:
-    """What the output must match; hashable, so it keys the compile cache."""
-
-    kind: str  # json_schema, json_object, regex, grammar or choice
-    value: str | tuple[str, ...] = ""
-    strict: bool = True
-    """Refuse what cannot be enforced exactly; when False, approximate it (and validate afterwards)."""
-    whitespace_flexible: bool = False
-    max_whitespace: int | None = None
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     """A validated request: the engine may assume every field is in range."""
 
@@ -232,18 +218,23 @@ class TokenEvent:
     """Constraint mask time spent on it."""
 
 
+class ErrorKind(enum.Enum):
+    """Why one sequence failed: service.errors turns each kind into the caller's status."""
+
+    ENGINE_FAILURE = "engine_failure"
+    """The engine could not go on with it (a decode or sampling fault)."""
+    CONSTRAINT_FAILED = "constraint_failed"
+    """The caller's constraint could not be enforced any further (llguidance's limits): its input, not a fault."""
+    PAUSED_TOO_LONG = "paused_too_long"
+    """The caller read nothing for max_pause_s, so its sequence was ended to free its place."""
+
+
 @dataclass(frozen=True)
 class ErrorEvent:
-    """This one sequence failed; other sequences carry on.
-
-    `constraint_failed` says the caller's constraint could not be enforced any further
-    (llguidance's limits, an empty language): the caller's input, not an engine fault.
-    """
+    """This one sequence failed; other sequences carry on."""
 
     message: str
-    constraint_failed: bool = False
-    paused_too_long: bool = False
-    """The caller read nothing for max_pause_s, so its sequence was ended to free its place."""
+    kind: ErrorKind = ErrorKind.ENGINE_FAILURE
 
 
 Event = TokenEvent | ErrorEvent

@@ -18,6 +18,7 @@ from grpc_status import rpc_status
 
 from backend.chat import ChatTemplateError
 from backend.constraints import ConstraintError
+from backend.types import ErrorEvent, ErrorKind
 
 DOMAIN = "tokenspout.v1"
 
@@ -225,7 +226,9 @@ def engine_down(message: str) -> ServiceError:
 
 def paused_too_long(request_id: str, message: str) -> ServiceError:
     """The caller stopped reading for too long: its slot went to others (not an engine fault)."""
-    return ServiceError(grpc.StatusCode.ABORTED, "PAUSED_TOO_LONG", f"request {request_id}: {message}")
+    return ServiceError(
+        grpc.StatusCode.ABORTED, "PAUSED_TOO_LONG", f"request {request_id}: {message}", metadata={"request_id": request_id}
+    )
 
 
 def deadline_exceeded(request_id: str, generated_tokens: int) -> ServiceError:
@@ -238,7 +241,7 @@ def deadline_exceeded(request_id: str, generated_tokens: int) -> ServiceError:
     )
 
 
-def unavailable(message: str) -> ServiceError:
+def draining(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.UNAVAILABLE, "DRAINING", message, retry_after_s=0.0)
 
 
@@ -259,6 +262,18 @@ def unexpected(request_id: str) -> ServiceError:
         f"request {request_id} failed on an unexpected server error; it is logged under this id",
         metadata={"request_id": request_id},
     )
+
+
+_ENGINE_ERRORS = {
+    ErrorKind.ENGINE_FAILURE: internal,
+    ErrorKind.CONSTRAINT_FAILED: constraint_failed,
+    ErrorKind.PAUSED_TOO_LONG: paused_too_long,
+}
+
+
+def from_engine(event: ErrorEvent, request_id: str) -> ServiceError:
+    """The one table from an engine's error kind to the status the caller gets."""
+    return _ENGINE_ERRORS[event.kind](request_id, event.message)
 
 
 def from_exception(exc: BaseException, request_id: str) -> ServiceError:

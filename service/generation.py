@@ -27,9 +27,9 @@ from service import auth, convert
 from service.compiles import CompileGate
 from service.config import ServeConfig
 from service.errors import (
-    CURRENT_REQUEST_ID, FieldViolation, ServiceError, already_exists, constraint_failed, deadline_exceeded, internal,
-    invalid_argument, overloaded, paused_too_long, unavailable,
+    CURRENT_REQUEST_ID, FieldViolation, already_exists, deadline_exceeded, from_engine, invalid_argument, overloaded,
 )
+from service.lifecycle import Lifecycle, Phase
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
 from service.tracing import RequestTrace
@@ -49,34 +49,26 @@ Message = TypeVar("Message", pb.GenerateStreamRequest, pb.TokenizeRequest)
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(
-        self, engine: Engine, validator: RequestValidator, config: ServeConfig, telemetry: Telemetry | None = None
+        self,
+        engine: Engine,
+        validator: RequestValidator,
+        config: ServeConfig,
+        lifecycle: Lifecycle,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._engine = engine
+        self._lifecycle = lifecycle
         self._telemetry = telemetry or Telemetry(enabled=False)
         self._validator = validator
         self._config = config
         self._capacity = engine.info.max_batch_size + config.max_queued_requests
         self._active: dict[tuple[str, str], RequestStream] = {}
         """Running requests by (caller identity, request id): callers see only their own."""
-        self._in_flight = 0
         self._compiles = CompileGate(
             engine.constraints, config.compile_threads, config.max_concurrent_compiles, config.compile_timeout_s
         )
         self._relay: EventRelay | None = None
         self.rejected_total = 0
-        self.draining = False
-        self.ended: ServiceError | None = None
-        """Set when the server ends every request (grace period over, engine dead): they fail with it."""
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    def end_all(self, error: ServiceError) -> None:
-        """Every running or waiting request fails with `error` (call on the event loop)."""
-        self.ended = error
-        for stream in self._active.values():
-            stream.put(ErrorEvent(error.message))  # wakes its handler, which then raises `error`
 
     def _engine_id(self, request_id: str) -> str:
         """The id the engine knows a request by: its own, unless another caller's request has it now."""
@@ -92,8 +84,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
         with self._slot():
             generation = await self._validate(request, context)
-            async for message in self._stream(request, generation):
-                yield message
+            async with contextlib.aclosing(self._stream(request, generation)) as messages:
+                async for message in messages:
+                    await _write(context, message)
+        return
+        yield  # an async generator, as gRPC's interceptors expect, that writes its messages itself (see _write)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         # Same fields under the same numbers: the wire bytes are a valid stream request.
@@ -135,7 +130,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             last_cancel_latency_ms=stats.last_cancel_latency_s * 1000,
             max_cancel_latency_steps=stats.max_cancel_latency_steps,
             rejected_total=self.rejected_total,
-            draining=self.draining,
+            draining=self._lifecycle.phase is Phase.DRAINING,
             started_total=stats.started_total,
             cached_prefixes=stats.prefix_cache_entries,
             cached_prefix_tokens=stats.prefix_cache_tokens,
@@ -186,18 +181,16 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     @contextlib.contextmanager
     def _slot(self) -> Iterator[None]:
         """Admission control: a place in the batch or the bounded queue, or an immediate refusal."""
-        if self.draining:
-            raise unavailable("the server is shutting down; retry on another replica")
-        if self._in_flight >= self._capacity:
+        if self._lifecycle.refusal is not None:
+            raise self._lifecycle.refusal
+        in_flight = self._lifecycle.in_flight
+        if in_flight >= self._capacity:
             self.rejected_total += 1
             if self._telemetry.enabled:
                 self._telemetry.rejected.add(1)
-            raise overloaded(self._in_flight, self._capacity)
-        self._in_flight += 1
-        try:
+            raise overloaded(in_flight, self._capacity)
+        with self._lifecycle.call():
             yield
-        finally:
-            self._in_flight -= 1
 
     async def _validate(self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext) -> GenerationRequest:
         """See RequestValidator; adds the caller's deadline, and its x-request-id when it gave no request_id."""
@@ -225,8 +218,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
         """Submits the request and yields one message per batch of queued events."""
         request_id = generation.request_id
-        if self.ended is not None:
-            raise self.ended
+        if self._lifecycle.ending is not None:
+            raise self._lifecycle.ending
         if self._relay is None:  # created on first use, inside the server's event loop
             self._relay = EventRelay(asyncio.get_running_loop())
         key = (auth.caller(), request_id)
@@ -249,44 +242,43 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         text: list[str] = []
         finish = None
         try:
-            while finish is None:
-                batch = await stream.next_batch(*batching, heartbeat_s=output.heartbeat_interval_ms / 1000)
-                if self.ended is not None:  # the grace period is over, or the engine died
-                    raise self.ended
-                if batch is None:
-                    yield pb.GenerateStreamResponse(request_id=request_id, heartbeat=True)
-                    continue
-                if isinstance(batch, ErrorEvent):
-                    finish = batch
-                    if tracing:
-                        tracing.failed(batch.message)
-                    if batch.constraint_failed:
-                        log.info("request %s: its constraint failed: %s", request_id, batch.message, extra=_ids(request_id))
-                        raise constraint_failed(request_id, batch.message)
-                    if batch.paused_too_long:  # the caller, not the engine: its slot went to others
-                        log.info("request %s ended: %s", request_id, batch.message, extra=_ids(request_id))
-                        raise paused_too_long(request_id, batch.message)
-                    log.error("request %s failed in the engine: %s", request_id, batch.message, extra=_ids(request_id))
-                    raise internal(request_id, batch.message)
-                message = convert.stream_response(request_id, batch, generation.output.return_tokens, input_tokens)
-                input_tokens = 0  # only on the first message
-                finish = batch[-1].finish
-                if finish is not None and finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
-                    # gRPC's contract: a call past the caller's deadline fails. Ending it OK would race
-                    # the caller's own timer, so a loaded client could see either outcome.
-                    finish = None  # logged and traced below as the caller's leaving
-                    raise deadline_exceeded(request_id, batch[-1].generated_tokens)
-                if validate_afterwards:
-                    text.append(message.text)
-                    if finish is not None:
-                        _report_validation(message.finish, generation, "".join(text))
-                if tracing:
-                    with tracing.batch(batch):
+            with self._lifecycle.interruptible(stream.interrupt):
+                while finish is None:
+                    batch = await stream.next_batch(*batching, heartbeat_s=output.heartbeat_interval_ms / 1000)
+                    if self._lifecycle.ending is not None:  # the grace period is over, or the engine died
+                        raise self._lifecycle.ending
+                    if batch is None:
+                        yield pb.GenerateStreamResponse(request_id=request_id, heartbeat=True)
+                        continue
+                    if isinstance(batch, ErrorEvent):
+                        finish = batch
+                        error = from_engine(batch, request_id)
+                        if tracing:
+                            tracing.failed(error)
+                        # The engine's own fault is an error; a caller's constraint or absence is not.
+                        level = logging.ERROR if error.code is grpc.StatusCode.INTERNAL else logging.INFO
+                        log.log(level, "request %s failed (%s): %s", request_id, error.reason, batch.message,
+                                extra=_ids(request_id))
+                        raise error
+                    message = convert.stream_response(request_id, batch, generation.output.return_tokens, input_tokens)
+                    input_tokens = 0  # only on the first message
+                    finish = batch[-1].finish
+                    if finish is not None and finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
+                        # gRPC's contract: a call past the caller's deadline fails. Ending it OK would race
+                        # the caller's own timer, so a loaded client could see either outcome.
+                        finish = None  # logged and traced below as the caller's leaving
+                        raise deadline_exceeded(request_id, batch[-1].generated_tokens)
+                    if validate_afterwards:
+                        text.append(message.text)
                         if finish is not None:
-                            tracing.finished(finish)
+                            _report_validation(message.finish, generation, "".join(text))
+                    if tracing:
+                        with tracing.batch(batch):
+                            if finish is not None:
+                                tracing.finished(finish)
+                            yield message
+                    else:
                         yield message
-                else:
-                    yield message
             log.info(
                 "request %s finished: %s, %d tokens",
                 request_id, finish.reason.value, finish.usage.completion_tokens, extra=_ids(request_id),
@@ -297,13 +289,23 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 self._engine.cancel(engine_id)
                 expired = generation.deadline is not None and time.monotonic() >= generation.deadline
                 reason = "time_limit" if expired else "cancelled"
-                if self.ended is not None:
-                    reason = self.ended.reason.lower()
+                if self._lifecycle.ending is not None:
+                    reason = self._lifecycle.ending.reason.lower()
                     log.info("request %s ended by the server: %s", request_id, reason, extra=_ids(request_id))
                 else:
                     log.info("request %s ended by the caller: %s", request_id, reason, extra=_ids(request_id))
                 if tracing:
                     tracing.ended_early(reason)
+
+
+async def _write(context: grpc.aio.ServicerContext, message: pb.GenerateStreamResponse) -> None:
+    """Sends one message. A caller that resets its stream while the write waits on HTTP/2 flow control
+    fails the write before gRPC marks the call closed, and gRPC would log that as a crash with a
+    traceback; it is the caller leaving, so the call ends as gRPC ends any cancelled one."""
+    try:
+        await context.write(message)
+    except grpc.aio.InternalError:  # the call's stream is gone
+        raise asyncio.CancelledError from None
 
 
 def _ids(request_id: str) -> dict[str, str]:

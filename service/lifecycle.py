@@ -1,16 +1,24 @@
-"""What callers and balancers see while the server's life changes: calls refused at once while it
-drains or after its engine died, health Watch streams that end cleanly, and the test-only engine death."""
+"""The server's life, in one state: serving, draining, engine down, stopped.
+
+Everything that depends on it reads it here: the admission interceptor (new
+calls refused at once while draining or after the engine died), the servicer
+(running calls that the server ends), health (NOT_SERVING from the moment it
+stops serving), and the drain, which waits for the last call in flight. It
+changes only on the event loop; the engine thread reports its death through
+`loop.call_soon_threadsafe`.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
+import enum
+from typing import Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from backend.engine import Engine
-from service.errors import ServiceError
+from service.errors import ServiceError, draining, engine_down
 from service.guard import guarded
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -21,23 +29,109 @@ ENGINE_DOWN_EXIT_CODE = 3
 _OPEN_WHILE_DRAINING = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Cancel", "GetServerStatus"))
 
 
+class Phase(enum.Enum):
+    SERVING = "serving"
+    DRAINING = "draining"
+    """New calls are refused; running ones may finish within the grace period."""
+    ENGINE_DOWN = "engine_down"
+    """The engine thread died: every call fails until the process exits for a restart."""
+    STOPPED = "stopped"
+    """The listener is closing."""
+
+
+class Lifecycle:
+    def __init__(self, health_servicer: HealthServicer) -> None:
+        self.phase = Phase.SERVING
+        self.refusal: ServiceError | None = None
+        """What a new call gets, once the server no longer serves."""
+        self.ending: ServiceError | None = None
+        """What a running call fails with, once the server ends it (grace period over, engine dead)."""
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._interrupts: set[Callable[[], None]] = set()
+        self._health = health_servicer
+        self._health_update: asyncio.Future | None = None
+        self.engine_died = asyncio.Event()
+
+    async def start_serving(self) -> None:
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """A call in flight: the drain waits until none is left."""
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
+
+    @contextlib.contextmanager
+    def interruptible(self, interrupt: Callable[[], None]) -> Iterator[None]:
+        """While inside, `interrupt()` wakes the call when the server ends it (it then reads `ending`)."""
+        self._interrupts.add(interrupt)
+        try:
+            yield
+        finally:
+            self._interrupts.discard(interrupt)
+
+    async def drain(self, grace_s: float) -> bool:
+        """Stops serving; waits up to `grace_s` for the calls in flight. True when none is left."""
+        self._stop_serving(Phase.DRAINING, draining("the server is shutting down; retry on another replica"))
+        await self._health.enter_graceful_shutdown()
+        return await self.wait_idle(grace_s)
+
+    def engine_down(self, reason: str) -> None:
+        """The engine thread died: from now on every call fails with ENGINE_DOWN."""
+        error = engine_down(f"the engine stopped ({reason}); retry on another replica")
+        self._stop_serving(Phase.ENGINE_DOWN, error)
+        self.end_running(error)
+        self._health_update = asyncio.ensure_future(self._health.enter_graceful_shutdown())
+        self.engine_died.set()
+
+    def end_running(self, error: ServiceError) -> None:
+        """Every running call fails with `error` (once the grace period is over, or the engine died)."""
+        self.ending = self.ending or error
+        for interrupt in list(self._interrupts):
+            interrupt()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def stop(self) -> None:
+        self.phase = Phase.STOPPED
+
+    def _stop_serving(self, phase: Phase, refusal: ServiceError) -> None:
+        if self.phase is Phase.SERVING or phase is Phase.ENGINE_DOWN:
+            self.phase = phase
+            self.refusal = refusal
+
+
 class Admission(grpc.aio.ServerInterceptor):
-    """While draining or after the engine died, new GenerationService calls are refused at once.
+    """Once the server stops serving, new GenerationService calls are refused at once.
 
     Decided when a call arrives, so admitted calls pay nothing per message.
     """
 
-    def __init__(self) -> None:
-        self.refusal: ServiceError | None = None
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self._lifecycle = lifecycle
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
+        refusal = self._lifecycle.refusal
         method = handler_call_details.method
-        if handler is None or self.refusal is None or not method.startswith(f"/{SERVICE_NAME}/"):
+        if handler is None or refusal is None or not method.startswith(f"/{SERVICE_NAME}/"):
             return handler
-        if method in _OPEN_WHILE_DRAINING and self.refusal.reason == "DRAINING":
+        if method in _OPEN_WHILE_DRAINING and self._lifecycle.phase is Phase.DRAINING:
             return handler
-        refusal = self.refusal
 
         def refuse(context: grpc.aio.ServicerContext) -> None:
             raise refusal
@@ -69,19 +163,3 @@ class HealthServicer(health.aio.HealthServicer):
         self._ending = True
         for watch in self._watches:
             watch.cancel()
-
-
-def kill_engine_after(engine: Engine, steps: int) -> None:
-    """Test-only (test_kill_engine_after_steps): the engine thread dies as a bug in its loop would.
-
-    Wraps the core's step from outside; nothing in the engine or its sampling knows.
-    """
-    step = engine.core.step
-    count = itertools.count(1)
-
-    def dying_step():
-        if next(count) > steps:
-            raise RuntimeError(f"test_kill_engine_after_steps: the engine thread dies after {steps} steps")
-        return step()
-
-    engine.core.step = dying_step

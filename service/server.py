@@ -16,20 +16,20 @@ import logging
 import pathlib
 import signal
 import socket
+from typing import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
+from backend.config import EngineConfig
 from backend.engine import Engine
+from backend.engines import build_engine
 from service import auth
 from service.boundary import ErrorBoundary
 from service.config import ServeConfig
-from service.errors import ServiceError, engine_down, unavailable
 from service.generation import GenerationServicer
-from service.lifecycle import (
-    ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, kill_engine_after,
-)
+from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, Lifecycle
 from service.reflection import ReflectionServicer, load_descriptor_set
 from service.telemetry import Telemetry, from_environment
 from service.validate import Limits, RequestValidator
@@ -46,47 +46,6 @@ _CHANNEL_OPTIONS = [
     # A second server on the same port must fail, not share it.
     ("grpc.so_reuseport", 0),
 ]
-
-
-def build_engine(config: ServeConfig) -> Engine:
-    if config.engine == "exllamav2":
-        return _build_exllamav2(config)
-    from backend.llamacpp.core import LlamaCppConfig
-    from backend.llamacpp.engine import LlamaCppEngine
-    from backend.models import DEFAULT_MODEL_ID, resolve_model_path
-
-    engine_config = LlamaCppConfig(
-        context_length=config.context_length,
-        max_batch_size=config.max_batch_size,
-        threads=config.threads,
-        batch_tokens=config.batch_tokens,
-        gpu_layers=config.gpu_layers,
-        prefix_cache=config.prefix_cache,
-        prefix_cache_slots=config.prefix_cache_slots,
-        max_pause_s=config.max_pause_s,
-        fail_requests_with_prefix=config.test_fail_requests_with_prefix,
-    )
-    path = resolve_model_path(config.model)
-    model_id = config.model_id or (DEFAULT_MODEL_ID if config.model == "default" else path.stem)
-    return LlamaCppEngine(path, engine_config, model_id=model_id, constraint_limits=config.constraint_limits())
-
-
-def _build_exllamav2(config: ServeConfig) -> Engine:
-    from backend.exllamav2.engine import ExLlamaV2Config, ExLlamaV2Engine
-    from backend.models import ModelNotFound
-
-    model_dir = pathlib.Path(config.model).expanduser()
-    missing = [name for name in ("config.json", "tokenizer.json") if not (model_dir / name).is_file()]
-    if missing:  # exllamav2 reads only tokenizer.json; SentencePiece-only models are not supported
-        raise ModelNotFound(f"exllamav2 needs a model directory with config.json and tokenizer.json; {model_dir} lacks {', '.join(missing)}")
-    engine_config = ExLlamaV2Config(
-        max_seq_len=config.context_length,
-        cache_tokens=config.cache_tokens,
-        cache_type=config.cache_type,
-        max_batch_size=config.max_batch_size,
-        gpu_split=tuple(float(gb) for gb in config.gpu_split.split(",") if gb),
-    )
-    return ExLlamaV2Engine(model_dir, engine_config, model_id=config.model_id, constraint_limits=config.constraint_limits())
 
 
 # After the grace period, how long cut streams get to send their UNAVAILABLE before the listener closes.
@@ -135,22 +94,29 @@ def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
     )
 
 
+EngineBuilder = Callable[[EngineConfig], Engine]
+"""Loads a model and starts its engine: `build_engine`, or a test's wrapper around it."""
+
+
 class TokenspoutServer:
     def __init__(self, engine: Engine | None, config: ServeConfig, telemetry: Telemetry | None = None) -> None:
         """Binds the port at once; the engine may come later, through `attach`, before `start`."""
         _check_port(config.listen)  # before anything else, so a busy port is the only line printed
         self.config = config
         self.telemetry = telemetry = telemetry or from_environment(config.trace_content, config.prometheus_port)
-        self.auth = auth.interceptor(config)
-        self.admission = Admission()
-        access = [self.auth, self.admission] if self.auth else [self.admission]
+        try:
+            self.auth = auth.interceptor(config)
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"api_keys_file: {exc}") from None
+        self.health = HealthServicer()
+        self.lifecycle = Lifecycle(self.health)
+        access = [self.auth, Admission(self.lifecycle)] if self.auth else [Admission(self.lifecycle)]
         # Tracing outermost, so it sees the status the error boundary chose; access checks inside
         # the boundary, so their refusals become statuses there like every other error.
         boundary = ErrorBoundary(on_error=telemetry.count_error)
         self.server = grpc.aio.server(
             interceptors=[*telemetry.interceptors(), boundary, *access], options=_CHANNEL_OPTIONS
         )
-        self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection = ReflectionServicer.for_modules(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name),
@@ -174,87 +140,59 @@ class TokenspoutServer:
             raise StartupError(f"cannot listen on {self.config.listen}: gRPC refused it (its log line says why)") from None
 
     def attach(self, engine: Engine) -> None:
-        """Serves generation with this engine."""
+        """Serves generation with this engine; if its thread dies, the server stops serving (ENGINE_DOWN)."""
         self.engine = engine
         if self.telemetry.enabled:
             self.telemetry.observe_engine(lambda: engine.stats)
-        model_names = (self.config.model,) if self.config.model != "default" else ()
+        model = self.config.engine.model
         validator = RequestValidator(
             engine,
             Limits(max_input_bytes=self.config.max_input_bytes),
-            model_names=model_names,
+            model_names=(model,) if model != "default" else (),
             special_tokens_in_chat_content=self.config.special_tokens_in_chat_content,
         )
-        self.servicer = GenerationServicer(engine, validator, self.config, self.telemetry)
+        self.servicer = GenerationServicer(engine, validator, self.config, self.lifecycle, self.telemetry)
         pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
 
     async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        # On the engine thread, before it closes its requests: the loop runs this callback first.
+        self.engine.on_death(lambda exc: loop.call_soon_threadsafe(self.lifecycle.engine_down, type(exc).__name__))
         await self.server.start()
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.lifecycle.start_serving()
 
     async def drain(self) -> None:
         """Health goes NOT_SERVING and new calls are refused at once, while the listener stays open and
         running streams get the grace period; those still running then end with UNAVAILABLE."""
-        refusal = unavailable("the server is shutting down; retry on another replica")
-        self.admission.refusal = refusal
-        self.servicer.draining = True
-        await self.health.enter_graceful_shutdown()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.grace_period_s
-        while self.servicer.in_flight and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        if self.servicer.in_flight:
-            log.warning("grace period over: %d requests end with UNAVAILABLE", self.servicer.in_flight)
-            await self._end_all(refusal)
+        if not await self.lifecycle.drain(self.config.grace_period_s):
+            log.warning("grace period over: %d requests end with UNAVAILABLE", self.lifecycle.in_flight)
+            self.lifecycle.end_running(self.lifecycle.refusal)
+            await self.lifecycle.wait_idle(_CUT_WAIT_S)
         await self._close()
 
     async def fail_engine(self) -> None:
-        """The engine thread died: NOT_SERVING, every call UNAVAILABLE, then the listener closes."""
-        error = self.servicer.ended or engine_down("the engine stopped; retry on another replica")
-        self.admission.refusal = error
-        await self.health.enter_graceful_shutdown()
-        await self._end_all(error)
+        """The engine thread died (see Lifecycle.engine_down): callers and probes see it, then the listener closes."""
+        await self.lifecycle.wait_idle(_CUT_WAIT_S)
         await asyncio.sleep(_ENGINE_DOWN_LINGER_S)
         await self._close()
 
     async def _close(self) -> None:
+        self.lifecycle.stop()
         await asyncio.sleep(_WATCH_FLUSH_S)
         self.health.end_watches()
         await self.server.stop(_CUT_WAIT_S)
 
-    async def _end_all(self, error: ServiceError) -> None:
-        self.servicer.end_all(error)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _CUT_WAIT_S
-        while self.servicer.in_flight and loop.time() < deadline:
-            await asyncio.sleep(0.02)
 
-    def watch_engine(self, died: asyncio.Event) -> None:
-        """Sets `died` if the engine thread dies; its requests fail with ENGINE_DOWN from that moment."""
-        loop = asyncio.get_running_loop()
-        servicer = self.servicer
-
-        def on_death(exc: BaseException) -> None:  # on the engine thread, before it closes its requests
-            servicer.ended = engine_down(f"the engine stopped ({type(exc).__name__}); retry on another replica")
-            loop.call_soon_threadsafe(died.set)
-
-        self.engine.on_death(on_death)
-
-
-async def run(config: ServeConfig) -> int:
+async def run(config: ServeConfig, build: EngineBuilder = build_engine) -> int:
+    """Serves until a signal (exit 0 after the drain) or the engine's death (ENGINE_DOWN_EXIT_CODE)."""
     server = TokenspoutServer(None, config)  # the port first: a busy one fails before the model loads
     try:
-        engine = await asyncio.to_thread(build_engine, config)
+        engine = await asyncio.to_thread(build, config.engine)
     except BaseException:
         await server.server.stop(None)
         raise
     try:
-        if config.test_kill_engine_after_steps:
-            kill_engine_after(engine, config.test_kill_engine_after_steps)
         server.attach(engine)
-        died = asyncio.Event()
-        server.watch_engine(died)
         await server.start()
         host = config.listen.rsplit(":", 1)[0]
         # Tests and scripts read this line to learn the port (listen may say :0).
@@ -265,6 +203,7 @@ async def run(config: ServeConfig) -> int:
             loop.add_signal_handler(sig, _on_signal, stop)
         if server.auth is not None and server.auth.keys is not None and config.api_keys_file:
             loop.add_signal_handler(signal.SIGHUP, server.auth.keys.reload_if_changed, True)
+        died = server.lifecycle.engine_died
         signalled, engine_died = asyncio.create_task(stop.wait()), asyncio.create_task(died.wait())
         await asyncio.wait((signalled, engine_died), return_when=asyncio.FIRST_COMPLETED)
         if died.is_set():

@@ -20,6 +20,10 @@ from backend.engine import Engine, EventSink
 from backend.types import ErrorEvent, Event, TokenEvent
 
 
+_INTERRUPT = object()
+"""Wakes a handler waiting for events: the server has ended its call (see Lifecycle.end_running)."""
+
+
 class RequestStream:
     def __init__(self, engine: Engine, request_id: str, buffer_events: int) -> None:
         self.request_id = request_id
@@ -28,6 +32,10 @@ class RequestStream:
         self._high_water = buffer_events
         self._low_water = buffer_events // 2
         self._paused = False
+
+    def interrupt(self) -> None:
+        """Makes the pending (or next) `next_batch` return an empty batch at once."""
+        self._events.put_nowait(_INTERRUPT)
 
     def put(self, event: Event) -> None:
         """Called on the event loop by the relay."""
@@ -41,7 +49,8 @@ class RequestStream:
     ) -> list[TokenEvent] | ErrorEvent | None:
         """The next message's events: at least `min_tokens` tokens (or whatever is ready when
         `flush_s` has passed since the first), at most `max_tokens` (0: no cap), and at once
-        when the stream ends. Returns None when `heartbeat_s` passes with nothing to send.
+        when the stream ends. Returns None when `heartbeat_s` passes with nothing to send, and
+        an empty batch once interrupted.
         """
         try:
             first = await asyncio.wait_for(self._events.get(), heartbeat_s or None)
@@ -64,6 +73,8 @@ class RequestStream:
                 event = self._events.get_nowait()
             batch.append(event)
             tokens += _token_count(event)
+        if _INTERRUPT in batch:
+            return []
         if self._paused and self._events.qsize() <= self._low_water:
             self._paused = False
             self._engine.resume(self.request_id)
@@ -75,8 +86,8 @@ def _token_count(event: Event) -> int:
     return len(event.tokens) if isinstance(event, TokenEvent) else 0
 
 
-def _ends_stream(event: Event) -> bool:
-    return isinstance(event, ErrorEvent) or event.finish is not None
+def _ends_stream(event: Event | object) -> bool:
+    return event is _INTERRUPT or isinstance(event, ErrorEvent) or event.finish is not None
 
 
 class EventRelay:

@@ -16,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from backend.types import Finish, GenerationRequest, TokenEvent
+from service.errors import ServiceError
 from service.telemetry import Telemetry
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -143,6 +144,8 @@ class RequestTrace:
         self._span.add_event("cancelled", {"tokenspout.reason": reason, "tokenspout.generated_tokens": self._position})
         self._telemetry.cancelled.add(1, self._metric_attributes)
 
-    def failed(self, message: str) -> None:
-        self._span.set_status(Status(StatusCode.ERROR, message))
-        self._span.set_attribute("error.type", "INTERNAL")
+    def failed(self, error: ServiceError) -> None:
+        """The request ended with this status (the engine's error kind, as service.errors maps it)."""
+        self._span.set_status(Status(StatusCode.ERROR, error.message))
+        self._span.set_attribute("error.type", error.code.name)
+        self._span.set_attribute("tokenspout.error.reason", error.reason)

@@ -42,13 +42,19 @@ class RunningServer:
 
 
 def start_server(
-    tmp_dir: pathlib.Path, *flags: str, env: dict[str, str] | None = None, timeout_s: float = 120
+    tmp_dir: pathlib.Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120,
+    faults: tuple[str, ...] = (),
 ) -> RunningServer:
-    """Starts `tokenspout serve` on a free port and waits until it says it is serving."""
+    """Starts `tokenspout serve` on a free port and waits until it says it is serving; with `faults`
+    (flags of tests/faults.py), on an engine those faults are injected into."""
     log_path = tmp_dir / f"server-{time.monotonic_ns()}.log"
     log_file = open(log_path, "w")
+    command = [str(ROOT / "tests" / "faults.py"), *faults] if faults else ["-m", "service.cli"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--listen", "127.0.0.1:0", *flags],
+        [sys.executable, *command, "serve", "--listen", "127.0.0.1:0", *flags],
         cwd=ROOT,
         stdout=log_file,
         stderr=subprocess.STDOUT,

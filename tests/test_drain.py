@@ -97,7 +97,7 @@ def test_streams_still_running_at_the_grace_end_get_unavailable(tmp_path):
 def test_a_dead_engine_thread_flips_health_and_the_process_exits_non_zero(tmp_path):
     # One slot: the second request waits in the queue when the engine dies.
     server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512",
-                          "--test-kill-engine-after-steps", "20")
+                          faults=("--kill-engine-after-steps", "20"))
     try:
         assert health_of(server.address) == SERVING
         with grpc.insecure_channel(server.address) as channel, concurrent.futures.ThreadPoolExecutor(2) as pool:

@@ -20,7 +20,9 @@ from helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of, token_ids_
 from service.config import ServeConfig
 from service.errors import ServiceError
 from service.generation import GenerationServicer
-from service.server import build_engine
+from backend.config import EngineConfig
+from backend.engines import build_engine
+from service.lifecycle import HealthServicer, Lifecycle
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -28,13 +30,13 @@ from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 FINISH = pb.FinishReason
 PROMPT = "The history of the printing press"
 SMALL = ("--max-batch-size", "4", "--max-queued-requests", "2", "--stream-buffer-events", "8",
-         "--context-length", "512", "--test-fail-requests-with-prefix", "fail-")
+         "--context-length", "512")
 
 
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory):
     """Four slots, a queue of two and small stream buffers, so limits are easy to reach."""
-    server = start_server(tmp_path_factory.mktemp("small"), *SMALL)
+    server = start_server(tmp_path_factory.mktemp("small"), *SMALL, faults=("--fail-requests-with-prefix", "fail-"))
     yield server
     assert stop_server(server) == 0, server.log()
 
@@ -151,9 +153,9 @@ def test_the_callers_deadline_fails_the_call_when_the_engine_ends_it():
     """Over the wire, gRPC's own deadline timers race the engine's deadline check, and a loaded
     caller once got an OK response past its deadline. In process, only the engine's check can end
     the call, and it must fail with DEADLINE_EXCEEDED just as gRPC's would."""
-    config = ServeConfig(context_length=512, max_batch_size=2)
-    engine = build_engine(config)
-    servicer = GenerationServicer(engine, RequestValidator(engine), config)
+    config = ServeConfig(engine=EngineConfig(context_length=512, max_batch_size=2))
+    engine = build_engine(config.engine)
+    servicer = GenerationServicer(engine, RequestValidator(engine), config, Lifecycle(HealthServicer()))
 
     async def generate(time_remaining: float, **stopping) -> pb.GenerateResponse:
         request = pb.GenerateRequest.FromString(greedy(PROMPT, ignore_eos=True, **stopping).SerializeToString())

@@ -24,7 +24,9 @@ from conftest import start_server, stop_server
 from helpers import greedy
 from otlp_collector import start_collector
 from service.config import ServeConfig
-from service.server import TokenspoutServer, build_engine
+from backend.config import EngineConfig
+from backend.engines import build_engine
+from service.server import TokenspoutServer
 from service.telemetry import Telemetry, from_environment
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -41,8 +43,8 @@ class TracedServer:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.telemetry = Telemetry(provider, MeterProvider(metric_readers=[self.metrics]), record_content)
-        config = ServeConfig(listen="127.0.0.1:0", context_length=512, max_batch_size=2)
-        self.engine = build_engine(config)
+        config = ServeConfig(listen="127.0.0.1:0", engine=EngineConfig(context_length=512, max_batch_size=2))
+        self.engine = build_engine(config.engine)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

@@ -20,7 +20,7 @@ import numpy as np
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.logprobs import with_logprobs
 from backend.sequence import make_finish
-from backend.types import ErrorEvent, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings
+from backend.types import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings
 
 
 class JobResults:
@@ -57,7 +57,7 @@ class JobResults:
             return None
         constraint = self._constraint
         if constraint is not None and constraint.error:
-            return ErrorEvent(f"the constraint failed: {constraint.error}", constraint_failed=True)
+            return ErrorEvent(f"the constraint failed: {constraint.error}", ErrorKind.CONSTRAINT_FAILED)
         tokens = self._tokens(result)
         text = result.get("text", "")
         self.generated += len(tokens)

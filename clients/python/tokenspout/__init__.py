@@ -8,6 +8,7 @@ from tokenspout.aio import AsyncClient, AsyncStream
 from tokenspout.client import Client, Stream
 from tokenspout.connection import Tls
 from tokenspout.errors import (
+    AbortedError,
     CancelledError,
     ConflictError,
     DeadlineExceededError,
@@ -17,6 +18,7 @@ from tokenspout.errors import (
     NotFoundError,
     OverloadedError,
     PermissionDeniedError,
+    Reason,
     TokenspoutError,
     UnauthenticatedError,
     UnavailableError,
@@ -37,6 +39,7 @@ from tokenspout.responses import (
 from tokenspout.retry import RetryPolicy
 
 __all__ = [
+    "AbortedError",
     "AsyncClient",
     "AsyncStream",
     "Cancelled",
@@ -61,6 +64,7 @@ __all__ = [
     "Output",
     "OverloadedError",
     "PermissionDeniedError",
+    "Reason",
     "RetryPolicy",
     "Sampling",
     "ServerStatus",

@@ -6,6 +6,7 @@ input, and a RetryInfo when a retry may succeed later (see service/errors.py).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,45 @@ from google.rpc import error_details_pb2, status_pb2
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 # gRPC's own retry hint; read when a server sends it without a RetryInfo.
 _PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+class Reason(enum.StrEnum):
+    """Every ErrorInfo.reason the server sends, under the status it comes with."""
+
+    INVALID_REQUEST = "INVALID_REQUEST"
+    """INVALID_ARGUMENT: a field is wrong; see field_violations (every one at once)."""
+    MALFORMED_REQUEST = "MALFORMED_REQUEST"
+    """INVALID_ARGUMENT: the request bytes are not a valid message."""
+    CONSTRAINT_FAILED = "CONSTRAINT_FAILED"
+    """INVALID_ARGUMENT: the constraint could not be enforced past some point mid-stream."""
+    OUT_OF_RANGE = "OUT_OF_RANGE"
+    """OUT_OF_RANGE: the prompt does not fit the context."""
+    MODEL_NOT_FOUND = "MODEL_NOT_FOUND"
+    """NOT_FOUND: `model` names a model this server does not serve."""
+    NOT_SUPPORTED = "NOT_SUPPORTED"
+    """UNIMPLEMENTED: this engine lacks a sampler or feature the request asks for."""
+    REQUEST_ID_IN_USE = "REQUEST_ID_IN_USE"
+    """ALREADY_EXISTS: the caller's request with this request_id is still running."""
+    OVERLOADED = "OVERLOADED"
+    """RESOURCE_EXHAUSTED: every batch place and queue place is taken; retry after retry_after."""
+    TOO_MANY_COMPILES = "TOO_MANY_COMPILES"
+    """RESOURCE_EXHAUSTED: too many large constraints are compiling; retry shortly."""
+    COMPILE_BUDGET_EXCEEDED = "COMPILE_BUDGET_EXCEEDED"
+    """RESOURCE_EXHAUSTED: the constraint is still compiling; a retry once it is cached starts at once."""
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    """UNAUTHENTICATED: no valid API key."""
+    PAUSED_TOO_LONG = "PAUSED_TOO_LONG"
+    """ABORTED: the caller read nothing for the server's max_pause_s, so its stream was ended."""
+    DRAINING = "DRAINING"
+    """UNAVAILABLE: the server is shutting down; retry on another replica."""
+    ENGINE_DOWN = "ENGINE_DOWN"
+    """UNAVAILABLE: the server's engine stopped; retry on another replica."""
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    """DEADLINE_EXCEEDED: the caller's deadline passed; what streamed before stays delivered."""
+    ENGINE_FAILURE = "ENGINE_FAILURE"
+    """INTERNAL: the engine failed this one request; metadata["request_id"] names it."""
+    INTERNAL = "INTERNAL"
+    """INTERNAL: a server bug, logged under metadata["request_id"]."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +127,10 @@ class DeadlineExceededError(TokenspoutError):
     pass
 
 
+class AbortedError(TokenspoutError):
+    """ABORTED: the server ended the stream because its caller stopped reading (PAUSED_TOO_LONG)."""
+
+
 class CancelledError(TokenspoutError):
     pass
 
@@ -110,6 +154,7 @@ _CLASSES: dict[grpc.StatusCode, type[TokenspoutError]] = {
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.ABORTED: AbortedError,
     grpc.StatusCode.CANCELLED: CancelledError,
     grpc.StatusCode.UNIMPLEMENTED: UnimplementedError,
     grpc.StatusCode.INTERNAL: InternalError,

@@ -3,6 +3,45 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { BadRequestSchema, ErrorInfoSchema, RetryInfoSchema } from "./gen/google/rpc/error_details_pb.js";
 
+/** Every ErrorInfo.reason the server sends, under the status it comes with. */
+export const Reason = {
+  /** INVALID_ARGUMENT: a field is wrong; see fieldViolations (every one at once). */
+  INVALID_REQUEST: "INVALID_REQUEST",
+  /** INVALID_ARGUMENT: the request bytes are not a valid message. */
+  MALFORMED_REQUEST: "MALFORMED_REQUEST",
+  /** INVALID_ARGUMENT: the constraint could not be enforced past some point mid-stream. */
+  CONSTRAINT_FAILED: "CONSTRAINT_FAILED",
+  /** OUT_OF_RANGE: the prompt does not fit the context. */
+  OUT_OF_RANGE: "OUT_OF_RANGE",
+  /** NOT_FOUND: `model` names a model this server does not serve. */
+  MODEL_NOT_FOUND: "MODEL_NOT_FOUND",
+  /** UNIMPLEMENTED: this engine lacks a sampler or feature the request asks for. */
+  NOT_SUPPORTED: "NOT_SUPPORTED",
+  /** ALREADY_EXISTS: the caller's request with this requestId is still running. */
+  REQUEST_ID_IN_USE: "REQUEST_ID_IN_USE",
+  /** RESOURCE_EXHAUSTED: every batch place and queue place is taken; retry after retryAfterMs. */
+  OVERLOADED: "OVERLOADED",
+  /** RESOURCE_EXHAUSTED: too many large constraints are compiling; retry shortly. */
+  TOO_MANY_COMPILES: "TOO_MANY_COMPILES",
+  /** RESOURCE_EXHAUSTED: the constraint is still compiling; a retry once it is cached starts at once. */
+  COMPILE_BUDGET_EXCEEDED: "COMPILE_BUDGET_EXCEEDED",
+  /** UNAUTHENTICATED: no valid API key. */
+  UNAUTHENTICATED: "UNAUTHENTICATED",
+  /** ABORTED: the caller read nothing for the server's max_pause_s, so its stream was ended. */
+  PAUSED_TOO_LONG: "PAUSED_TOO_LONG",
+  /** UNAVAILABLE: the server is shutting down; retry on another replica. */
+  DRAINING: "DRAINING",
+  /** UNAVAILABLE: the server's engine stopped; retry on another replica. */
+  ENGINE_DOWN: "ENGINE_DOWN",
+  /** DEADLINE_EXCEEDED: the caller's deadline passed; what streamed before stays delivered. */
+  DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
+  /** INTERNAL: the engine failed this one request; metadata.request_id names it. */
+  ENGINE_FAILURE: "ENGINE_FAILURE",
+  /** INTERNAL: a server bug, logged under metadata.request_id. */
+  INTERNAL: "INTERNAL",
+} as const;
+export type Reason = (typeof Reason)[keyof typeof Reason];
+
 export interface FieldViolation {
   field: string;
   description: string;
@@ -40,6 +79,8 @@ export class NotFoundError extends TokenspoutError {}
 export class UnauthenticatedError extends TokenspoutError {}
 export class PermissionDeniedError extends TokenspoutError {}
 export class DeadlineExceededError extends TokenspoutError {}
+/** ABORTED: the server ended the stream because its caller stopped reading (PAUSED_TOO_LONG). */
+export class AbortedError extends TokenspoutError {}
 export class CancelledError extends TokenspoutError {}
 export class UnimplementedError extends TokenspoutError {}
 export class ConflictError extends TokenspoutError {}
@@ -55,6 +96,7 @@ const classes: Partial<Record<Code, new (error: ConnectError) => TokenspoutError
   [Code.Unauthenticated]: UnauthenticatedError,
   [Code.PermissionDenied]: PermissionDeniedError,
   [Code.DeadlineExceeded]: DeadlineExceededError,
+  [Code.Aborted]: AbortedError,
   [Code.Canceled]: CancelledError,
   [Code.Unimplemented]: UnimplementedError,
   [Code.AlreadyExists]: ConflictError,

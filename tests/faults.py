@@ -1,0 +1,68 @@
+"""Faults injected from outside the engine, for tests of what the service does when the engine fails.
+
+`python tests/faults.py [--fail-requests-with-prefix P] [--kill-engine-after-steps N] serve ...` runs
+the real server (`tokenspout serve ...`) on an engine built as usual and then wrapped: nothing in the
+engine, its config or the CLI knows about these faults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from backend.config import EngineConfig  # noqa: E402
+from backend.engine import Engine  # noqa: E402
+from backend.engines import build_engine  # noqa: E402
+from service import cli  # noqa: E402
+
+
+def failing_requests(engine: Engine, prefix: str) -> None:
+    """Sampling raises for requests whose id starts with `prefix`, as a fault inside one sequence would."""
+    picker = engine.core.picker
+    pick = picker.pick
+
+    def faulty_pick(ctx, row, slot, sampler, output):
+        if output.request.request_id.startswith(prefix):
+            raise RuntimeError(f"injected fault (requests starting with {prefix!r})")
+        return pick(ctx, row, slot, sampler, output)
+
+    picker.pick = faulty_pick
+
+
+def dying_after(engine: Engine, steps: int) -> None:
+    """The engine thread dies after `steps` steps, as a bug in its loop would."""
+    core = engine.core
+    step = core.step
+    count = itertools.count(1)
+
+    def dying_step():
+        if next(count) > steps:
+            raise RuntimeError(f"injected fault: the engine thread dies after {steps} steps")
+        return step()
+
+    core.step = dying_step
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="faults.py")
+    parser.add_argument("--fail-requests-with-prefix", default="")
+    parser.add_argument("--kill-engine-after-steps", type=int, default=0)
+    faults, serve = parser.parse_known_args(argv)
+
+    def build(config: EngineConfig) -> Engine:
+        engine = build_engine(config)
+        if faults.fail_requests_with_prefix:
+            failing_requests(engine, faults.fail_requests_with_prefix)
+        if faults.kill_engine_after_steps:
+            dying_after(engine, faults.kill_engine_after_steps)
+        return engine
+
+    return cli.main(serve, build=build)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
