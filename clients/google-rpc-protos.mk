@@ -4,7 +4,8 @@
 PYTHON ?= $(ROOT)/.venv/bin/python
 GOOGLE_RPC_PROTOS := $(ROOT)/build/clients/google-rpc-protos
 
-$(GOOGLE_RPC_PROTOS)/google/rpc/error_details.proto:
+# Copied again when the client package's pins (googleapis-common-protos among them) change.
+$(GOOGLE_RPC_PROTOS)/google/rpc/error_details.proto: $(ROOT)/clients/python/pyproject.toml
 	mkdir -p $(@D)
 	source=$$($(PYTHON) -c 'import pathlib, google.rpc.status_pb2 as m; print(pathlib.Path(m.__file__).parent)') \
 	  && cp "$$source/status.proto" "$$source/error_details.proto" $(@D)/

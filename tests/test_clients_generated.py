@@ -70,7 +70,7 @@ def server_status(stub) -> pb.GetServerStatusResponse:
 
 def test_streams_a_chat_cancels_a_stream_and_decodes_an_invalid_request(example, keyed, stub):
     before = server_status(stub)
-    process = subprocess.Popen([str(example), "--address", keyed.address, "--max-new-tokens", "64"],
+    process = subprocess.Popen([str(example), "--address", keyed.address, "--max-new-tokens", "128"],
                                env={**os.environ, "TOKENSPOUT_API_KEY": KEY}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(120, process.kill)
