@@ -4,7 +4,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
