@@ -9,13 +9,14 @@ TS := clients/typescript
 LISTEN ?= 127.0.0.1:50051
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv tools deploy-tools model proto release-protos lint run test bench clean
+.PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint run test bench clean
 
 help:
 	@echo "make run    - create the environment, fetch the model, serve it and stream an answer"
 	@echo "make test   - run the test suite against a real server and model"
 	@echo "make proto  - regenerate the Python and TypeScript code from protos/"
 	@echo "make bench  - run the streaming benchmark"
+	@echo "make clients - generate and build the Go, Java and C++ examples (clients/README.md)"
 
 $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,11 +68,33 @@ $(DEPLOY_VENV)/.installed: deploy/requirements-tools.txt
 deploy-tools: $(DEPLOY_VENV)/.installed
 	command -v haproxy >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy)
 
-test: tools model deploy-tools
+# Generated clients in Go, Java and C++ (tests/test_clients_generated.py, clients/README.md): Debian's
+# toolchains, protoc plugins and gRPC libraries. `NAME=VERSION*` pins bookworm's upstream version and
+# still takes Debian's security revisions of it (an exact revision vanishes from the archive when the
+# next one lands).
+CLIENT_DEBS := protobuf-compiler=3.21.12* cmake=3.25.1* \
+  golang-go=2:1.19* protoc-gen-go=1.28.1* protoc-gen-go-grpc=1.33.3* golang-google-grpc-dev=1.33.3* \
+  golang-google-protobuf-dev=1.28.1* golang-github-golang-protobuf-1-5-dev=1.5.2* \
+  golang-google-genproto-dev=0.0~git20200413* \
+  default-jdk-headless=2:1.17* protobuf-compiler-grpc-java-plugin=1.41.3* libgrpc-java=1.41.3* \
+  libprotobuf-java=3.21.12* libnetty-java=1:4.1.48* libperfmark-java=0.21.0* libgoogle-gson-java=2.10* \
+  libgeronimo-annotation-1.3-spec-java=1.3* \
+  protobuf-compiler-grpc=1.51.1* libgrpc++-dev=1.51.1* libprotobuf-dev=3.21.12*
+CLIENT_DEB_NAMES := $(foreach deb,$(CLIENT_DEBS),$(firstword $(subst =, ,$(deb))))
+
+client-tools:
+	@missing=$$(dpkg-query -W -f='$${Status}\n' $(CLIENT_DEB_NAMES) 2>&1 | grep -vc '^install ok installed$$'); \
+	  [ "$$missing" = 0 ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(foreach deb,$(CLIENT_DEBS),'$(deb)'))
+
+clients: client-tools venv $(BUF)
+	for language in go java cpp; do $(MAKE) -C clients/$$language PYTHON=$(CURDIR)/$(PY) || exit 1; done
+
+test: tools model deploy-tools client-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv model
 	$(PY) bench/streaming.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEPLOY_VENV) node_modules .pytest_cache
+	rm -rf $(VENV) $(DEPLOY_VENV) node_modules .pytest_cache build/clients clients/go/gen clients/java/gen clients/cpp/gen
