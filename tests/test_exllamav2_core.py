@@ -271,6 +271,10 @@ def test_an_exception_from_iterate_fails_the_streams_and_rebuilds_the_generator(
     core.step()
     assert all(isinstance(events[-1], ErrorEvent) for events in (first, second))
     assert len(generators) == 2 and not core.has_work()
+    for pool in (generators[0].sampling_pool, generators[0].filter_pool):  # the old one's 2 x 16 threads go
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            pool.submit(int)
+    assert generators[1].filter_pool.submit(int).result() == 0
     later: list = []
     core.add(request("c"), collect(later))
     generators[1].script = [[eos("c", "max_new_tokens", 1, token_ids=[[10]], text="Hel")]]
@@ -504,3 +508,26 @@ def test_the_same_engine_stats_as_the_llama_cpp_core(setup):
     finish = cancelled[-1].finish  # built through the same path as every other Finish, with real timings
     assert finish.reason is FinishReason.CANCELLED and finish.usage.prompt_tokens == 3
     assert 0 <= finish.timings.queue_s <= finish.timings.total_s and finish.seed == 0
+
+
+def test_the_cache_figures_come_from_the_page_table(setup):
+    core, generators = setup
+    events: list = []
+    core.add(request("long", prompt=tuple(range(300)), max_new_tokens=4), collect(events))
+    assert (core.stats.prefix_cache_entries, core.stats.prefix_cache_tokens) == (0, 0)  # 16 free pages, none used yet
+    generators[0].samples["long"] = [(10, b"Hel"), (11, b"lo")]
+    core.step()
+    # 304 tokens reserve two whole pages up front, whatever the job has generated so far.
+    assert core.stats.cache_tokens_used == 512 and core.stats.cache_tokens_total == 4096
+    assert core.stats.prefix_cache_entries == 0
+    core.cancel("long")
+    # Its pages are free again, and still hold its 300 prompt tokens for a later prompt.
+    stats = core.stats
+    assert (stats.cache_tokens_used, stats.prefix_cache_entries, stats.prefix_cache_tokens) == (0, 2, 300)
+
+
+def test_closing_stops_the_generators_threads(setup):
+    core, generators = setup
+    core.close()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        generators[0].sampling_pool.submit(int)
