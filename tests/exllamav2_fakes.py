@@ -13,8 +13,11 @@ It behaves like 0.3.2 (generator/dynamic.py) wherever the engine depends on it:
   and values for a later prompt.
 - threads: the sampling and filter pools of 16 workers each that 0.3.2 starts per generator.
 - signatures: jobs and sampler settings take only the keyword arguments 0.3.2's have
-  (SETTINGS_FIELDS, JOB_PARAMETERS). The real job swallows unknown ones in **kwargs, silently;
-  the fake refuses them, since one lost that way would show only on a GPU.
+  (SETTINGS_FIELDS, JOB_PARAMETERS, GENERATOR_PARAMETERS). The real job and generator swallow
+  unknown ones in **kwargs, silently; the fakes refuse them, since one lost that way would show
+  only on a GPU.
+- loading (FakeLibrary): a model whose cache_map is empty until load() or load_autosplit(), and
+  a cache that, built eagerly, puts each layer where cache_map says, the CPU where it says nothing.
 
 Tests may also script raw result dicts per iterate() (`script`), for what the rules above do not
 cover (banned-string rewinds, logits, timings).
@@ -32,10 +35,11 @@ from backend.types import GenerationRequest
 
 EOS = (2,)
 
-# From exllamav2 v0.3.2 (turboderp-org/exllamav2, tag v0.3.2): the fields of the
-# ExLlamaV2Sampler.Settings dataclass (generator/sampler.py:51-96) and the parameters of
-# ExLlamaV2DynamicJob.__init__ (generator/dynamic.py:1602-1621). test_exllamav2_signatures.py
-# compares them with that source whenever it is on this machine.
+# From exllamav2 v0.3.2 (turboderp-org/exllamav2, tag v0.3.2; the same files are in the
+# exllamav2-0.3.2-py3-none-any wheel on PyPI): the fields of the ExLlamaV2Sampler.Settings dataclass
+# (generator/sampler.py:51-96) and the parameters of ExLlamaV2DynamicJob.__init__
+# (generator/dynamic.py:1602-1621) and ExLlamaV2DynamicGenerator.__init__ (dynamic.py:241-259).
+# test_exllamav2_signatures.py compares them with that source whenever it is on this machine.
 SETTINGS_FIELDS = frozenset({
     "token_repetition_penalty", "token_repetition_range", "token_repetition_decay", "token_frequency_penalty",
     "token_presence_penalty", "temperature", "smoothing_factor", "min_temp", "max_temp", "temp_exponent", "top_k",
@@ -48,6 +52,11 @@ JOB_PARAMETERS = frozenset({
     "input_ids", "max_new_tokens", "min_new_tokens", "max_skips", "gen_settings", "seed", "stop_conditions",
     "decode_special_tokens", "return_top_tokens", "return_logits", "return_probs", "filters",
     "filter_prefer_eos", "token_healing", "identifier", "banned_strings", "embeddings",
+})
+GENERATOR_PARAMETERS = frozenset({
+    "model", "cache", "tokenizer", "max_batch_size", "max_seq_len", "max_chunk_size", "max_q_size", "draft_model",
+    "draft_cache", "num_draft_tokens", "use_ngram_draft", "max_ngram", "max_sampling_threads",
+    "min_sampling_threads", "paged", "filter_background_eval",
 })
 PAGE_SIZE = 256
 
@@ -251,6 +260,40 @@ class FakeGenerators(list):
             raise RuntimeError("CUDA out of memory")
         self.append(FakeGenerator(**self._options))
         return self[-1]
+
+
+class FakeModel:
+    """ExLlamaV2: cache_map (layer -> device) stays empty until a load fills it (model.py:89, 348, 699-704)."""
+
+    layers = 4
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.cache_map: dict[int, str] = {}
+
+    def load(self, gpu_split: list[float]) -> None:
+        self.cache_map = {layer: f"cuda:{layer * len(gpu_split) // self.layers}" for layer in range(self.layers)}
+
+    def load_autosplit(self, cache: "FakeCache") -> None:
+        assert cache.lazy, "load_autosplit allocates a lazy cache as it loads"
+        self.cache_map = {layer: "cuda:0" for layer in range(self.layers)}
+        cache.devices = [self.cache_map[layer] for layer in range(self.layers)]
+
+
+class FakeCache:
+    """ExLlamaV2Cache: built eagerly, each layer goes to model.cache_map's device, or the CPU (None)
+    where the map has none (cache.py:85-90); a lazy one is allocated by load_autosplit."""
+
+    def __init__(self, model: FakeModel, max_seq_len: int = -1, lazy: bool = False) -> None:
+        self.max_seq_len, self.lazy = max_seq_len, lazy
+        self.devices = None if lazy else [model.cache_map.get(layer) for layer in range(model.layers)]
+
+
+class FakeLibrary:
+    """The `exllamav2` module, as far as loading a model and its cache goes."""
+
+    ExLlamaV2 = FakeModel
+    ExLlamaV2Cache = ExLlamaV2Cache_Q4 = ExLlamaV2Cache_Q6 = ExLlamaV2Cache_Q8 = FakeCache
 
 
 def no_breakers(breakers: tuple[str, ...]) -> frozenset[int]:

@@ -393,12 +393,14 @@ def test_every_end_id_of_config_generation_config_and_tokenizer_is_kept(tmp_path
     assert end_token_ids(tmp_path, 5) == (5,)
 
 
-def safetensors_with(path, *names: str) -> None:
+def safetensors_with(path, *names: str, **shapes: list[int]) -> None:
+    """A safetensors file's header (names, or name=shape with dots as double underscores), data omitted."""
     import json
     import struct
 
-    header = json.dumps({name: {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]} for name in names}).encode()
-    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
+    tensors = dict.fromkeys(names, [1]) | {name.replace("__", "."): shape for name, shape in shapes.items()}
+    header = json.dumps({name: {"dtype": "I32", "shape": shape, "data_offsets": [0, 2]} for name, shape in tensors.items()})
+    path.write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\0\0")
 
 
 def test_the_weight_format_comes_from_the_config_or_the_tensor_names(tmp_path):
@@ -417,6 +419,25 @@ def test_the_weight_format_comes_from_the_config_or_the_tensor_names(tmp_path):
     assert weight_format(tmp_path) == "GPTQ"
     safetensors_with(tmp_path / "model-2.safetensors", "model.layers.0.mlp.up_proj.q_weight")
     assert weight_format(tmp_path) == "EXL2"
+
+
+def test_gptq_other_than_4_bit_is_refused_before_loading(tmp_path):
+    import json
+
+    from backend.exllamav2.model_files import unloadable_weights
+
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 4}}))
+    # 4-bit: 512 inputs x 512 outputs, 8 values to an int32; 4 groups of 128.
+    safetensors_with(tmp_path / "model.safetensors", up__qweight=[64, 512], up__qzeros=[4, 64], up__scales=[4, 512])
+    assert unloadable_weights(tmp_path) == ""
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 8}}))
+    assert "only 4-bit GPTQ weights; this model's config.json says 8-bit" in unloadable_weights(tmp_path)
+    # 8-bit tensors, whatever the config says: the extension's own check (ext_qmatrix.cpp:66) would fail on the GPU.
+    (tmp_path / "config.json").write_text("{}")
+    safetensors_with(tmp_path / "model.safetensors", up__qweight=[128, 512], up__qzeros=[4, 128], up__scales=[4, 512])
+    assert "up.qweight is not packed 8 to an int32" in unloadable_weights(tmp_path)
+    safetensors_with(tmp_path / "model.safetensors", "model.layers.0.mlp.up_proj.q_weight")  # EXL2: not GPTQ's business
+    assert unloadable_weights(tmp_path) == ""
 
 
 def test_bos_follows_the_tokenizer_config_else_the_post_processor(tmp_path):
