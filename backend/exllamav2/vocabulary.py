@@ -43,7 +43,7 @@ class Vocabulary:
             lstrip=[token["id"] for token in special if token.get("lstrip")],
             rstrip=[token["id"] for token in special if token.get("rstrip")],
         )
-        size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        size = min(self._tokenizer.get_vocab_size(with_added_tokens=True), ll_tokenizer.vocab_size)
         self.pieces = [b"" if ll_tokenizer.is_special_token(t) else ll_tokenizer.decode_bytes([t]) for t in range(size)]
 
     def piece(self, token_id: int) -> bytes:
