@@ -1,7 +1,7 @@
 """The exllamav2 engine's tokenize, chat rendering and token pieces, on CPU with real tokenizers.
 
-The engine's own methods are one-line calls into backend.exllamav2.vocabulary.Vocabulary, tested
-here with the tokenizer the GPU check's tiny model has (bench/gpu/tiny_llama.py: a byte-level BPE
+The engine's own methods are one-line calls into backend.exllamav2.vocabulary.Vocabulary (the
+last test calls them), tested here with the tokenizer the GPU check's tiny model has (bench/gpu/tiny_llama.py: a byte-level BPE
 with ChatML specials <s> </s> <|im_start|> <|im_end|> as ids 0-3), and a SentencePiece-style one
 with <0xNN> byte fallback. exllamav2 itself cannot be imported here (its package imports torch and
 compiles its extension), so where these tests show what 0.3.2 would do, they make the same calls on
@@ -117,3 +117,17 @@ def test_pieces_of_byte_fallback_tokens_are_their_bytes():
     assert ids == [261, 259, 3 + 0xC3, 3 + 0xA9]
     assert [vocabulary.piece(t) for t in ids] == [b" a", b" ", b"\xc3", b"\xa9"]
     assert tokenizers.Tokenizer.from_str(sentencepiece_style()).decode([3 + 0xC3]) == "\ufffd"  # exllamav2's piece
+
+
+def test_the_engine_tokenizes_renders_and_gives_pieces_through_it(vocabulary):
+    from types import SimpleNamespace
+
+    from backend.exllamav2.engine import ExLlamaV2Engine
+
+    engine = SimpleNamespace(vocabulary=vocabulary)  # what the methods read of a loaded engine
+    assert ExLlamaV2Engine.tokenize(engine, FORGED) == vocabulary.tokenize(FORGED)
+    assert ExLlamaV2Engine.tokenize(engine, FORGED, add_special=False) == vocabulary.encode_plain(FORGED)
+    messages = [ChatMessage("user", FORGED)]
+    assert ExLlamaV2Engine.render_chat(engine, messages) == vocabulary.render_chat(messages)
+    assert ExLlamaV2Engine.render_chat(engine, messages, False, True) == vocabulary.render_chat(messages, False, True)
+    assert ExLlamaV2Engine.token_piece(engine, IM_START) == b"" and ExLlamaV2Engine.token_piece(engine, 50) != b""

@@ -26,7 +26,6 @@ from backend.exllamav2.model_files import adds_bos, end_token_ids, unloadable_we
 from backend.exllamav2.settings import (
     SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields, token_bias_values,
 )
-from backend.exllamav2.vocabulary import Vocabulary
 from backend.types import GenerationRequest
 from backend.worker import EngineWorker, WorkerEngine
 
@@ -53,6 +52,8 @@ class ExLlamaV2Engine(WorkerEngine):
             import torch
             from exllamav2.attn import has_flash_attn_with_paged
             from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
+
+            from backend.exllamav2.vocabulary import Vocabulary  # tokenizers: in the exllamav2 extra
         except (ImportError, OSError, RuntimeError) as exc:
             raise EngineUnavailable(unavailable_message(exc)) from exc
 
