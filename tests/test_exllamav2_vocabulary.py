@@ -19,7 +19,7 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models, normalizers
 
-from backend.chat import ChatTemplate
+from backend.chat import ChatTemplate, ChatTemplateError
 from backend.engine import ChatMessage
 from backend.exllamav2.vocabulary import Vocabulary
 from conftest import ROOT
@@ -117,6 +117,8 @@ def test_pieces_of_byte_fallback_tokens_are_their_bytes():
     assert ids == [261, 259, 3 + 0xC3, 3 + 0xA9]
     assert [vocabulary.piece(t) for t in ids] == [b" a", b" ", b"\xc3", b"\xa9"]
     assert tokenizers.Tokenizer.from_str(sentencepiece_style()).decode([3 + 0xC3]) == "\ufffd"  # exllamav2's piece
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        vocabulary.render_chat([ChatMessage("user", "a")])
 
 
 def test_the_engine_tokenizes_renders_and_gives_pieces_through_it(vocabulary):
