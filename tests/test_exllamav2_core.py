@@ -1,9 +1,10 @@
-"""The exllamav2 engine's CPU side, against a fake generator that emits the documented result dicts.
+"""The exllamav2 engine's CPU side, against a fake generator that behaves like 0.3.2 (tests/exllamav2_fakes.py).
 
 exllamav2 itself needs CUDA to import, so these tests drive the owner-thread core
-through the generator's queue API (enqueue / cancel / iterate) exactly as 0.3.2
-documents it: results without text, several per iterate, stop-token EOS with held
-text, an assertion from enqueue, a cancel that emits nothing, an exception from iterate.
+through the generator's queue API (enqueue / cancel / iterate) as 0.3.2's source has
+it: results without text, several per iterate, held text released with its ids later,
+a stop-token EOS whose tokens are only in `held`, an assertion from enqueue, a cancel
+that emits nothing, an exception from iterate, the page table behind the cache figures.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import pytest
 from backend.engine import ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.jobs import budget_problem, job_fields
-from backend.exllamav2.settings import SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields
+from backend.exllamav2.settings import (
+    SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields, token_bias_values,
+)
 from backend.types import (
     DryParams, ErrorEvent, FinishReason, GenerationRequest, MirostatParams, OutputParams, SamplingParams, StopParams,
     XtcParams,
@@ -30,9 +33,10 @@ from tokenspout.v1 import generation_pb2 as pb
 PIECES = {10: b"Hel", 11: b"lo", 12: b" wor", 13: b"ld", 2: b""}
 
 
-def request(request_id: str, **stopping) -> GenerationRequest:
-    return GenerationRequest(request_id, (1, 5, 6), SamplingParams(temperature=0.0),
-                             StopParams(**({"max_new_tokens": 16} | stopping)))
+def request(request_id: str, prompt: tuple[int, ...] = (1, 5, 6), output: OutputParams = OutputParams(),
+            **stopping) -> GenerationRequest:
+    return GenerationRequest(request_id, prompt, SamplingParams(temperature=0.0),
+                             StopParams(**({"max_new_tokens": 16} | stopping)), output)
 
 
 @pytest.fixture
@@ -48,6 +52,17 @@ def collect(events: list):
     return lambda event: events.append(event)
 
 
+def run(core, generator, request_id: str, samples: list[tuple]) -> None:
+    """Lets the fake generator sample these tokens for the job, to its end."""
+    generator.samples[request_id] = list(samples)
+    while core.has_work():
+        core.step()
+
+
+def delivered(events: list) -> list[int]:
+    return [t.token_id for e in events for t in e.tokens]
+
+
 def test_results_without_text_and_several_per_iterate(setup):
     core, generators = setup
     events: list = []
@@ -55,7 +70,7 @@ def test_results_without_text_and_several_per_iterate(setup):
     generators[0].script = [
         [{"job": None, "stage": "started", "eos": False, "serial": 1, "identifier": "a"},
          {"job": None, "stage": "prefill", "eos": False, "serial": 1, "identifier": "a", "curr_progress": 3, "max_progress": 3}],
-        [streaming("a", [10]), streaming("a", [11], "Hello")],  # text held for a token, then released
+        [streaming("a"), streaming("a", [10, 11], "Hello")],  # a token held (no text, no id), then both released
         [streaming("a", [12, 13], " world")],
         [eos("a", "max_new_tokens", 4, text="")],
     ]
@@ -68,41 +83,45 @@ def test_results_without_text_and_several_per_iterate(setup):
     assert finish.timings.time_to_first_token_s == pytest.approx(0.03) and finish.timings.decode_s == pytest.approx(0.3)
 
 
-def test_stop_token_eos_keeps_held_text_but_not_the_token(setup):
+def test_a_stop_token_eos_delivers_the_held_tokens_and_the_stop_token(setup):
     core, generators = setup
     events: list = []
     core.add(request("a", stop_sequences=("Hello!",)), collect(events))
-    generators[0].script = [
-        [streaming("a", [10, 11], "")],  # "Hello" held: it could still become "Hello!"
-        [eos("a", "stop_token", 3, eos_triggering_token_id=2, eos_triggering_token_str="",
-             held={"text": "Hello", "token_ids": [[10, 11, 2]]})],
-    ]
-    while core.has_work():
-        core.step()
+    # "Hel" and "lo" are held (they could become "Hello!"); 0.3.2 emits the EOS without them.
+    run(core, generators[0], "a", [(10, b"Hel"), (11, b"lo"), (2, b"")])
     assert "".join(e.text for e in events) == "Hello"
-    assert events[-1].finish.reason is FinishReason.EOS_TOKEN and events[-1].finish.usage.completion_tokens == 3
+    assert delivered(events) == [10, 11, 2]
+    finish = events[-1].finish
+    assert finish.reason is FinishReason.EOS_TOKEN and finish.usage.completion_tokens == events[-1].generated_tokens == 3
 
 
-@pytest.mark.parametrize(
-    "reason, extra, expected",
-    [
-        ("stop_string", {"eos_triggering_string": "END"}, FinishReason.STOP_SEQUENCE),
-        ("stop_token", {"eos_triggering_token_id": 13, "eos_triggering_token_str": "ld"}, FinishReason.STOP_TOKEN),
-        ("end_filter", {}, FinishReason.CONSTRAINT_COMPLETE),
-    ],
-)
-def test_eos_reasons_map_to_finish_reasons(setup, reason, extra, expected):
+def test_a_stop_token_keeps_the_held_text_but_not_its_own(setup):
     core, generators = setup
     events: list = []
-    core.add(request("a", stop_token_ids=frozenset({13})), collect(events))
-    generators[0].script = [[eos("a", reason, 1, **extra)]]
-    core.step()
-    finish = events[-1].finish
-    assert finish.reason is expected
-    if expected is FinishReason.STOP_SEQUENCE:
-        assert finish.stop_sequence == "END"
-    if expected is FinishReason.STOP_TOKEN:
-        assert finish.stop_token_id == 13
+    core.add(request("a", stop_sequences=("Hello!",), stop_token_ids=frozenset({13})), collect(events))
+    run(core, generators[0], "a", [(10, b"Hel"), (11, b"lo"), (13, b"ld")])
+    assert "".join(e.text for e in events) == "Hello" and delivered(events) == [10, 11, 13]
+    assert events[-1].finish.reason is FinishReason.STOP_TOKEN and events[-1].finish.stop_token_id == 13
+
+
+def test_held_tokens_get_their_logprobs_from_the_held_logits(setup):
+    core, generators = setup
+    events: list = []
+    core.add(request("a", stop_sequences=("Help",), output=OutputParams(return_logprobs=True)), collect(events))
+    first, last = [-math.inf] * 16, [-math.inf] * 16
+    first[10], first[12], last[2] = math.log(0.25), math.log(0.75), 0.0
+    run(core, generators[0], "a", [(10, b"Hel", first), (2, b"", last)])
+    assert [(t.token_id, t.logprob) for e in events for t in e.tokens] == [(10, pytest.approx(math.log(0.25))), (2, 0.0)]
+
+
+@pytest.mark.parametrize("include, text", [(False, "Hel"), (True, "Hello w")])
+def test_a_stop_sequence_is_cut_unless_included(setup, include, text):
+    core, generators = setup
+    events: list = []
+    core.add(request("a", stop_sequences=("lo w",), include_stop_sequence=include), collect(events))
+    run(core, generators[0], "a", [(10, b"Hel"), (11, b"lo"), (12, b" wor")])
+    assert "".join(e.text for e in events) == text and delivered(events) == [10, 11, 12]
+    assert events[-1].finish.reason is FinishReason.STOP_SEQUENCE and events[-1].finish.stop_sequence == "lo w"
 
 
 def test_logprobs_and_alternatives_come_from_the_steps_logits(setup):
@@ -128,8 +147,7 @@ def test_logprobs_and_alternatives_come_from_the_steps_logits(setup):
 def test_an_enqueue_assertion_fails_only_that_request(setup):
     core, generators = setup
     events: list = []
-    generators[0].refuse = True
-    core.add(request("big"), collect(events))
+    core.add(request("big", max_new_tokens=5000), collect(events))  # 20 pages; the cache has 16
     assert isinstance(events[0], ErrorEvent) and "cannot be enqueued" in events[0].message
     assert not core.has_work()
 
@@ -173,10 +191,19 @@ def test_a_healed_job_counts_its_regenerated_token_within_max_new_tokens(setup):
     events: list = []
     core.add(healed, collect(events))
     # exllamav2 counts a healed job from -1, so its own new_tokens ends one short of the tokens it emitted.
-    generators[0].script = [[streaming("h", [13], "ld")], [eos("h", "max_new_tokens", 2, token_ids=[[10, 11]], text="Hello")]]
-    core.step()
-    core.step()
-    assert sum(len(e.tokens) for e in events) == 3 and events[-1].finish.usage.completion_tokens == 3
+    run(core, generators[0], "h", [(13, b"ld"), (10, b"Hel"), (11, b"lo")])
+    assert len(delivered(events)) == 3 and events[-1].finish.usage.completion_tokens == 3
+
+
+def test_a_one_token_prompt_is_not_healed(setup):
+    core, generators = setup
+    one = GenerationRequest("h", (5,), SamplingParams(temperature=0.0, token_healing=True), StopParams(max_new_tokens=3))
+    fields = job_fields(one, EOS)
+    assert (fields["max_new_tokens"], fields["token_healing"]) == (3, False)  # 0.3.2 heals only longer prompts
+    events: list = []
+    core.add(one, collect(events))
+    run(core, generators[0], "h", [(10, b"Hel"), (11, b"lo"), (12, b" wor")])
+    assert delivered(events) == [10, 11, 12] and events[-1].finish.usage.completion_tokens == 3
 
 
 def test_a_job_that_cannot_be_built_fails_alone(setup):
@@ -244,6 +271,10 @@ def test_an_exception_from_iterate_fails_the_streams_and_rebuilds_the_generator(
     core.step()
     assert all(isinstance(events[-1], ErrorEvent) for events in (first, second))
     assert len(generators) == 2 and not core.has_work()
+    for pool in (generators[0].sampling_pool, generators[0].filter_pool):  # the old one's 2 x 16 threads go
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            pool.submit(int)
+    assert generators[1].filter_pool.submit(int).result() == 0
     later: list = []
     core.add(request("c"), collect(later))
     generators[1].script = [[eos("c", "max_new_tokens", 1, token_ids=[[10]], text="Hel")]]
@@ -262,7 +293,7 @@ def test_job_fields_are_explicit():
         "decode_special_tokens": False, "return_probs": False, "return_top_tokens": 0, "return_logits": True,
         "token_healing": False, "banned_strings": None, "identifier": "r1",
     }
-    healing = GenerationRequest("r3", (1,), SamplingParams(banned_strings=("As an AI",), token_healing=True))
+    healing = GenerationRequest("r3", (1, 2), SamplingParams(banned_strings=("As an AI",), token_healing=True))
     assert job_fields(healing, EOS)["banned_strings"] == ["As an AI"] and job_fields(healing, EOS)["token_healing"]
     ignoring = GenerationRequest("r2", (1,), stopping=StopParams(ignore_eos=True))
     assert job_fields(ignoring, EOS)["stop_conditions"] == []
@@ -326,6 +357,15 @@ def test_a_dry_window_falls_back_to_the_whole_job_where_exllamav2_would_fail_or_
     assert settings_fields(sampled_job(prompt_tokens=10, max_new_tokens=55, dry=dry), breaker_ids)["dry_range"] == 64
 
 
+def test_ignore_eos_biases_every_end_id_to_minus_infinity():
+    biased = SamplingParams(logit_bias={2: 5.0, 7: 1.5})
+    ignoring = GenerationRequest("r", (1,), biased, StopParams(ignore_eos=True))
+    assert token_bias_values(ignoring, (2, 9)) == {2: -math.inf, 9: -math.inf, 7: 1.5}  # over the caller's own bias
+    assert job_fields(ignoring, (2, 9))["stop_conditions"] == []
+    assert token_bias_values(GenerationRequest("r", (1,), biased), (2, 9)) == {2: 5.0, 7: 1.5}
+    assert token_bias_values(GenerationRequest("r", (1,)), (2, 9)) == {}  # no tensor at all
+
+
 def test_token_bias_is_padded_to_the_logit_width():
     assert [padded_logit_width(v) for v in (32000, 32001, 49152, 151936)] == [32000, 32032, 49152, 151936]
 
@@ -334,9 +374,9 @@ def test_the_engine_module_imports_without_exllamav2():
     import importlib
     import sys
 
-    module = importlib.import_module("backend.exllamav2.engine")
+    importlib.import_module("backend.exllamav2.engine")
     assert "exllamav2" not in sys.modules  # only ExLlamaV2Engine() imports it (it compiles CUDA code)
-    assert module.PAGE_SIZE == 256
+    assert importlib.import_module("backend.exllamav2.sizes").PAGE_SIZE == 256
 
 
 def test_every_end_id_of_config_generation_config_and_tokenizer_is_kept(tmp_path):
@@ -353,12 +393,14 @@ def test_every_end_id_of_config_generation_config_and_tokenizer_is_kept(tmp_path
     assert end_token_ids(tmp_path, 5) == (5,)
 
 
-def safetensors_with(path, *names: str) -> None:
+def safetensors_with(path, *names: str, **shapes: list[int]) -> None:
+    """A safetensors file's header (names, or name=shape with dots as double underscores), data omitted."""
     import json
     import struct
 
-    header = json.dumps({name: {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]} for name in names}).encode()
-    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
+    tensors = dict.fromkeys(names, [1]) | {name.replace("__", "."): shape for name, shape in shapes.items()}
+    header = json.dumps({name: {"dtype": "I32", "shape": shape, "data_offsets": [0, 2]} for name, shape in tensors.items()})
+    path.write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\0\0")
 
 
 def test_the_weight_format_comes_from_the_config_or_the_tensor_names(tmp_path):
@@ -377,6 +419,25 @@ def test_the_weight_format_comes_from_the_config_or_the_tensor_names(tmp_path):
     assert weight_format(tmp_path) == "GPTQ"
     safetensors_with(tmp_path / "model-2.safetensors", "model.layers.0.mlp.up_proj.q_weight")
     assert weight_format(tmp_path) == "EXL2"
+
+
+def test_gptq_other_than_4_bit_is_refused_before_loading(tmp_path):
+    import json
+
+    from backend.exllamav2.model_files import unloadable_weights
+
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 4}}))
+    # 4-bit: 512 inputs x 512 outputs, 8 values to an int32; 4 groups of 128.
+    safetensors_with(tmp_path / "model.safetensors", up__qweight=[64, 512], up__qzeros=[4, 64], up__scales=[4, 512])
+    assert unloadable_weights(tmp_path) == ""
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 8}}))
+    assert "only 4-bit GPTQ weights; this model's config.json says 8-bit" in unloadable_weights(tmp_path)
+    # 8-bit tensors, whatever the config says: the extension's own check (ext_qmatrix.cpp:66) would fail on the GPU.
+    (tmp_path / "config.json").write_text("{}")
+    safetensors_with(tmp_path / "model.safetensors", up__qweight=[128, 512], up__qzeros=[4, 128], up__scales=[4, 512])
+    assert "up.qweight is not packed 8 to an int32" in unloadable_weights(tmp_path)
+    safetensors_with(tmp_path / "model.safetensors", "model.layers.0.mlp.up_proj.q_weight")  # EXL2: not GPTQ's business
+    assert unloadable_weights(tmp_path) == ""
 
 
 def test_bos_follows_the_tokenizer_config_else_the_post_processor(tmp_path):
@@ -459,7 +520,6 @@ def test_the_same_engine_stats_as_the_llama_cpp_core(setup):
     core.step()
     stats = core.stats
     assert (stats.started_total, stats.running_sequences, stats.queued_requests, stats.prompt_tokens_total) == (1, 1, 1, 3)
-    assert stats.cache_tokens_used == 3
     core.step()
     # The generator's own prefix reuse (deduplicated pages) is the request's cached_tokens and the server's hit rate.
     assert finished[-1].finish.usage.cached_tokens == 2 and core.stats.cached_prompt_tokens_total == 2
@@ -469,3 +529,26 @@ def test_the_same_engine_stats_as_the_llama_cpp_core(setup):
     finish = cancelled[-1].finish  # built through the same path as every other Finish, with real timings
     assert finish.reason is FinishReason.CANCELLED and finish.usage.prompt_tokens == 3
     assert 0 <= finish.timings.queue_s <= finish.timings.total_s and finish.seed == 0
+
+
+def test_the_cache_figures_come_from_the_page_table(setup):
+    core, generators = setup
+    events: list = []
+    core.add(request("long", prompt=tuple(range(300)), max_new_tokens=4), collect(events))
+    assert (core.stats.prefix_cache_entries, core.stats.prefix_cache_tokens) == (0, 0)  # 16 free pages, none used yet
+    generators[0].samples["long"] = [(10, b"Hel"), (11, b"lo")]
+    core.step()
+    # 304 tokens reserve two whole pages up front, whatever the job has generated so far.
+    assert core.stats.cache_tokens_used == 512 and core.stats.cache_tokens_total == 4096
+    assert core.stats.prefix_cache_entries == 0
+    core.cancel("long")
+    # Its pages are free again, and still hold its 300 prompt tokens for a later prompt.
+    stats = core.stats
+    assert (stats.cache_tokens_used, stats.prefix_cache_entries, stats.prefix_cache_tokens) == (0, 2, 300)
+
+
+def test_closing_stops_the_generators_threads(setup):
+    core, generators = setup
+    core.close()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        generators[0].sampling_pool.submit(int)

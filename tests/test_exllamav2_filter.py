@@ -64,7 +64,7 @@ def test_begin_resets_for_the_first_sampling_step(model, compiler):
 
 @pytest.fixture
 def constrained(model, compiler):
-    generators, jobs = FakeGenerators(), FakeJobs()
+    generators, jobs = FakeGenerators(), FakeJobs(model.eos_token_ids)
     core = Delivering(ExLlamaV2Core(generators, jobs, model.eos_token_ids, model.pieces.__getitem__, model.vocab_size, 4096))
 
     def add(request_id: str, pattern: str, events: list, max_new_tokens: int = 16) -> GrammarFilterCore:
@@ -95,11 +95,14 @@ def test_a_finished_grammar_ends_as_constraint_complete(model, constrained):
     tokens = feed_text(filter_core, model, "123")
     assert allowed(filter_core, model.vocab_size) == set(model.eos_token_ids)  # then EOS is forced and sampled
     end_id = model.eos_token_ids[0]
-    generators[0].script = [[eos("c", "stop_token", len(tokens) + 1, token_ids=[tokens], text="123",
-                                 eos_triggering_token_id=end_id, eos_triggering_token_str="")]]
-    core.step()
+    # As 0.3.2 ends it: the digits stream, then the EOS comes alone, only in `held`.
+    generators[0].samples["c"] = [(t, model.pieces[t]) for t in tokens] + [(end_id, b"")]
+    while core.has_work():
+        core.step()
     finish = events[-1].finish
     assert finish.reason is FinishReason.CONSTRAINT_COMPLETE and finish.constraint_satisfied is True
+    assert "".join(e.text for e in events) == "123"
+    assert [t.token_id for e in events for t in e.tokens] == [*tokens, end_id] and finish.usage.completion_tokens == len(tokens) + 1
     assert finish.timings.constraint_mask_s > 0 and sum(e.mask_s for e in events) == pytest.approx(finish.timings.constraint_mask_s)
 
 

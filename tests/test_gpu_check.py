@@ -1,7 +1,7 @@
 """The GPU check (bench/gpu/), kept from rotting between sessions that have a GPU.
 
-Here: check.py's gRPC checks against the llama.cpp engine, its report that keeps every step's
-result, its server stop that kills, and run.sh's stages, limits, report and archive with nothing
+Here: check.py's gRPC checks against the llama.cpp engine (and three of them against a server
+with the mistakes they are there to catch), its report that keeps every step's result, its server stop that kills, and run.sh's stages, limits, report and archive with nothing
 there to use (seconds). The full CPU rehearsal in a Python 3.12 environment like the GPU machine's
 (bench/gpu/rehearse.sh: ~4 GB of wheels and a prebuilt extension first) runs with
 TOKENSPOUT_GPU_REHEARSAL=1.
@@ -17,9 +17,11 @@ import subprocess
 import sys
 import tarfile
 
+import grpc
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, start_server, stop_server
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 STAGES = [
     "preflight", "wheels", "imports", "extension", "jit_build", "tiny_model", "model_check",
@@ -55,6 +57,43 @@ def test_the_gpu_checks_pass_against_the_llama_cpp_engine(stub):
 def test_the_gpu_checks_fail_an_engine_that_is_not_exllamav2(stub):
     with pytest.raises(AssertionError, match="llama.cpp"):
         load_check_module().Checks(stub, expect_exllamav2=True).model_info()
+
+
+class WithTheOldMistakes:
+    """The server as the exllamav2 engine served it before issue 26: a stream ending at a stop token
+    or EOS lost the tokens it still held, and include_stop_sequence was ignored."""
+
+    def __init__(self, stub) -> None:
+        self._stub = stub
+
+    def __getattr__(self, name: str):
+        return getattr(self._stub, name)
+
+    def GenerateStream(self, request, **kwargs):
+        from tokenspout.v1 import generation_pb2 as pb
+
+        request = type(request).FromString(request.SerializeToString())
+        request.stopping.ClearField("include_stop_sequence")
+        messages = list(self._stub.GenerateStream(request, **kwargs))
+        if messages[-1].finish.reason in (pb.FINISH_REASON_STOP_TOKEN, pb.FINISH_REASON_EOS_TOKEN):
+            del messages[-1].tokens[:]
+        return iter(messages)
+
+
+def test_the_gpu_checks_fail_the_mistakes_they_are_there_to_catch(stub, tmp_path):
+    checks = load_check_module().Checks(WithTheOldMistakes(stub), expect_exllamav2=False)
+    with pytest.raises(AssertionError, match=r"\('eos', 0, 1, 1\)"):  # EOS counted, not delivered
+        checks.token_ids_add_up_at_every_finish()
+    with pytest.raises(AssertionError):
+        checks.include_stop_sequence_keeps_it()
+    forging = start_server(tmp_path, "--special-tokens-in-chat-content")  # chat content's special text as tokens
+    try:
+        with grpc.insecure_channel(forging.address) as channel:
+            opted_in = load_check_module().Checks(pb_grpc.GenerationServiceStub(channel), expect_exllamav2=False)
+            with pytest.raises(AssertionError, match="special-token text became tokens"):
+                opted_in.chat_content_stays_text()
+    finally:
+        stop_server(forging)
 
 
 def test_checks_left_without_time_are_reported_as_not_run(stub):

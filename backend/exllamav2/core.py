@@ -145,6 +145,7 @@ class ExLlamaV2Core:
 
     def _rebuild(self) -> bool:
         """A fresh generator; None, and False, when that fails too (the next request tries again)."""
+        _stop_threads(self._generator)
         try:
             self._generator = self._make_generator()
         except Exception:
@@ -155,6 +156,7 @@ class ExLlamaV2Core:
     def close(self) -> list[Output]:
         for entry in list(self._jobs.values()):
             self._end(entry, FinishReason.CANCELLED)
+        _stop_threads(self._generator)
         return self._take_outputs()
 
     def _take_outputs(self) -> list[Output]:
@@ -170,17 +172,29 @@ class ExLlamaV2Core:
         self._outputs.append((entry.sink, dataclasses.replace(entry.results.end(reason), step=self.steps)))
 
     def _publish(self) -> None:
-        """The same figures as the llama.cpp core: started jobs run, the rest queue; the cache holds
-        each running job's prompt and output, and the generator's idle pages are its cached prefixes."""
+        """The same figures as the llama.cpp core: started jobs run, the rest queue. The cache's used
+        tokens are the pages jobs hold (each reserves prompt + max_new_tokens up front); its cached
+        prefixes are the free pages that still hold keys and values a later prompt can reuse (0.3.2's
+        unreferenced_pages lists every free page, the never-used ones too)."""
         running = [e for e in self._jobs.values() if e.results.started_at is not None]
-        idle_pages = len(getattr(self._generator, "unreferenced_pages", None) or {})
+        pages = getattr(self._generator, "all_pages", None) or ()
+        cached = [page for page in pages if page.ref_count == 0 and page.kv_position > 0]
         page_size = getattr(self._generator, "page_size", 256)
         self.stats = self.counters.snapshot(
             steps=self.steps,
             running_sequences=len(running),
             queued_requests=len(self._jobs) - len(running),
-            cache_tokens_used=sum(len(e.request.prompt_token_ids) + e.results.generated for e in running),
+            cache_tokens_used=sum(page.ref_count > 0 for page in pages) * page_size,
             cache_tokens_total=self._cache_tokens_total,
-            prefix_cache_entries=idle_pages,
-            prefix_cache_tokens=idle_pages * page_size,
+            prefix_cache_entries=len(cached),
+            prefix_cache_tokens=sum(page.kv_position for page in cached),
         )
+
+
+def _stop_threads(generator: Any) -> None:
+    """0.3.2's generator starts two 16-worker pools (sampling, and filters) and never stops them:
+    each generator replaced without this would leak their threads."""
+    for name in ("sampling_pool", "filter_pool"):
+        pool = getattr(generator, name, None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)

@@ -44,7 +44,7 @@ def weight_format(model_dir: pathlib.Path) -> str:
         return f"EXL2 {bits} bpw" if bits else "EXL2"
     if method == "gptq":
         return f"GPTQ {bits}-bit" if bits else "GPTQ"
-    names = {name for path in sorted(model_dir.glob("*.safetensors")) for name in _tensor_names(path)}
+    names = set(_tensors(model_dir))
     if any(name.endswith(".q_weight") for name in names):
         return "EXL2"
     if any(name.endswith(".qweight") for name in names):
@@ -52,8 +52,29 @@ def weight_format(model_dir: pathlib.Path) -> str:
     return "FP16"
 
 
-def _tensor_names(path: pathlib.Path) -> list[str]:
+def unloadable_weights(model_dir: pathlib.Path) -> str:
+    """Why exllamav2 0.3.2 cannot load these weights, or "". Its GPTQ kernel takes only 4-bit weights,
+    8 to an int32 (ext_qmatrix.cpp:66 checks qweight's columns against qzeros' times 8), and it never
+    reads quantization_config.bits, so another width would fail inside the extension, on the GPU."""
+    quantization = _config(model_dir, "config.json").get("quantization_config") or {}
+    bits = quantization.get("bits")
+    if str(quantization.get("quant_method", "")).lower() == "gptq" and bits not in (None, 4):
+        return f"exllamav2 loads only 4-bit GPTQ weights; this model's config.json says {bits}-bit"
+    tensors = _tensors(model_dir)
+    for name, header in tensors.items():
+        zeros = tensors.get(name.removesuffix(".qweight") + ".qzeros")
+        if name.endswith(".qweight") and zeros and header["shape"][1] != zeros["shape"][1] * 8:
+            return f"exllamav2 loads only 4-bit GPTQ weights; {name} is not packed 8 to an int32"
+    return ""
+
+
+def _tensors(model_dir: pathlib.Path) -> dict[str, dict]:
+    """Every tensor's header entry (dtype, shape), from the safetensors files' headers alone."""
+    return {name: header for path in sorted(model_dir.glob("*.safetensors")) for name, header in _header(path).items()}
+
+
+def _header(path: pathlib.Path) -> dict[str, dict]:
     """A safetensors file starts with an 8-byte little-endian length and that much JSON header."""
     with path.open("rb") as file:
         (length,) = struct.unpack("<Q", file.read(8))
-        return [name for name in json.loads(file.read(length)) if name != "__metadata__"]
+        return {name: value for name, value in json.loads(file.read(length)).items() if name != "__metadata__"}

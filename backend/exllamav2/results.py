@@ -1,13 +1,16 @@
 """exllamav2 result dicts -> the neutral TokenEvent / Finish.
 
 The generator already holds back partial UTF-8 and partial stop strings, so
-its `text` is passed through. Its quirks, as documented for 0.3.2: many
-streaming results carry no `text` at all; a stop-token EOS carries no text,
-and what was held then (say, a prefix that never became a stop string) is
-only in `held`; usage counts come from `new_tokens` (plus one for a healed
-job, which counts from -1), not from summing ids; a banned-string rewind
-leaves the suppressed ids in `token_ids`; and on the mask path a finished
-grammar ends as a stop-token EOS, never as "end_filter".
+its `text` is passed through. Its quirks, as 0.3.2's source shows them
+(generator/dynamic.py, ExLlamaV2DynamicJob.receive_sample): while text is held,
+results carry neither text nor token ids, and the held tokens come later with
+their text; a stop-token EOS is emitted without what is held, so those tokens,
+the stop token itself and their logits are only in `held`; a stop string is cut
+from the text and reported in `eos_triggering_string`; usage counts come from
+`new_tokens` (plus one for a healed job, which counts from -1); a banned-string
+rewind leaves the suppressed ids in `token_ids`; and our grammar filter never
+gives exllamav2 end tokens, so no job ends with its "end_filter": a finished
+grammar allows only EOS, and the job ends as a stop-token EOS.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from backend.exllamav2.filter_core import GrammarFilterCore
+from backend.exllamav2.jobs import heals
 from backend.logprobs import with_logprobs
 from backend.sequence import make_finish
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings
@@ -68,13 +72,15 @@ class JobResults:
         reason, stop_sequence, stop_token_id = self._reason(result)
         if result.get("eos_reason") == "stop_token":
             text += self._held_text(result)
+        if stop_sequence is not None and self._request.stopping.include_stop_sequence:
+            text += stop_sequence  # exllamav2 cuts it (and anything after it in the same token)
         if constraint is not None and (
             (reason is FinishReason.EOS_TOKEN and constraint.satisfied) or constraint.complete
         ):
             # The mask path never yields exllamav2's own "end_filter": a finished grammar allows only EOS.
             reason = FinishReason.CONSTRAINT_COMPLETE
         if "new_tokens" in result:  # the generator's count; a healed job's starts at -1
-            self.generated = result["new_tokens"] + self._request.sampling.token_healing
+            self.generated = result["new_tokens"] + heals(self._request)
         finish = make_finish(
             self._request,
             reason,
@@ -114,16 +120,24 @@ class JobResults:
         return delta
 
     def _tokens(self, result: dict[str, Any]) -> tuple[GeneratedToken, ...]:
+        """The tokens released with this result; at EOS also those still held (a stop-token EOS holds
+        its stop token, and whatever a partial stop string held before it)."""
         ids = _first_row(result["token_ids"]) if "token_ids" in result else []
         suppressed = _first_row(result["suppressed_tokens"]) if "suppressed_tokens" in result else []
         if suppressed and ids[-len(suppressed) :] == suppressed:
             # 0.3.2 rewinds a banned string's text but not its token ids (a typo in rewind_checkpoint).
             ids = ids[: -len(suppressed)]
-        if "logits" not in result:
-            return tuple(GeneratedToken(int(t), self._piece(int(t))) for t in ids)
-        rows = np.asarray(result["logits"], dtype=np.float32)[0, :, : self._vocab_size]  # (1, n, vocab)
+        rows = _rows(result.get("logits"), len(ids))
+        held = (result.get("held") or {}) if result.get("eos") else {}
+        if "token_ids" in held:
+            held_ids = _first_row(held["token_ids"])
+            ids, rows = ids + held_ids, rows + _rows(held.get("logits"), len(held_ids))
         top_n = self._request.output.top_logprobs
-        return tuple(with_logprobs(int(t), row, self._piece, top_n) for t, row in zip(ids, rows))
+        return tuple(
+            GeneratedToken(int(t), self._piece(int(t))) if row is None
+            else with_logprobs(int(t), row[: self._vocab_size], self._piece, top_n)
+            for t, row in zip(ids, rows)
+        )
 
     def _reason(self, result: dict[str, Any]) -> tuple[FinishReason, str | None, int | None]:
         reason = result.get("eos_reason")
@@ -134,8 +148,6 @@ class JobResults:
             return FinishReason.STOP_TOKEN, None, token
         if reason == "stop_string":
             return FinishReason.STOP_SEQUENCE, result.get("eos_triggering_string"), None
-        if reason == "end_filter":
-            return FinishReason.CONSTRAINT_COMPLETE, None, None
         return FinishReason.MAX_TOKENS, None, None
 
     @staticmethod
@@ -161,3 +173,8 @@ def _first_row(value: Any) -> list:
     """Result tensors have shape (1, n); fakes may pass nested lists."""
     rows = value.tolist() if hasattr(value, "tolist") else value
     return list(rows[0])
+
+
+def _rows(logits: Any, count: int) -> list:
+    """The n logit rows of a (1, n, padded vocabulary) tensor; `count` Nones where it is absent."""
+    return [None] * count if logits is None else list(np.asarray(logits, dtype=np.float32)[0])

@@ -6,9 +6,11 @@ temperature 0.8, repetition penalty 1.025), so nothing is left to them.
 
 from __future__ import annotations
 
+import math
 from typing import AbstractSet, Callable, Sequence
 
 from backend.engine import COMMON_SAMPLERS
+from backend.exllamav2.jobs import heals
 from backend.types import GenerationRequest
 
 EXLLAMAV2_ONLY_SAMPLERS = ("top_a", "tfs", "skew", "smoothing_factor", "banned_strings", "token_healing")
@@ -64,7 +66,7 @@ def _dry_fields(request: GenerationRequest, breaker_ids: BreakerIds) -> dict[str
     # and it asserts a search window longer than dry_max_ngram.
     max_ngram = max(_DRY_MAX_NGRAM, dry.allowed_length + 1)
     window = max(dry.last_n, max_ngram + 1) if dry.last_n else 0
-    first_sequence = len(request.prompt_token_ids) - request.sampling.token_healing
+    first_sequence = len(request.prompt_token_ids) - heals(request)
     if window >= first_sequence + request.stopping.max_new_tokens or first_sequence < 2:
         # The window holds the whole job anyway; and 0.3.2 fails a windowed DRY on a 1-token sequence.
         window = 0
@@ -76,6 +78,16 @@ def _dry_fields(request: GenerationRequest, breaker_ids: BreakerIds) -> dict[str
         "dry_max_ngram": max_ngram,
         "dry_sequence_breakers": breaker_ids(dry.sequence_breakers),
     }
+
+
+def token_bias_values(request: GenerationRequest, eos_token_ids: tuple[int, ...]) -> dict[int, float]:
+    """What a job's `token_bias` tensor holds, by token id (empty: no tensor). With ignore_eos every
+    EOS id is -inf, whatever the caller's bias, as the llama.cpp path masks them: leaving them out of
+    the stop conditions alone would let one be sampled and streamed as text."""
+    values = dict(request.sampling.logit_bias)
+    if request.stopping.ignore_eos:
+        values.update(dict.fromkeys(eos_token_ids, -math.inf))
+    return values
 
 
 def sequence_breaker_ids(pieces: Sequence[str], breakers: tuple[str, ...]) -> set[int]:

@@ -17,7 +17,6 @@ import json
 import pathlib
 
 import numpy as np
-from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]  # ids 0..3
@@ -166,6 +165,8 @@ def check_gptq(fp16: dict[str, np.ndarray], quantized: dict[str, np.ndarray]) ->
 
 
 def write_model(directory: pathlib.Path, tensors: dict[str, np.ndarray], config: dict, tokenizer: Tokenizer) -> None:
+    from safetensors.numpy import save_file  # here: the tokenizer alone (tests/test_exllamav2_vocabulary.py) needs none
+
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config, indent=2))

@@ -1,0 +1,70 @@
+"""Prompts, chats and token pieces for the exllamav2 engine, from the model's tokenizer.json.
+
+exllamav2 0.3.2 tokenizes with Hugging Face tokenizers too (tokenizer/hf.py wraps a
+tokenizers.Tokenizer), but two of its answers are wrong for us, so the engine asks
+tokenizers and llguidance directly:
+
+- Its plain encode (`encode(..., encode_special_tokens=False)`, tokenizer.py:346-366) ends in
+  `Tokenizer.encode(text, add_special_tokens=False)` (hf.py:84-86), and tokenizers still turns
+  the text of an added special token into that token unless the tokenizer's own
+  `encode_special_tokens` flag is set, which exllamav2 never sets: "<|im_start|>" in a chat
+  message would forge a turn. Here that flag is set, so text stays text.
+- Its id-to-piece list decodes each id alone (hf.py:41-68): a byte-level token holding part of
+  a UTF-8 character comes out as U+FFFD. The pieces here are the exact bytes, as llguidance
+  reads them from tokenizer.json (its byte-level map or <0xNN> fallback); special tokens are b"".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import tokenizers
+
+from backend.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
+from backend.engine import ChatMessage
+
+
+class Vocabulary:
+    """Thread-safe: read-only after construction."""
+
+    def __init__(
+        self, tokenizer_json: str, ll_tokenizer, bos_token_id: int | None, add_bos: bool, chat: ChatTemplate | None
+    ) -> None:
+        self._tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
+        self._tokenizer.encode_special_tokens = True  # special-token text in the input is text
+        self._bos = bos_token_id if add_bos else None
+        self._chat = chat
+        added = json.loads(tokenizer_json).get("added_tokens") or []
+        special = [token for token in added if token.get("special")]
+        # The tokens a template's markup may hold, with the whitespace they swallow, as transformers parses them.
+        self.specials = SpecialTokens(
+            ((token["content"], token["id"]) for token in special),
+            lstrip=[token["id"] for token in special if token.get("lstrip")],
+            rstrip=[token["id"] for token in special if token.get("rstrip")],
+        )
+        size = min(self._tokenizer.get_vocab_size(with_added_tokens=True), ll_tokenizer.vocab_size)
+        self.pieces = [b"" if ll_tokenizer.is_special_token(t) else ll_tokenizer.decode_bytes([t]) for t in range(size)]
+
+    def piece(self, token_id: int) -> bytes:
+        return self.pieces[token_id] if 0 <= token_id < len(self.pieces) else b""
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Ids of text as text: no BOS, and special-token text stays characters."""
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """A plain prompt: BOS first where the model's tokenizer adds one (and add_special), then the text."""
+        ids = self.encode_plain(text)
+        return [self._bos, *ids] if add_special and self._bos is not None else ids
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+    ) -> list[int]:
+        if self._chat is None:
+            raise ChatTemplateError(NO_TEMPLATE)
+        if special_tokens_in_content:  # opted into: any special-token text, the callers' too, is a token
+            whole = RenderedChat(self._chat.render(messages, add_generation_prompt), ())
+            return tokenize_chat(whole, (), self.specials, self.encode_plain)
+        chat = self._chat.render_marked(messages, add_generation_prompt)
+        return tokenize_chat(chat, messages, self.specials, self.encode_plain)
