@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from backend.constraints import ConstraintLimits
+from backend.types import SpeculationMode
 
 
 class EngineKind(enum.StrEnum):
@@ -19,6 +20,17 @@ class EngineKind(enum.StrEnum):
     """EXL2 or GPTQ model directories on CUDA GPUs."""
 
 
+class SpeculationSetting(enum.StrEnum):
+    """The server's speculative decoding, for requests that do not choose (see Speculation in the proto)."""
+
+    AUTO = "auto"
+    """llama.cpp: n-gram, its planner checking proposals only in steps where that pays. exllamav2: off
+    (its generator drafts for every job every step, which its own docs call detrimental at larger
+    batches; not measured on a GPU here), or the draft model when one is set."""
+    OFF = "off"
+    NGRAM = "ngram"
+
+
 class CacheType(enum.StrEnum):
     """exllamav2's cache precision: a quantized cache holds more tokens in the same memory."""
 
@@ -26,6 +38,10 @@ class CacheType(enum.StrEnum):
     Q8 = "q8"
     Q6 = "q6"
     Q4 = "q4"
+
+
+MAX_DRAFT_TOKENS = 64
+"""The most proposed tokens a request or the server may ask to check in one step."""
 
 
 def default_threads() -> int:
@@ -75,6 +91,8 @@ class ExLlamaV2Settings:
     cache_type: CacheType = CacheType.FP16
     gpu_split: tuple[float, ...] = ()
     """GB per GPU (empty: fill the GPUs in order)."""
+    draft_model: str = ""
+    """An EXL2 model directory with the same vocabulary, whose proposals the model checks (speculative decoding)."""
 
     def __post_init__(self) -> None:
         _require([
@@ -97,6 +115,10 @@ class EngineConfig:
     """Most tokens one sequence holds, prompt and output together."""
     max_batch_size: int = 8
     """Sequences decoded together."""
+    speculation: SpeculationSetting = SpeculationSetting.AUTO
+    """What a request that does not choose gets; the output is the same either way."""
+    max_draft_tokens: int = 16
+    """Most proposed tokens checked in one step, for a request that does not say."""
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
     exllamav2: ExLlamaV2Settings = field(default_factory=ExLlamaV2Settings)
     constraint: ConstraintLimits = field(default_factory=ConstraintLimits, metadata={"prefix": "constraint_"})
@@ -106,7 +128,14 @@ class EngineConfig:
             (self.context_length < 16, "context_length must be at least 16"),
             (self.max_batch_size < 1, "max_batch_size must be at least 1"),
             (self.llamacpp.batch_tokens < self.max_batch_size, "batch_tokens must be at least max_batch_size"),
+            (not 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS, f"max_draft_tokens must be 1 to {MAX_DRAFT_TOKENS}"),
+            (bool(self.exllamav2.draft_model) and self.speculation is SpeculationSetting.NGRAM,
+             "draft_model and speculation = ngram exclude each other (exllamav2 drafts one way)"),
         ])
+
+    def speculation_mode(self, auto: SpeculationMode) -> SpeculationMode:
+        """The server's mode, `auto` standing for the engine's own choice."""
+        return auto if self.speculation is SpeculationSetting.AUTO else SpeculationMode(self.speculation.value)
 
     @classmethod
     def of(cls, **settings) -> EngineConfig:

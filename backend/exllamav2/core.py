@@ -135,7 +135,10 @@ class ExLlamaV2Core:
                 self._outputs.append((entry.sink, dataclasses.replace(event, step=self.steps)))
                 if event.finish is not None:
                     del self._jobs[entry.request.request_id]
-                    self.counters.cached_prompt_tokens_total += event.finish.usage.cached_tokens
+                    usage = event.finish.usage
+                    self.counters.cached_prompt_tokens_total += usage.cached_tokens
+                    self.counters.draft_tokens_total += usage.draft_tokens
+                    self.counters.accepted_draft_tokens_total += usage.accepted_draft_tokens
         self._publish()
         return self._take_outputs()
 

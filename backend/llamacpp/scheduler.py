@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from backend.llamacpp.sequence import Sequence
+from backend.llamacpp.speculation import Candidate, DecodeCosts, plan_drafts, proposal
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,13 @@ class Admission:
 
 @dataclass(frozen=True)
 class Feed:
-    """Tokens of one sequence for this step's decode: `tokens[cached : cached + count]`."""
+    """Tokens of one sequence for this step's decode: `tokens[cached : cached + count]`, then the
+    `proposed` tokens to check (see backend.llamacpp.speculation)."""
 
     sequence: Sequence
     count: int
+    proposed: tuple[int, ...] = ()
+    prefill: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,9 +56,10 @@ class Expired:
 
 
 class Scheduler:
-    def __init__(self, max_batch_size: int, batch_tokens: int, max_pause_s: float) -> None:
+    def __init__(self, max_batch_size: int, batch_tokens: int, max_pause_s: float, context_length: int) -> None:
         self.max_batch_size = max_batch_size
         self.batch_tokens = batch_tokens
+        self.context_length = context_length
         self.max_pause_s = max_pause_s
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[str, Sequence] = {}
@@ -62,6 +67,8 @@ class Scheduler:
         """In preemption order: the first comes back first."""
         self._turns = itertools.count()
         self._prompt_rows_since_decode = 0
+        self.costs = DecodeCosts()
+        """What decoding rows costs on this machine, as the core measures it."""
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -144,24 +151,31 @@ class Scheduler:
         if waited and waited + rows > self.batch_tokens and any(s.decodes for s in self.running.values()):
             return None  # decoding sequences have waited long enough
         seq.prefill_turn = next(self._turns)
-        return Feed(seq, rows)
+        return Feed(seq, rows, prefill=True)
 
     def _decoding_feeds(self) -> list[Feed]:
-        """The known tokens of every decoding sequence, in slot order.
+        """The known tokens of every decoding sequence (its last token and any its grammar forced), and
+        the proposed tokens worth checking, in slot order.
 
         Tokens in ascending sequence order: llama.cpp's per-sequence cache takes a much slower path
         (measured: 1.7x per step at 8 sequences) when a batch lists sequences out of order.
-        With a cache per sequence, llama.cpp splits a batch into equal-length pieces per sequence,
-        so several tokens of one sequence beside others would cost extra forward passes: tokens
-        forced by a grammar go all at once only when a sequence runs alone.
         """
-        per_sequence = self.batch_tokens if len(self.running) == 1 else 1
-        feeds = []
-        for seq in sorted(self.running.values(), key=lambda seq: seq.slot):
-            if seq.decodes:
-                replaying = seq.cached < seq.replay_until - 1  # fed again one a step, as first computed
-                feeds.append(Feed(seq, 1 if replaying else min(per_sequence, len(seq.tokens) - seq.cached)))
-        return feeds
+        decoding = [seq for seq in sorted(self.running.values(), key=lambda seq: seq.slot) if seq.decodes]
+        rows_each = self.batch_tokens // max(1, len(decoding))  # every sequence's rows fit one batch
+        candidates = []
+        for seq in decoding:
+            replaying = seq.cached < seq.replay_until - 1  # fed again one a step, as first computed
+            known = 1 if replaying else min(rows_each, len(seq.tokens) - seq.cached)
+            complete = seq.cached + known == len(seq.tokens)
+            room = min(rows_each - known, self.context_length - len(seq.tokens), seq.output.tokens_left - 1)
+            speculates = seq.draft is not None and complete and room > 0
+            proposed = proposal(seq.tokens, seq.draft, seq.output.constraint, room) if speculates else []
+            candidates.append(Candidate(known, proposed, seq.draft))
+        checked = plan_drafts(candidates, self.costs)
+        for candidate, n in zip(candidates, checked):
+            if candidate.draft is not None and not n:
+                candidate.draft.checked(0, 0)  # a step without a check
+        return [Feed(seq, c.known_rows, tuple(c.proposed[:n])) for seq, c, n in zip(decoding, candidates, checked)]
 
     def _has_candidate(self) -> bool:
         return bool(self.waiting) or any(not seq.paused for seq in self.preempted.values())

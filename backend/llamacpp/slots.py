@@ -67,11 +67,10 @@ class Slots:
         heapq.heappush(self._free, seq.slot)
         seq.slot, seq.cached = -1, 0
 
-    def roll_back(self, seq: Sequence, keep: int) -> None:
-        """Drops a sequence's cells from position `keep` on (rows fed ahead that were not accepted)."""
-        if keep < seq.cached:
-            llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, keep, -1)
-            seq.cached = keep
+    def keep_cells(self, seq: Sequence, upto: int) -> None:
+        """Keeps only the sequence's cells before position `upto`: rows it fed ahead that were not accepted go."""
+        llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, upto, -1)
+        seq.cached = upto
 
     def _pick_slot(self, source: int | None, running: Collection[Sequence]) -> int:
         """A free slot that keeps the live sequences contiguous (a hole between them, else one beside

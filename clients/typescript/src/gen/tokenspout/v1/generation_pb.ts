@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tokenspout/v1/generation.proto.
  */
 export const file_tokenspout_v1_generation: GenFile = /*@__PURE__*/
-  fileDesc("Ch50b2tlbnNwb3V0L3YxL2dlbmVyYXRpb24ucHJvdG8SDXRva2Vuc3BvdXQudjEiuwIKFUdlbmVyYXRlU3RyZWFtUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIvCghzYW1wbGluZxgFIAEoCzIdLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMSMQoIc3RvcHBpbmcYBiABKAsyHy50b2tlbnNwb3V0LnYxLlN0b3BwaW5nQ3JpdGVyaWESLQoKY29uc3RyYWludBgHIAEoCzIZLnRva2Vuc3BvdXQudjEuQ29uc3RyYWludBIsCgZvdXRwdXQYCCABKAsyHC50b2tlbnNwb3V0LnYxLk91dHB1dE9wdGlvbnNCBwoFaW5wdXQitQIKD0dlbmVyYXRlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIvCghzYW1wbGluZxgFIAEoCzIdLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMSMQoIc3RvcHBpbmcYBiABKAsyHy50b2tlbnNwb3V0LnYxLlN0b3BwaW5nQ3JpdGVyaWESLQoKY29uc3RyYWludBgHIAEoCzIZLnRva2Vuc3BvdXQudjEuQ29uc3RyYWludBIsCgZvdXRwdXQYCCABKAsyHC50b2tlbnNwb3V0LnYxLk91dHB1dE9wdGlvbnNCBwoFaW5wdXQicgoEQ2hhdBIsCghtZXNzYWdlcxgBIAMoCzIaLnRva2Vuc3BvdXQudjEuQ2hhdE1lc3NhZ2USIgoVYWRkX2dlbmVyYXRpb25fcHJvbXB0GAIgASgISACIAQFCGAoWX2FkZF9nZW5lcmF0aW9uX3Byb21wdCIsCgtDaGF0TWVzc2FnZRIMCgRyb2xlGAEgASgJEg8KB2NvbnRlbnQYAiABKAki1QYKDlNhbXBsaW5nUGFyYW1zEhgKC3RlbXBlcmF0dXJlGAEgASgCSACIAQESEgoFdG9wX2sYAiABKA1IAYgBARISCgV0b3BfcBgDIAEoAkgCiAEBEhIKBW1pbl9wGAQgASgCSAOIAQESFgoJdHlwaWNhbF9wGAUgASgCSASIAQESHwoScmVwZXRpdGlvbl9wZW5hbHR5GAYgASgCSAWIAQESHQoQcHJlc2VuY2VfcGVuYWx0eRgHIAEoAkgGiAEBEh4KEWZyZXF1ZW5jeV9wZW5hbHR5GAggASgCSAeIAQESEQoEc2VlZBgJIAEoBEgIiAEBEkAKCmxvZ2l0X2JpYXMYCiADKAsyLC50b2tlbnNwb3V0LnYxLlNhbXBsaW5nUGFyYW1zLkxvZ2l0Qmlhc0VudHJ5EhsKDnBlbmFsdHlfbGFzdF9uGAsgASgNSAmIAQESJgoDZHJ5GAwgASgLMhkudG9rZW5zcG91dC52MS5EcnlTYW1wbGVyEiYKA3h0YxgNIAEoCzIZLnRva2Vuc3BvdXQudjEuWHRjU2FtcGxlchIwCghtaXJvc3RhdBgOIAEoCzIeLnRva2Vuc3BvdXQudjEuTWlyb3N0YXRTYW1wbGVyEhIKBXRvcF9hGA8gASgCSAqIAQESEAoDdGZzGBAgASgCSAuIAQESEQoEc2tldxgRIAEoAkgMiAEBEh0KEHNtb290aGluZ19mYWN0b3IYEiABKAJIDYgBARIWCg5iYW5uZWRfc3RyaW5ncxgTIAMoCRIVCg10b2tlbl9oZWFsaW5nGBQgASgIGjAKDkxvZ2l0Qmlhc0VudHJ5EgsKA2tleRgBIAEoBRINCgV2YWx1ZRgCIAEoAjoCOAFCDgoMX3RlbXBlcmF0dXJlQggKBl90b3Bfa0IICgZfdG9wX3BCCAoGX21pbl9wQgwKCl90eXBpY2FsX3BCFQoTX3JlcGV0aXRpb25fcGVuYWx0eUITChFfcHJlc2VuY2VfcGVuYWx0eUIUChJfZnJlcXVlbmN5X3BlbmFsdHlCBwoFX3NlZWRCEQoPX3BlbmFsdHlfbGFzdF9uQggKBl90b3BfYUIGCgRfdGZzQgcKBV9za2V3QhMKEV9zbW9vdGhpbmdfZmFjdG9yIssBCgpEcnlTYW1wbGVyEhcKCm11bHRpcGxpZXIYASABKAJIAIgBARIRCgRiYXNlGAIgASgCSAGIAQESGwoOYWxsb3dlZF9sZW5ndGgYAyABKA1IAogBARIbCg5wZW5hbHR5X2xhc3RfbhgEIAEoDUgDiAEBEhkKEXNlcXVlbmNlX2JyZWFrZXJzGAUgAygJQg0KC19tdWx0aXBsaWVyQgcKBV9iYXNlQhEKD19hbGxvd2VkX2xlbmd0aEIRCg9fcGVuYWx0eV9sYXN0X24iXAoKWHRjU2FtcGxlchIYCgtwcm9iYWJpbGl0eRgBIAEoAkgAiAEBEhYKCXRocmVzaG9sZBgCIAEoAkgBiAEBQg4KDF9wcm9iYWJpbGl0eUIMCgpfdGhyZXNob2xkIkUKD01pcm9zdGF0U2FtcGxlchIQCgN0YXUYASABKAJIAIgBARIQCgNldGEYAiABKAJIAYgBAUIGCgRfdGF1QgYKBF9ldGEiiwIKEFN0b3BwaW5nQ3JpdGVyaWESGwoObWF4X25ld190b2tlbnMYASABKA1IAIgBARIbCg5taW5fbmV3X3Rva2VucxgCIAEoDUgBiAEBEhYKDnN0b3Bfc2VxdWVuY2VzGAMgAygJEhYKDnN0b3BfdG9rZW5faWRzGAQgAygFEiIKFWluY2x1ZGVfc3RvcF9zZXF1ZW5jZRgFIAEoCEgCiAEBEhIKCmlnbm9yZV9lb3MYBiABKAgSFQoNdGltZV9saW1pdF9tcxgHIAEoDUIRCg9fbWF4X25ld190b2tlbnNCEQoPX21pbl9uZXdfdG9rZW5zQhgKFl9pbmNsdWRlX3N0b3Bfc2VxdWVuY2Ui/QEKCkNvbnN0cmFpbnQSFQoLanNvbl9zY2hlbWEYASABKAlIABIVCgtqc29uX29iamVjdBgCIAEoCEgAEg8KBXJlZ2V4GAMgASgJSAASEQoHZ3JhbW1hchgEIAEoCUgAEigKBmNob2ljZRgFIAEoCzIWLnRva2Vuc3BvdXQudjEuQ2hvaWNlc0gAEhMKBnN0cmljdBgGIAEoCEgBiAEBEhsKE3doaXRlc3BhY2VfZmxleGlibGUYByABKAgSGwoObWF4X3doaXRlc3BhY2UYCCABKA1IAogBAUIGCgRraW5kQgkKB19zdHJpY3RCEQoPX21heF93aGl0ZXNwYWNlIhkKB0Nob2ljZXMSDgoGdmFsdWVzGAEgAygJItIBCg1PdXRwdXRPcHRpb25zEh4KFm1heF90b2tlbnNfcGVyX21lc3NhZ2UYASABKA0SGAoQcmV0dXJuX3Rva2VuX2lkcxgCIAEoCBIXCg9yZXR1cm5fbG9ncHJvYnMYAyABKAgSFAoMdG9wX2xvZ3Byb2JzGAQgASgNEh0KFWhlYXJ0YmVhdF9pbnRlcnZhbF9tcxgFIAEoDRIeChZtaW5fdG9rZW5zX3Blcl9tZXNzYWdlGAYgASgNEhkKEWZsdXNoX2ludGVydmFsX21zGAcgASgNIsoBChZHZW5lcmF0ZVN0cmVhbVJlc3BvbnNlEhIKCnJlcXVlc3RfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIkCgZ0b2tlbnMYAyADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEhgKEGdlbmVyYXRlZF90b2tlbnMYBCABKA0SFAoMaW5wdXRfdG9rZW5zGAUgASgNEiUKBmZpbmlzaBgGIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoEhEKCWhlYXJ0YmVhdBgHIAEoCCLEAQoQR2VuZXJhdGVSZXNwb25zZRISCgpyZXF1ZXN0X2lkGAEgASgJEgwKBHRleHQYAiABKAkSJAoGdG9rZW5zGAMgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIYChBnZW5lcmF0ZWRfdG9rZW5zGAQgASgNEhQKDGlucHV0X3Rva2VucxgFIAEoDRIlCgZmaW5pc2gYBiABKAsyFS50b2tlbnNwb3V0LnYxLkZpbmlzaBIRCgloZWFydGJlYXQYByABKAgigwEKBVRva2VuEgoKAmlkGAEgASgFEgwKBHRleHQYAiABKAkSDQoFYnl0ZXMYAyABKAwSFAoHbG9ncHJvYhgEIAEoAkgAiAEBEi8KDHRvcF9sb2dwcm9icxgFIAMoCzIZLnRva2Vuc3BvdXQudjEuVG9wTG9ncHJvYkIKCghfbG9ncHJvYiI3CgpUb3BMb2dwcm9iEgoKAmlkGAEgASgFEgwKBHRleHQYAiABKAkSDwoHbG9ncHJvYhgDIAEoAiKrAgoGRmluaXNoEisKBnJlYXNvbhgBIAEoDjIbLnRva2Vuc3BvdXQudjEuRmluaXNoUmVhc29uEhcKDXN0b3Bfc2VxdWVuY2UYAiABKAlIABIXCg1zdG9wX3Rva2VuX2lkGAMgASgFSAASDAoEc2VlZBgEIAEoBBIjCgV1c2FnZRgFIAEoCzIULnRva2Vuc3BvdXQudjEuVXNhZ2USJwoHdGltaW5ncxgGIAEoCzIWLnRva2Vuc3BvdXQudjEuVGltaW5ncxIhChRjb25zdHJhaW50X3NhdGlzZmllZBgHIAEoCEgBiAEBEhoKEmNvbnN0cmFpbnRfbWVzc2FnZRgIIAEoCUIOCgxtYXRjaGVkX3N0b3BCFwoVX2NvbnN0cmFpbnRfc2F0aXNmaWVkIlAKBVVzYWdlEhUKDXByb21wdF90b2tlbnMYASABKA0SGQoRY29tcGxldGlvbl90b2tlbnMYAiABKA0SFQoNY2FjaGVkX3Rva2VucxgDIAEoDSLKAQoHVGltaW5ncxIQCghxdWV1ZV9tcxgBIAEoARIeChZ0aW1lX3RvX2ZpcnN0X3Rva2VuX21zGAIgASgBEhIKCnByZWZpbGxfbXMYAyABKAESEQoJZGVjb2RlX21zGAQgASgBEhAKCHRvdGFsX21zGAUgASgBEhkKEXRva2Vuc19wZXJfc2Vjb25kGAYgASgBEh0KFWNvbnN0cmFpbnRfY29tcGlsZV9tcxgHIAEoARIaChJjb25zdHJhaW50X21hc2tfbXMYCCABKAEiWAoYQ29tcGlsZUNvbnN0cmFpbnRSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEi0KCmNvbnN0cmFpbnQYAiABKAsyGS50b2tlbnNwb3V0LnYxLkNvbnN0cmFpbnQiUQoZQ29tcGlsZUNvbnN0cmFpbnRSZXNwb25zZRISCgpjb21waWxlX21zGAEgASgBEg4KBmNhY2hlZBgCIAEoCBIQCgh3YXJuaW5ncxgDIAMoCSKWAQoPVG9rZW5pemVSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEg4KBHRleHQYAiABKAlIABIjCgRjaGF0GAMgASgLMhMudG9rZW5zcG91dC52MS5DaGF0SAASHwoSYWRkX3NwZWNpYWxfdG9rZW5zGAQgASgISAGIAQFCBwoFaW5wdXRCFQoTX2FkZF9zcGVjaWFsX3Rva2VucyJEChBUb2tlbml6ZVJlc3BvbnNlEhEKCXRva2VuX2lkcxgBIAMoBRIOCgZwaWVjZXMYAiADKAwSDQoFY291bnQYAyABKA0iJAoNQ2FuY2VsUmVxdWVzdBITCgtyZXF1ZXN0X2lkcxgBIAMoCSI2Cg5DYW5jZWxSZXNwb25zZRIRCgljYW5jZWxsZWQYASADKAkSEQoJbm90X2ZvdW5kGAIgAygJIhgKFkdldFNlcnZlclN0YXR1c1JlcXVlc3QilQUKF0dldFNlcnZlclN0YXR1c1Jlc3BvbnNlEhkKEXJ1bm5pbmdfc2VxdWVuY2VzGAEgASgNEhcKD3F1ZXVlZF9yZXF1ZXN0cxgCIAEoDRIYChBwYXVzZWRfc2VxdWVuY2VzGAMgASgNEhkKEWNhY2hlX3Rva2Vuc191c2VkGAQgASgNEhkKEWNhY2hlX3Rva2Vuc19mcmVlGAUgASgNEhYKDm1heF9iYXRjaF9zaXplGAYgASgNEhsKE21heF9xdWV1ZWRfcmVxdWVzdHMYByABKA0SFAoMZW5naW5lX3N0ZXBzGAggASgEEhcKD2NhbmNlbGxlZF90b3RhbBgJIAEoBBIhChlsYXN0X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAogASgNEh4KFmxhc3RfY2FuY2VsX2xhdGVuY3lfbXMYCyABKAESIAoYbWF4X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAwgASgNEhYKDnJlamVjdGVkX3RvdGFsGA0gASgEEhAKCGRyYWluaW5nGA4gASgIEhUKDXN0YXJ0ZWRfdG90YWwYDyABKAQSFwoPY2FjaGVkX3ByZWZpeGVzGBAgASgNEhwKFGNhY2hlZF9wcmVmaXhfdG9rZW5zGBEgASgEEhsKE3Byb21wdF90b2tlbnNfdG90YWwYEiABKAQSIgoaY2FjaGVkX3Byb21wdF90b2tlbnNfdG90YWwYEyABKAQSHQoVcHJlZml4X2NhY2hlX2hpdF9yYXRlGBQgASgBEhcKD3ByZWVtcHRlZF90b3RhbBgVIAEoBBIbChNwcmVlbXB0ZWRfc2VxdWVuY2VzGBYgASgNEh8KF3JlY29tcHV0ZWRfdG9rZW5zX3RvdGFsGBcgASgEIiQKE0dldE1vZGVsSW5mb1JlcXVlc3QSDQoFbW9kZWwYASABKAkingIKFEdldE1vZGVsSW5mb1Jlc3BvbnNlEhAKCG1vZGVsX2lkGAEgASgJEg4KBmVuZ2luZRgCIAEoCRIWCg5jb250ZXh0X2xlbmd0aBgDIAEoDRISCgp2b2NhYl9zaXplGAQgASgNEjQKDnNwZWNpYWxfdG9rZW5zGAUgASgLMhwudG9rZW5zcG91dC52MS5TcGVjaWFsVG9rZW5zEhAKCHNhbXBsZXJzGAYgAygJEhgKEGNvbnN0cmFpbnRfa2luZHMYByADKAkSJQoGbGltaXRzGAggASgLMhUudG9rZW5zcG91dC52MS5MaW1pdHMSGQoRaGFzX2NoYXRfdGVtcGxhdGUYCSABKAgSFAoMcXVhbnRpemF0aW9uGAogASgJIn4KDVNwZWNpYWxUb2tlbnMSGQoMYm9zX3Rva2VuX2lkGAEgASgFSACIAQESFQoNZW9zX3Rva2VuX2lkcxgCIAMoBRIZCgxwYWRfdG9rZW5faWQYAyABKAVIAYgBAUIPCg1fYm9zX3Rva2VuX2lkQg8KDV9wYWRfdG9rZW5faWQisAEKBkxpbWl0cxIWCg5tYXhfYmF0Y2hfc2l6ZRgBIAEoDRIWCg5tYXhfbmV3X3Rva2VucxgCIAEoDRIaChJtYXhfc3RvcF9zZXF1ZW5jZXMYAyABKA0SIAoYbWF4X3N0b3Bfc2VxdWVuY2VfbGVuZ3RoGAQgASgNEhgKEG1heF90b3BfbG9ncHJvYnMYBSABKA0SHgoWbWF4X2xvZ2l0X2JpYXNfZW50cmllcxgGIAEoDSqqAgoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIbChdGSU5JU0hfUkVBU09OX0VPU19UT0tFThABEh8KG0ZJTklTSF9SRUFTT05fU1RPUF9TRVFVRU5DRRACEhwKGEZJTklTSF9SRUFTT05fU1RPUF9UT0tFThADEhwKGEZJTklTSF9SRUFTT05fTUFYX1RPS0VOUxAEEhwKGEZJTklTSF9SRUFTT05fVElNRV9MSU1JVBAFEh8KG0ZJTklTSF9SRUFTT05fQ09OVEVYVF9MSU1JVBAGEhsKF0ZJTklTSF9SRUFTT05fQ0FOQ0VMTEVEEAcSJQohRklOSVNIX1JFQVNPTl9DT05TVFJBSU5UX0NPTVBMRVRFEAgy+AQKEUdlbmVyYXRpb25TZXJ2aWNlEl8KDkdlbmVyYXRlU3RyZWFtEiQudG9rZW5zcG91dC52MS5HZW5lcmF0ZVN0cmVhbVJlcXVlc3QaJS50b2tlbnNwb3V0LnYxLkdlbmVyYXRlU3RyZWFtUmVzcG9uc2UwARJLCghHZW5lcmF0ZRIeLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVSZXF1ZXN0Gh8udG9rZW5zcG91dC52MS5HZW5lcmF0ZVJlc3BvbnNlEksKCFRva2VuaXplEh4udG9rZW5zcG91dC52MS5Ub2tlbml6ZVJlcXVlc3QaHy50b2tlbnNwb3V0LnYxLlRva2VuaXplUmVzcG9uc2USVwoMR2V0TW9kZWxJbmZvEiIudG9rZW5zcG91dC52MS5HZXRNb2RlbEluZm9SZXF1ZXN0GiMudG9rZW5zcG91dC52MS5HZXRNb2RlbEluZm9SZXNwb25zZRJmChFDb21waWxlQ29uc3RyYWludBInLnRva2Vuc3BvdXQudjEuQ29tcGlsZUNvbnN0cmFpbnRSZXF1ZXN0GigudG9rZW5zcG91dC52MS5Db21waWxlQ29uc3RyYWludFJlc3BvbnNlEkUKBkNhbmNlbBIcLnRva2Vuc3BvdXQudjEuQ2FuY2VsUmVxdWVzdBodLnRva2Vuc3BvdXQudjEuQ2FuY2VsUmVzcG9uc2USYAoPR2V0U2VydmVyU3RhdHVzEiUudG9rZW5zcG91dC52MS5HZXRTZXJ2ZXJTdGF0dXNSZXF1ZXN0GiYudG9rZW5zcG91dC52MS5HZXRTZXJ2ZXJTdGF0dXNSZXNwb25zZUKhAQoRZGV2LnRva2Vuc3BvdXQudjFCD0dlbmVyYXRpb25Qcm90b1ABWkJnaXRodWIuY29tL3Rva2Vuc3BvdXQvdG9rZW5zcG91dC9nZW4vZ28vdG9rZW5zcG91dC92MTt0b2tlbnNwb3V0djGiAgNUU1iqAg1Ub2tlbnNwb3V0LlYxygINVG9rZW5zcG91dFxWMeoCDlRva2Vuc3BvdXQ6OlYxYgZwcm90bzM");
+  fileDesc("Ch50b2tlbnNwb3V0L3YxL2dlbmVyYXRpb24ucHJvdG8SDXRva2Vuc3BvdXQudjEi7AIKFUdlbmVyYXRlU3RyZWFtUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIvCghzYW1wbGluZxgFIAEoCzIdLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMSMQoIc3RvcHBpbmcYBiABKAsyHy50b2tlbnNwb3V0LnYxLlN0b3BwaW5nQ3JpdGVyaWESLQoKY29uc3RyYWludBgHIAEoCzIZLnRva2Vuc3BvdXQudjEuQ29uc3RyYWludBIsCgZvdXRwdXQYCCABKAsyHC50b2tlbnNwb3V0LnYxLk91dHB1dE9wdGlvbnMSLwoLc3BlY3VsYXRpb24YCSABKAsyGi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uQgcKBWlucHV0IuYCCg9HZW5lcmF0ZVJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCgZwcm9tcHQYAyABKAlIABIjCgRjaGF0GAQgASgLMhMudG9rZW5zcG91dC52MS5DaGF0SAASLwoIc2FtcGxpbmcYBSABKAsyHS50b2tlbnNwb3V0LnYxLlNhbXBsaW5nUGFyYW1zEjEKCHN0b3BwaW5nGAYgASgLMh8udG9rZW5zcG91dC52MS5TdG9wcGluZ0NyaXRlcmlhEi0KCmNvbnN0cmFpbnQYByABKAsyGS50b2tlbnNwb3V0LnYxLkNvbnN0cmFpbnQSLAoGb3V0cHV0GAggASgLMhwudG9rZW5zcG91dC52MS5PdXRwdXRPcHRpb25zEi8KC3NwZWN1bGF0aW9uGAkgASgLMhoudG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbkIHCgVpbnB1dCJVCgtTcGVjdWxhdGlvbhIsCgRtb2RlGAEgASgOMh4udG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbk1vZGUSGAoQbWF4X2RyYWZ0X3Rva2VucxgCIAEoDSJyCgRDaGF0EiwKCG1lc3NhZ2VzGAEgAygLMhoudG9rZW5zcG91dC52MS5DaGF0TWVzc2FnZRIiChVhZGRfZ2VuZXJhdGlvbl9wcm9tcHQYAiABKAhIAIgBAUIYChZfYWRkX2dlbmVyYXRpb25fcHJvbXB0IiwKC0NoYXRNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCSLVBgoOU2FtcGxpbmdQYXJhbXMSGAoLdGVtcGVyYXR1cmUYASABKAJIAIgBARISCgV0b3BfaxgCIAEoDUgBiAEBEhIKBXRvcF9wGAMgASgCSAKIAQESEgoFbWluX3AYBCABKAJIA4gBARIWCgl0eXBpY2FsX3AYBSABKAJIBIgBARIfChJyZXBldGl0aW9uX3BlbmFsdHkYBiABKAJIBYgBARIdChBwcmVzZW5jZV9wZW5hbHR5GAcgASgCSAaIAQESHgoRZnJlcXVlbmN5X3BlbmFsdHkYCCABKAJIB4gBARIRCgRzZWVkGAkgASgESAiIAQESQAoKbG9naXRfYmlhcxgKIAMoCzIsLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSGwoOcGVuYWx0eV9sYXN0X24YCyABKA1ICYgBARImCgNkcnkYDCABKAsyGS50b2tlbnNwb3V0LnYxLkRyeVNhbXBsZXISJgoDeHRjGA0gASgLMhkudG9rZW5zcG91dC52MS5YdGNTYW1wbGVyEjAKCG1pcm9zdGF0GA4gASgLMh4udG9rZW5zcG91dC52MS5NaXJvc3RhdFNhbXBsZXISEgoFdG9wX2EYDyABKAJICogBARIQCgN0ZnMYECABKAJIC4gBARIRCgRza2V3GBEgASgCSAyIAQESHQoQc21vb3RoaW5nX2ZhY3RvchgSIAEoAkgNiAEBEhYKDmJhbm5lZF9zdHJpbmdzGBMgAygJEhUKDXRva2VuX2hlYWxpbmcYFCABKAgaMAoOTG9naXRCaWFzRW50cnkSCwoDa2V5GAEgASgFEg0KBXZhbHVlGAIgASgCOgI4AUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9rQggKBl90b3BfcEIICgZfbWluX3BCDAoKX3R5cGljYWxfcEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5QhMKEV9wcmVzZW5jZV9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUIHCgVfc2VlZEIRCg9fcGVuYWx0eV9sYXN0X25CCAoGX3RvcF9hQgYKBF90ZnNCBwoFX3NrZXdCEwoRX3Ntb290aGluZ19mYWN0b3IiywEKCkRyeVNhbXBsZXISFwoKbXVsdGlwbGllchgBIAEoAkgAiAEBEhEKBGJhc2UYAiABKAJIAYgBARIbCg5hbGxvd2VkX2xlbmd0aBgDIAEoDUgCiAEBEhsKDnBlbmFsdHlfbGFzdF9uGAQgASgNSAOIAQESGQoRc2VxdWVuY2VfYnJlYWtlcnMYBSADKAlCDQoLX211bHRpcGxpZXJCBwoFX2Jhc2VCEQoPX2FsbG93ZWRfbGVuZ3RoQhEKD19wZW5hbHR5X2xhc3RfbiJcCgpYdGNTYW1wbGVyEhgKC3Byb2JhYmlsaXR5GAEgASgCSACIAQESFgoJdGhyZXNob2xkGAIgASgCSAGIAQFCDgoMX3Byb2JhYmlsaXR5QgwKCl90aHJlc2hvbGQiRQoPTWlyb3N0YXRTYW1wbGVyEhAKA3RhdRgBIAEoAkgAiAEBEhAKA2V0YRgCIAEoAkgBiAEBQgYKBF90YXVCBgoEX2V0YSKLAgoQU3RvcHBpbmdDcml0ZXJpYRIbCg5tYXhfbmV3X3Rva2VucxgBIAEoDUgAiAEBEhsKDm1pbl9uZXdfdG9rZW5zGAIgASgNSAGIAQESFgoOc3RvcF9zZXF1ZW5jZXMYAyADKAkSFgoOc3RvcF90b2tlbl9pZHMYBCADKAUSIgoVaW5jbHVkZV9zdG9wX3NlcXVlbmNlGAUgASgISAKIAQESEgoKaWdub3JlX2VvcxgGIAEoCBIVCg10aW1lX2xpbWl0X21zGAcgASgNQhEKD19tYXhfbmV3X3Rva2Vuc0IRCg9fbWluX25ld190b2tlbnNCGAoWX2luY2x1ZGVfc3RvcF9zZXF1ZW5jZSL9AQoKQ29uc3RyYWludBIVCgtqc29uX3NjaGVtYRgBIAEoCUgAEhUKC2pzb25fb2JqZWN0GAIgASgISAASDwoFcmVnZXgYAyABKAlIABIRCgdncmFtbWFyGAQgASgJSAASKAoGY2hvaWNlGAUgASgLMhYudG9rZW5zcG91dC52MS5DaG9pY2VzSAASEwoGc3RyaWN0GAYgASgISAGIAQESGwoTd2hpdGVzcGFjZV9mbGV4aWJsZRgHIAEoCBIbCg5tYXhfd2hpdGVzcGFjZRgIIAEoDUgCiAEBQgYKBGtpbmRCCQoHX3N0cmljdEIRCg9fbWF4X3doaXRlc3BhY2UiGQoHQ2hvaWNlcxIOCgZ2YWx1ZXMYASADKAki0gEKDU91dHB1dE9wdGlvbnMSHgoWbWF4X3Rva2Vuc19wZXJfbWVzc2FnZRgBIAEoDRIYChByZXR1cm5fdG9rZW5faWRzGAIgASgIEhcKD3JldHVybl9sb2dwcm9icxgDIAEoCBIUCgx0b3BfbG9ncHJvYnMYBCABKA0SHQoVaGVhcnRiZWF0X2ludGVydmFsX21zGAUgASgNEh4KFm1pbl90b2tlbnNfcGVyX21lc3NhZ2UYBiABKA0SGQoRZmx1c2hfaW50ZXJ2YWxfbXMYByABKA0iygEKFkdlbmVyYXRlU3RyZWFtUmVzcG9uc2USEgoKcmVxdWVzdF9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEiQKBnRva2VucxgDIAMoCzIULnRva2Vuc3BvdXQudjEuVG9rZW4SGAoQZ2VuZXJhdGVkX3Rva2VucxgEIAEoDRIUCgxpbnB1dF90b2tlbnMYBSABKA0SJQoGZmluaXNoGAYgASgLMhUudG9rZW5zcG91dC52MS5GaW5pc2gSEQoJaGVhcnRiZWF0GAcgASgIIsQBChBHZW5lcmF0ZVJlc3BvbnNlEhIKCnJlcXVlc3RfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIkCgZ0b2tlbnMYAyADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEhgKEGdlbmVyYXRlZF90b2tlbnMYBCABKA0SFAoMaW5wdXRfdG9rZW5zGAUgASgNEiUKBmZpbmlzaBgGIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoEhEKCWhlYXJ0YmVhdBgHIAEoCCKDAQoFVG9rZW4SCgoCaWQYASABKAUSDAoEdGV4dBgCIAEoCRINCgVieXRlcxgDIAEoDBIUCgdsb2dwcm9iGAQgASgCSACIAQESLwoMdG9wX2xvZ3Byb2JzGAUgAygLMhkudG9rZW5zcG91dC52MS5Ub3BMb2dwcm9iQgoKCF9sb2dwcm9iIjcKClRvcExvZ3Byb2ISCgoCaWQYASABKAUSDAoEdGV4dBgCIAEoCRIPCgdsb2dwcm9iGAMgASgCIqsCCgZGaW5pc2gSKwoGcmVhc29uGAEgASgOMhsudG9rZW5zcG91dC52MS5GaW5pc2hSZWFzb24SFwoNc3RvcF9zZXF1ZW5jZRgCIAEoCUgAEhcKDXN0b3BfdG9rZW5faWQYAyABKAVIABIMCgRzZWVkGAQgASgEEiMKBXVzYWdlGAUgASgLMhQudG9rZW5zcG91dC52MS5Vc2FnZRInCgd0aW1pbmdzGAYgASgLMhYudG9rZW5zcG91dC52MS5UaW1pbmdzEiEKFGNvbnN0cmFpbnRfc2F0aXNmaWVkGAcgASgISAGIAQESGgoSY29uc3RyYWludF9tZXNzYWdlGAggASgJQg4KDG1hdGNoZWRfc3RvcEIXChVfY29uc3RyYWludF9zYXRpc2ZpZWQihQEKBVVzYWdlEhUKDXByb21wdF90b2tlbnMYASABKA0SGQoRY29tcGxldGlvbl90b2tlbnMYAiABKA0SFQoNY2FjaGVkX3Rva2VucxgDIAEoDRIUCgxkcmFmdF90b2tlbnMYBCABKA0SHQoVYWNjZXB0ZWRfZHJhZnRfdG9rZW5zGAUgASgNIsoBCgdUaW1pbmdzEhAKCHF1ZXVlX21zGAEgASgBEh4KFnRpbWVfdG9fZmlyc3RfdG9rZW5fbXMYAiABKAESEgoKcHJlZmlsbF9tcxgDIAEoARIRCglkZWNvZGVfbXMYBCABKAESEAoIdG90YWxfbXMYBSABKAESGQoRdG9rZW5zX3Blcl9zZWNvbmQYBiABKAESHQoVY29uc3RyYWludF9jb21waWxlX21zGAcgASgBEhoKEmNvbnN0cmFpbnRfbWFza19tcxgIIAEoASJYChhDb21waWxlQ29uc3RyYWludFJlcXVlc3QSDQoFbW9kZWwYASABKAkSLQoKY29uc3RyYWludBgCIAEoCzIZLnRva2Vuc3BvdXQudjEuQ29uc3RyYWludCJRChlDb21waWxlQ29uc3RyYWludFJlc3BvbnNlEhIKCmNvbXBpbGVfbXMYASABKAESDgoGY2FjaGVkGAIgASgIEhAKCHdhcm5pbmdzGAMgAygJIpYBCg9Ub2tlbml6ZVJlcXVlc3QSDQoFbW9kZWwYASABKAkSDgoEdGV4dBgCIAEoCUgAEiMKBGNoYXQYAyABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIfChJhZGRfc3BlY2lhbF90b2tlbnMYBCABKAhIAYgBAUIHCgVpbnB1dEIVChNfYWRkX3NwZWNpYWxfdG9rZW5zIkQKEFRva2VuaXplUmVzcG9uc2USEQoJdG9rZW5faWRzGAEgAygFEg4KBnBpZWNlcxgCIAMoDBINCgVjb3VudBgDIAEoDSIkCg1DYW5jZWxSZXF1ZXN0EhMKC3JlcXVlc3RfaWRzGAEgAygJIjYKDkNhbmNlbFJlc3BvbnNlEhEKCWNhbmNlbGxlZBgBIAMoCRIRCglub3RfZm91bmQYAiADKAkiGAoWR2V0U2VydmVyU3RhdHVzUmVxdWVzdCLWBQoXR2V0U2VydmVyU3RhdHVzUmVzcG9uc2USGQoRcnVubmluZ19zZXF1ZW5jZXMYASABKA0SFwoPcXVldWVkX3JlcXVlc3RzGAIgASgNEhgKEHBhdXNlZF9zZXF1ZW5jZXMYAyABKA0SGQoRY2FjaGVfdG9rZW5zX3VzZWQYBCABKA0SGQoRY2FjaGVfdG9rZW5zX2ZyZWUYBSABKA0SFgoObWF4X2JhdGNoX3NpemUYBiABKA0SGwoTbWF4X3F1ZXVlZF9yZXF1ZXN0cxgHIAEoDRIUCgxlbmdpbmVfc3RlcHMYCCABKAQSFwoPY2FuY2VsbGVkX3RvdGFsGAkgASgEEiEKGWxhc3RfY2FuY2VsX2xhdGVuY3lfc3RlcHMYCiABKA0SHgoWbGFzdF9jYW5jZWxfbGF0ZW5jeV9tcxgLIAEoARIgChhtYXhfY2FuY2VsX2xhdGVuY3lfc3RlcHMYDCABKA0SFgoOcmVqZWN0ZWRfdG90YWwYDSABKAQSEAoIZHJhaW5pbmcYDiABKAgSFQoNc3RhcnRlZF90b3RhbBgPIAEoBBIXCg9jYWNoZWRfcHJlZml4ZXMYECABKA0SHAoUY2FjaGVkX3ByZWZpeF90b2tlbnMYESABKAQSGwoTcHJvbXB0X3Rva2Vuc190b3RhbBgSIAEoBBIiChpjYWNoZWRfcHJvbXB0X3Rva2Vuc190b3RhbBgTIAEoBBIdChVwcmVmaXhfY2FjaGVfaGl0X3JhdGUYFCABKAESFwoPcHJlZW1wdGVkX3RvdGFsGBUgASgEEhsKE3ByZWVtcHRlZF9zZXF1ZW5jZXMYFiABKA0SHwoXcmVjb21wdXRlZF90b2tlbnNfdG90YWwYFyABKAQSGgoSZHJhZnRfdG9rZW5zX3RvdGFsGBkgASgEEiMKG2FjY2VwdGVkX2RyYWZ0X3Rva2Vuc190b3RhbBgaIAEoBCIkChNHZXRNb2RlbEluZm9SZXF1ZXN0Eg0KBW1vZGVsGAEgASgJIpIDChRHZXRNb2RlbEluZm9SZXNwb25zZRIQCghtb2RlbF9pZBgBIAEoCRIOCgZlbmdpbmUYAiABKAkSFgoOY29udGV4dF9sZW5ndGgYAyABKA0SEgoKdm9jYWJfc2l6ZRgEIAEoDRI0Cg5zcGVjaWFsX3Rva2VucxgFIAEoCzIcLnRva2Vuc3BvdXQudjEuU3BlY2lhbFRva2VucxIQCghzYW1wbGVycxgGIAMoCRIYChBjb25zdHJhaW50X2tpbmRzGAcgAygJEiUKBmxpbWl0cxgIIAEoCzIVLnRva2Vuc3BvdXQudjEuTGltaXRzEhkKEWhhc19jaGF0X3RlbXBsYXRlGAkgASgIEhQKDHF1YW50aXphdGlvbhgKIAEoCRI5ChFzcGVjdWxhdGlvbl9tb2RlcxgLIAMoDjIeLnRva2Vuc3BvdXQudjEuU3BlY3VsYXRpb25Nb2RlEjcKE2RlZmF1bHRfc3BlY3VsYXRpb24YDCABKAsyGi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uIn4KDVNwZWNpYWxUb2tlbnMSGQoMYm9zX3Rva2VuX2lkGAEgASgFSACIAQESFQoNZW9zX3Rva2VuX2lkcxgCIAMoBRIZCgxwYWRfdG9rZW5faWQYAyABKAVIAYgBAUIPCg1fYm9zX3Rva2VuX2lkQg8KDV9wYWRfdG9rZW5faWQisAEKBkxpbWl0cxIWCg5tYXhfYmF0Y2hfc2l6ZRgBIAEoDRIWCg5tYXhfbmV3X3Rva2VucxgCIAEoDRIaChJtYXhfc3RvcF9zZXF1ZW5jZXMYAyABKA0SIAoYbWF4X3N0b3Bfc2VxdWVuY2VfbGVuZ3RoGAQgASgNEhgKEG1heF90b3BfbG9ncHJvYnMYBSABKA0SHgoWbWF4X2xvZ2l0X2JpYXNfZW50cmllcxgGIAEoDSqLAQoPU3BlY3VsYXRpb25Nb2RlEiAKHFNQRUNVTEFUSU9OX01PREVfVU5TUEVDSUZJRUQQABIYChRTUEVDVUxBVElPTl9NT0RFX09GRhABEhoKFlNQRUNVTEFUSU9OX01PREVfTkdSQU0QAhIgChxTUEVDVUxBVElPTl9NT0RFX0RSQUZUX01PREVMEAMqqgIKDEZpbmlzaFJlYXNvbhIdChlGSU5JU0hfUkVBU09OX1VOU1BFQ0lGSUVEEAASGwoXRklOSVNIX1JFQVNPTl9FT1NfVE9LRU4QARIfChtGSU5JU0hfUkVBU09OX1NUT1BfU0VRVUVOQ0UQAhIcChhGSU5JU0hfUkVBU09OX1NUT1BfVE9LRU4QAxIcChhGSU5JU0hfUkVBU09OX01BWF9UT0tFTlMQBBIcChhGSU5JU0hfUkVBU09OX1RJTUVfTElNSVQQBRIfChtGSU5JU0hfUkVBU09OX0NPTlRFWFRfTElNSVQQBhIbChdGSU5JU0hfUkVBU09OX0NBTkNFTExFRBAHEiUKIUZJTklTSF9SRUFTT05fQ09OU1RSQUlOVF9DT01QTEVURRAIMvgEChFHZW5lcmF0aW9uU2VydmljZRJfCg5HZW5lcmF0ZVN0cmVhbRIkLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVTdHJlYW1SZXF1ZXN0GiUudG9rZW5zcG91dC52MS5HZW5lcmF0ZVN0cmVhbVJlc3BvbnNlMAESSwoIR2VuZXJhdGUSHi50b2tlbnNwb3V0LnYxLkdlbmVyYXRlUmVxdWVzdBofLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVSZXNwb25zZRJLCghUb2tlbml6ZRIeLnRva2Vuc3BvdXQudjEuVG9rZW5pemVSZXF1ZXN0Gh8udG9rZW5zcG91dC52MS5Ub2tlbml6ZVJlc3BvbnNlElcKDEdldE1vZGVsSW5mbxIiLnRva2Vuc3BvdXQudjEuR2V0TW9kZWxJbmZvUmVxdWVzdBojLnRva2Vuc3BvdXQudjEuR2V0TW9kZWxJbmZvUmVzcG9uc2USZgoRQ29tcGlsZUNvbnN0cmFpbnQSJy50b2tlbnNwb3V0LnYxLkNvbXBpbGVDb25zdHJhaW50UmVxdWVzdBooLnRva2Vuc3BvdXQudjEuQ29tcGlsZUNvbnN0cmFpbnRSZXNwb25zZRJFCgZDYW5jZWwSHC50b2tlbnNwb3V0LnYxLkNhbmNlbFJlcXVlc3QaHS50b2tlbnNwb3V0LnYxLkNhbmNlbFJlc3BvbnNlEmAKD0dldFNlcnZlclN0YXR1cxIlLnRva2Vuc3BvdXQudjEuR2V0U2VydmVyU3RhdHVzUmVxdWVzdBomLnRva2Vuc3BvdXQudjEuR2V0U2VydmVyU3RhdHVzUmVzcG9uc2VCoQEKEWRldi50b2tlbnNwb3V0LnYxQg9HZW5lcmF0aW9uUHJvdG9QAVpCZ2l0aHViLmNvbS90b2tlbnNwb3V0L3Rva2Vuc3BvdXQvZ2VuL2dvL3Rva2Vuc3BvdXQvdjE7dG9rZW5zcG91dHYxogIDVFNYqgINVG9rZW5zcG91dC5WMcoCDVRva2Vuc3BvdXRcVjHqAg5Ub2tlbnNwb3V0OjpWMWIGcHJvdG8z");
 
 /**
  * A streaming generation request. GenerateRequest carries the same fields
@@ -73,6 +73,13 @@ export type GenerateStreamRequest = Message<"tokenspout.v1.GenerateStreamRequest
    * @generated from field: tokenspout.v1.OutputOptions output = 8;
    */
   output?: OutputOptions | undefined;
+
+  /**
+   * Several tokens a step; unset means the server's default.
+   *
+   * @generated from field: tokenspout.v1.Speculation speculation = 9;
+   */
+  speculation?: Speculation | undefined;
 };
 
 /**
@@ -134,6 +141,13 @@ export type GenerateRequest = Message<"tokenspout.v1.GenerateRequest"> & {
    * @generated from field: tokenspout.v1.OutputOptions output = 8;
    */
   output?: OutputOptions | undefined;
+
+  /**
+   * Several tokens a step; unset means the server's default.
+   *
+   * @generated from field: tokenspout.v1.Speculation speculation = 9;
+   */
+  speculation?: Speculation | undefined;
 };
 
 /**
@@ -142,6 +156,37 @@ export type GenerateRequest = Message<"tokenspout.v1.GenerateRequest"> & {
  */
 export const GenerateRequestSchema: GenMessage<GenerateRequest> = /*@__PURE__*/
   messageDesc(file_tokenspout_v1_generation, 1);
+
+/**
+ * Speculative decoding: besides its next token, a sequence feeds tokens proposed
+ * ahead of sampling, and keeps each one while it is exactly what its own
+ * sampling (every sampler, the logit bias and the constraint) picks at that
+ * place, so the output is the one plain decoding gives. Whether checking pays
+ * is decided each step from what rows cost on the machine and how many
+ * proposals the sequence has had accepted; Usage reports both counts.
+ *
+ * @generated from message tokenspout.v1.Speculation
+ */
+export type Speculation = Message<"tokenspout.v1.Speculation"> & {
+  /**
+   * @generated from field: tokenspout.v1.SpeculationMode mode = 1;
+   */
+  mode: SpeculationMode;
+
+  /**
+   * Most proposed tokens checked in one step; 0 means the server's default.
+   *
+   * @generated from field: uint32 max_draft_tokens = 2;
+   */
+  maxDraftTokens: number;
+};
+
+/**
+ * Describes the message tokenspout.v1.Speculation.
+ * Use `create(SpeculationSchema)` to create a new message.
+ */
+export const SpeculationSchema: GenMessage<Speculation> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 2);
 
 /**
  * @generated from message tokenspout.v1.Chat
@@ -165,7 +210,7 @@ export type Chat = Message<"tokenspout.v1.Chat"> & {
  * Use `create(ChatSchema)` to create a new message.
  */
 export const ChatSchema: GenMessage<Chat> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 2);
+  messageDesc(file_tokenspout_v1_generation, 3);
 
 /**
  * @generated from message tokenspout.v1.ChatMessage
@@ -189,7 +234,7 @@ export type ChatMessage = Message<"tokenspout.v1.ChatMessage"> & {
  * Use `create(ChatMessageSchema)` to create a new message.
  */
 export const ChatMessageSchema: GenMessage<ChatMessage> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 3);
+  messageDesc(file_tokenspout_v1_generation, 4);
 
 /**
  * Sampling settings. Unset means the server default; 0 is a real value.
@@ -351,7 +396,7 @@ export type SamplingParams = Message<"tokenspout.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 4);
+  messageDesc(file_tokenspout_v1_generation, 5);
 
 /**
  * DRY ("don't repeat yourself"): a token that would extend a sequence already
@@ -406,7 +451,7 @@ export type DrySampler = Message<"tokenspout.v1.DrySampler"> & {
  * Use `create(DrySamplerSchema)` to create a new message.
  */
 export const DrySamplerSchema: GenMessage<DrySampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 5);
+  messageDesc(file_tokenspout_v1_generation, 6);
 
 /**
  * XTC: with `probability`, removes every token whose probability is at least
@@ -437,7 +482,7 @@ export type XtcSampler = Message<"tokenspout.v1.XtcSampler"> & {
  * Use `create(XtcSamplerSchema)` to create a new message.
  */
 export const XtcSamplerSchema: GenMessage<XtcSampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 6);
+  messageDesc(file_tokenspout_v1_generation, 7);
 
 /**
  * @generated from message tokenspout.v1.MirostatSampler
@@ -463,7 +508,7 @@ export type MirostatSampler = Message<"tokenspout.v1.MirostatSampler"> & {
  * Use `create(MirostatSamplerSchema)` to create a new message.
  */
 export const MirostatSamplerSchema: GenMessage<MirostatSampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 7);
+  messageDesc(file_tokenspout_v1_generation, 8);
 
 /**
  * @generated from message tokenspout.v1.StoppingCriteria
@@ -524,7 +569,7 @@ export type StoppingCriteria = Message<"tokenspout.v1.StoppingCriteria"> & {
  * Use `create(StoppingCriteriaSchema)` to create a new message.
  */
 export const StoppingCriteriaSchema: GenMessage<StoppingCriteria> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 8);
+  messageDesc(file_tokenspout_v1_generation, 9);
 
 /**
  * Constrains the output to a language, enforced token by token (llguidance):
@@ -613,7 +658,7 @@ export type Constraint = Message<"tokenspout.v1.Constraint"> & {
  * Use `create(ConstraintSchema)` to create a new message.
  */
 export const ConstraintSchema: GenMessage<Constraint> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 9);
+  messageDesc(file_tokenspout_v1_generation, 10);
 
 /**
  * @generated from message tokenspout.v1.Choices
@@ -630,7 +675,7 @@ export type Choices = Message<"tokenspout.v1.Choices"> & {
  * Use `create(ChoicesSchema)` to create a new message.
  */
 export const ChoicesSchema: GenMessage<Choices> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 10);
+  messageDesc(file_tokenspout_v1_generation, 11);
 
 /**
  * @generated from message tokenspout.v1.OutputOptions
@@ -696,7 +741,7 @@ export type OutputOptions = Message<"tokenspout.v1.OutputOptions"> & {
  * Use `create(OutputOptionsSchema)` to create a new message.
  */
 export const OutputOptionsSchema: GenMessage<OutputOptions> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 11);
+  messageDesc(file_tokenspout_v1_generation, 12);
 
 /**
  * @generated from message tokenspout.v1.GenerateStreamResponse
@@ -755,7 +800,7 @@ export type GenerateStreamResponse = Message<"tokenspout.v1.GenerateStreamRespon
  * Use `create(GenerateStreamResponseSchema)` to create a new message.
  */
 export const GenerateStreamResponseSchema: GenMessage<GenerateStreamResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 12);
+  messageDesc(file_tokenspout_v1_generation, 13);
 
 /**
  * @generated from message tokenspout.v1.GenerateResponse
@@ -804,7 +849,7 @@ export type GenerateResponse = Message<"tokenspout.v1.GenerateResponse"> & {
  * Use `create(GenerateResponseSchema)` to create a new message.
  */
 export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 13);
+  messageDesc(file_tokenspout_v1_generation, 14);
 
 /**
  * @generated from message tokenspout.v1.Token
@@ -843,7 +888,7 @@ export type Token = Message<"tokenspout.v1.Token"> & {
  * Use `create(TokenSchema)` to create a new message.
  */
 export const TokenSchema: GenMessage<Token> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 14);
+  messageDesc(file_tokenspout_v1_generation, 15);
 
 /**
  * @generated from message tokenspout.v1.TopLogprob
@@ -870,7 +915,7 @@ export type TopLogprob = Message<"tokenspout.v1.TopLogprob"> & {
  * Use `create(TopLogprobSchema)` to create a new message.
  */
 export const TopLogprobSchema: GenMessage<TopLogprob> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 15);
+  messageDesc(file_tokenspout_v1_generation, 16);
 
 /**
  * @generated from message tokenspout.v1.Finish
@@ -937,7 +982,7 @@ export type Finish = Message<"tokenspout.v1.Finish"> & {
  * Use `create(FinishSchema)` to create a new message.
  */
 export const FinishSchema: GenMessage<Finish> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 16);
+  messageDesc(file_tokenspout_v1_generation, 17);
 
 /**
  * @generated from message tokenspout.v1.Usage
@@ -959,6 +1004,20 @@ export type Usage = Message<"tokenspout.v1.Usage"> & {
    * @generated from field: uint32 cached_tokens = 3;
    */
   cachedTokens: number;
+
+  /**
+   * Proposed tokens checked (see Speculation) ...
+   *
+   * @generated from field: uint32 draft_tokens = 4;
+   */
+  draftTokens: number;
+
+  /**
+   * ... and, of those, the ones accepted: output that took no step of its own.
+   *
+   * @generated from field: uint32 accepted_draft_tokens = 5;
+   */
+  acceptedDraftTokens: number;
 };
 
 /**
@@ -966,7 +1025,7 @@ export type Usage = Message<"tokenspout.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 17);
+  messageDesc(file_tokenspout_v1_generation, 18);
 
 /**
  * @generated from message tokenspout.v1.Timings
@@ -1034,7 +1093,7 @@ export type Timings = Message<"tokenspout.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 18);
+  messageDesc(file_tokenspout_v1_generation, 19);
 
 /**
  * @generated from message tokenspout.v1.CompileConstraintRequest
@@ -1056,7 +1115,7 @@ export type CompileConstraintRequest = Message<"tokenspout.v1.CompileConstraintR
  * Use `create(CompileConstraintRequestSchema)` to create a new message.
  */
 export const CompileConstraintRequestSchema: GenMessage<CompileConstraintRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 19);
+  messageDesc(file_tokenspout_v1_generation, 20);
 
 /**
  * @generated from message tokenspout.v1.CompileConstraintResponse
@@ -1087,7 +1146,7 @@ export type CompileConstraintResponse = Message<"tokenspout.v1.CompileConstraint
  * Use `create(CompileConstraintResponseSchema)` to create a new message.
  */
 export const CompileConstraintResponseSchema: GenMessage<CompileConstraintResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 20);
+  messageDesc(file_tokenspout_v1_generation, 21);
 
 /**
  * @generated from message tokenspout.v1.TokenizeRequest
@@ -1128,7 +1187,7 @@ export type TokenizeRequest = Message<"tokenspout.v1.TokenizeRequest"> & {
  * Use `create(TokenizeRequestSchema)` to create a new message.
  */
 export const TokenizeRequestSchema: GenMessage<TokenizeRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 21);
+  messageDesc(file_tokenspout_v1_generation, 22);
 
 /**
  * @generated from message tokenspout.v1.TokenizeResponse
@@ -1157,7 +1216,7 @@ export type TokenizeResponse = Message<"tokenspout.v1.TokenizeResponse"> & {
  * Use `create(TokenizeResponseSchema)` to create a new message.
  */
 export const TokenizeResponseSchema: GenMessage<TokenizeResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 22);
+  messageDesc(file_tokenspout_v1_generation, 23);
 
 /**
  * @generated from message tokenspout.v1.CancelRequest
@@ -1174,7 +1233,7 @@ export type CancelRequest = Message<"tokenspout.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 23);
+  messageDesc(file_tokenspout_v1_generation, 24);
 
 /**
  * @generated from message tokenspout.v1.CancelResponse
@@ -1200,7 +1259,7 @@ export type CancelResponse = Message<"tokenspout.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 24);
+  messageDesc(file_tokenspout_v1_generation, 25);
 
 /**
  * @generated from message tokenspout.v1.GetServerStatusRequest
@@ -1213,7 +1272,7 @@ export type GetServerStatusRequest = Message<"tokenspout.v1.GetServerStatusReque
  * Use `create(GetServerStatusRequestSchema)` to create a new message.
  */
 export const GetServerStatusRequestSchema: GenMessage<GetServerStatusRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 25);
+  messageDesc(file_tokenspout_v1_generation, 26);
 
 /**
  * @generated from message tokenspout.v1.GetServerStatusResponse
@@ -1368,6 +1427,18 @@ export type GetServerStatusResponse = Message<"tokenspout.v1.GetServerStatusResp
    * @generated from field: uint64 recomputed_tokens_total = 23;
    */
   recomputedTokensTotal: bigint;
+
+  /**
+   * Proposed tokens checked, and accepted, since the start (see Speculation).
+   *
+   * @generated from field: uint64 draft_tokens_total = 25;
+   */
+  draftTokensTotal: bigint;
+
+  /**
+   * @generated from field: uint64 accepted_draft_tokens_total = 26;
+   */
+  acceptedDraftTokensTotal: bigint;
 };
 
 /**
@@ -1375,7 +1446,7 @@ export type GetServerStatusResponse = Message<"tokenspout.v1.GetServerStatusResp
  * Use `create(GetServerStatusResponseSchema)` to create a new message.
  */
 export const GetServerStatusResponseSchema: GenMessage<GetServerStatusResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 26);
+  messageDesc(file_tokenspout_v1_generation, 27);
 
 /**
  * @generated from message tokenspout.v1.GetModelInfoRequest
@@ -1392,7 +1463,7 @@ export type GetModelInfoRequest = Message<"tokenspout.v1.GetModelInfoRequest"> &
  * Use `create(GetModelInfoRequestSchema)` to create a new message.
  */
 export const GetModelInfoRequestSchema: GenMessage<GetModelInfoRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 27);
+  messageDesc(file_tokenspout_v1_generation, 28);
 
 /**
  * @generated from message tokenspout.v1.GetModelInfoResponse
@@ -1460,6 +1531,18 @@ export type GetModelInfoResponse = Message<"tokenspout.v1.GetModelInfoResponse">
    * @generated from field: string quantization = 10;
    */
   quantization: string;
+
+  /**
+   * The speculation modes a request may ask for, and what an unset one gets.
+   *
+   * @generated from field: repeated tokenspout.v1.SpeculationMode speculation_modes = 11;
+   */
+  speculationModes: SpeculationMode[];
+
+  /**
+   * @generated from field: tokenspout.v1.Speculation default_speculation = 12;
+   */
+  defaultSpeculation?: Speculation | undefined;
 };
 
 /**
@@ -1467,7 +1550,7 @@ export type GetModelInfoResponse = Message<"tokenspout.v1.GetModelInfoResponse">
  * Use `create(GetModelInfoResponseSchema)` to create a new message.
  */
 export const GetModelInfoResponseSchema: GenMessage<GetModelInfoResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 28);
+  messageDesc(file_tokenspout_v1_generation, 29);
 
 /**
  * @generated from message tokenspout.v1.SpecialTokens
@@ -1494,7 +1577,7 @@ export type SpecialTokens = Message<"tokenspout.v1.SpecialTokens"> & {
  * Use `create(SpecialTokensSchema)` to create a new message.
  */
 export const SpecialTokensSchema: GenMessage<SpecialTokens> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 29);
+  messageDesc(file_tokenspout_v1_generation, 30);
 
 /**
  * @generated from message tokenspout.v1.Limits
@@ -1538,7 +1621,47 @@ export type Limits = Message<"tokenspout.v1.Limits"> & {
  * Use `create(LimitsSchema)` to create a new message.
  */
 export const LimitsSchema: GenMessage<Limits> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 30);
+  messageDesc(file_tokenspout_v1_generation, 31);
+
+/**
+ * @generated from enum tokenspout.v1.SpeculationMode
+ */
+export enum SpeculationMode {
+  /**
+   * The server's default (GetModelInfoResponse.default_speculation).
+   *
+   * @generated from enum value: SPECULATION_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * One token a step (tokens a constraint forces still go at once).
+   *
+   * @generated from enum value: SPECULATION_MODE_OFF = 1;
+   */
+  OFF = 1,
+
+  /**
+   * Proposals continue the longest recent n-gram of the prompt and output
+   * that occurred before: copying, quoting and editing run ahead.
+   *
+   * @generated from enum value: SPECULATION_MODE_NGRAM = 2;
+   */
+  NGRAM = 2,
+
+  /**
+   * A second, smaller model proposes (exllamav2, with the server's draft_model).
+   *
+   * @generated from enum value: SPECULATION_MODE_DRAFT_MODEL = 3;
+   */
+  DRAFT_MODEL = 3,
+}
+
+/**
+ * Describes the enum tokenspout.v1.SpeculationMode.
+ */
+export const SpeculationModeSchema: GenEnum<SpeculationMode> = /*@__PURE__*/
+  enumDesc(file_tokenspout_v1_generation, 0);
 
 /**
  * @generated from enum tokenspout.v1.FinishReason
@@ -1610,7 +1733,7 @@ export enum FinishReason {
  * Describes the enum tokenspout.v1.FinishReason.
  */
 export const FinishReasonSchema: GenEnum<FinishReason> = /*@__PURE__*/
-  enumDesc(file_tokenspout_v1_generation, 0);
+  enumDesc(file_tokenspout_v1_generation, 1);
 
 /**
  * GenerationService streams tokens from one loaded model as they are generated.
