@@ -12,8 +12,8 @@ some tokens until released, end it with EOS, or fail it with any ErrorKind. The 
 The vocabulary is bytes: 0 is BOS, 1 EOS, 2 and 3 the chat markers, 4 + b the byte b; the chat
 template and the constraint compiler are the real ones (backend.chat, llguidance) over it.
 
-`python tests/fake_engine.py [--fail-requests-with-prefix P] [--kill-engine-after-steps N]
-[--step-s S] serve ...` runs the real server (`tokenspout serve ...`) on it, for tests that need
+`python tests/fake_engine.py [--fail-requests-with-prefix P] [--hold-requests-with-prefix P]
+[--kill-engine-after-steps N] [--step-s S] serve ...` runs the real server (`tokenspout serve ...`) on it, for tests that need
 signals and exit codes.
 """
 
@@ -331,14 +331,17 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="fake_engine.py")
     parser.add_argument("--fail-requests-with-prefix", default="")
+    parser.add_argument("--hold-requests-with-prefix", default="", help="after their first token, until cancelled")
     parser.add_argument("--kill-engine-after-steps", type=int, default=0)
-    parser.add_argument("--step-s", type=float, default=0.0)
+    parser.add_argument("--step-s", type=float, default=0.0, help="seconds per step (a model's pace)")
     script, serve = parser.parse_known_args(argv)
 
     def build(config: EngineConfig) -> FakeEngine:
         engine = FakeEngine(config, step_s=script.step_s)
         if script.fail_requests_with_prefix:
             engine.plan(script.fail_requests_with_prefix, fail_after=0, message="injected fault")
+        if script.hold_requests_with_prefix:
+            engine.plan(script.hold_requests_with_prefix, hold_after=1)
         if script.kill_engine_after_steps:
             from faults import dying_after
 

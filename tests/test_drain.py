@@ -1,4 +1,5 @@
-"""Visible drain and liveness on real servers: what a load balancer and callers see."""
+"""Visible drain and liveness on real `tokenspout serve` processes (on the fake engine): what a load
+balancer and callers see."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ FINISH = pb.FinishReason
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 PROMPT = "The history of the printing press"
+MODEL_PACE = ("--step-s", "0.01")
+"""The fake engine's seconds per step where a stream must outlast the checks, as a model's would."""
 
 
 def long_request(max_new_tokens: int, request_id: str = "") -> pb.GenerateStreamRequest:
@@ -44,7 +47,8 @@ def refused_on_a_fresh_connection(address: str) -> grpc.RpcError:
 
 
 def test_drain_is_visible_while_running_streams_finish(tmp_path):
-    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60")
+    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60",
+                          faults=MODEL_PACE, fake_engine=True)
     with grpc.insecure_channel(server.address) as channel, \
             grpc.insecure_channel(server.address, options=SMALL_WINDOW) as unread:
         stub = pb_grpc.GenerationServiceStub(channel)
@@ -74,7 +78,8 @@ def test_drain_is_visible_while_running_streams_finish(tmp_path):
 
 
 def test_streams_still_running_at_the_grace_end_get_unavailable(tmp_path):
-    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "1")
+    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "1",
+                          faults=("--hold-requests-with-prefix", "too-long"), fake_engine=True)
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
         call = stub.GenerateStream(long_request(1000, "too-long"), timeout=120)
@@ -97,7 +102,7 @@ def test_streams_still_running_at_the_grace_end_get_unavailable(tmp_path):
 def test_a_dead_engine_thread_flips_health_and_the_process_exits_non_zero(tmp_path):
     # One slot: the second request waits in the queue when the engine dies.
     server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512",
-                          faults=("--kill-engine-after-steps", "20"))
+                          faults=("--kill-engine-after-steps", "20", *MODEL_PACE), fake_engine=True)
     try:
         assert health_of(server.address) == SERVING
         with grpc.insecure_channel(server.address) as channel, concurrent.futures.ThreadPoolExecutor(2) as pool:
