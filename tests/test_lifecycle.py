@@ -1,4 +1,6 @@
-"""Cancellation, deadlines, backpressure, overload, drain and faults, on real servers and the real model."""
+"""Cancellation, deadlines, backpressure, overload, drain and faults: on the fake engine (in process, or as
+a `tokenspout serve` process where signals matter), paced like a small model where a stream must outlast
+the checks; the storm of cancellations on the real model, whose cache it checks."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from grpc_status import rpc_status
 
 from conftest import SERVER_CONTEXT_LENGTH, start_server, stop_server
 from helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of, token_ids_of, wait_for
+from fake_engine import FakeEngine
+from inprocess_server import start_fake
 from service.config import ServeConfig
 from service.errors import ServiceError
 from service.generation import GenerationServicer
 from backend.config import EngineConfig
-from backend.engines import build_engine
 from service.lifecycle import HealthServicer, Lifecycle
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
@@ -31,14 +34,17 @@ FINISH = pb.FinishReason
 PROMPT = "The history of the printing press"
 SMALL = ("--max-batch-size", "4", "--max-queued-requests", "2", "--stream-buffer-events", "8",
          "--context-length", "512")
+MODEL_PACE_S = 0.01
+"""The fake engine's seconds per step, so that streams outlast the checks as a model's would."""
 
 
 @pytest.fixture(scope="module")
-def small_server(tmp_path_factory):
+def small_server():
     """Four slots, a queue of two and small stream buffers, so limits are easy to reach."""
-    server = start_server(tmp_path_factory.mktemp("small"), *SMALL, faults=("--fail-requests-with-prefix", "fail-"))
+    server = start_fake(*SMALL, step_s=MODEL_PACE_S)
+    server.engine.plan("fail-", fail_after=0, message="injected fault")
     yield server
-    assert stop_server(server) == 0, server.log()
+    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +160,7 @@ def test_the_callers_deadline_fails_the_call_when_the_engine_ends_it():
     caller once got an OK response past its deadline. In process, only the engine's check can end
     the call, and it must fail with DEADLINE_EXCEEDED just as gRPC's would."""
     config = ServeConfig(engine=EngineConfig(context_length=512, max_batch_size=2))
-    engine = build_engine(config.engine)
+    engine = FakeEngine(config.engine, step_s=MODEL_PACE_S)
     servicer = GenerationServicer(engine, RequestValidator(engine), config, Lifecycle(HealthServicer()))
 
     async def generate(time_remaining: float, **stopping) -> pb.GenerateResponse:
@@ -299,7 +305,8 @@ def test_an_engine_fault_is_internal_and_leaves_others_running(small_server, sma
 
 
 def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
-    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60")
+    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60",
+                          faults=("--step-s", str(MODEL_PACE_S)), fake_engine=True)
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
         calls = [stub.GenerateStream(greedy(PROMPT, max_new_tokens=120, ignore_eos=True), timeout=120) for _ in range(4)]
@@ -317,7 +324,8 @@ def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
 
 
 def test_a_second_signal_exits_at_once(tmp_path):
-    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "120")
+    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "120",
+                          faults=("--step-s", str(MODEL_PACE_S)), fake_engine=True)
     with grpc.insecure_channel(server.address) as channel:
         call = pb_grpc.GenerationServiceStub(channel).GenerateStream(
             greedy(PROMPT, max_new_tokens=1000, ignore_eos=True), timeout=120
