@@ -296,6 +296,10 @@ class FakeEngine(WorkerEngine):
         plan.release()
         self._worker.resume("")
 
+    def pace(self, step_s: float) -> None:
+        """Seconds each step takes from now on (0: as fast as the callers read)."""
+        self.core.step_s = step_s
+
     def kill(self) -> None:
         """The engine thread dies at its next turn, as a bug in its loop would (the server's ENGINE_DOWN)."""
         self.core.dying = True
