@@ -8,7 +8,6 @@ import pytest
 from backend.config import EngineConfig
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
-from backend.models import default_model_path
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
 from core_driver import Delivering
 
@@ -188,10 +187,10 @@ def test_a_fault_in_one_sequence_leaves_the_other_running(core, model, monkeypat
     assert core.stats.cache_tokens_used == 0
 
 
-def test_the_threaded_engine_delivers_events_from_its_worker():
+def test_the_threaded_engine_delivers_events_from_its_worker(model_path):
     import queue
 
-    engine = LlamaCppEngine(default_model_path())
+    engine = LlamaCppEngine(model_path)
     try:
         events: queue.Queue = queue.Queue()
         engine.submit(

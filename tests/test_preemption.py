@@ -148,7 +148,7 @@ def test_eight_streams_that_stop_reading_never_block_a_normal_request(server):
         assert idle.recomputed_tokens_total >= 1
 
 
-def test_a_caller_that_never_reads_again_ends_with_aborted(tmp_path):
+def test_a_caller_that_never_reads_again_ends_with_aborted(tmp_path, model_path):
     server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512", "--stream-buffer-events", "4",
                           "--max-pause-s", "0.5")
     try:
