@@ -338,3 +338,39 @@ def test_a_second_signal_exits_at_once(tmp_path):
         assert server.process.wait(timeout=30) == 1
         with pytest.raises(grpc.RpcError):
             list(call)
+
+
+def test_cancelling_streams_whose_writes_wait_on_flow_control_logs_one_line_each():
+    """A caller that stopped reading resets its streams while the server's writes wait on HTTP/2 flow
+    control: each ends as any cancelled stream does, in one INFO line (gRPC used to log each write
+    that failed so as a crash: ExecuteBatchError, with a traceback)."""
+    server = start_fake("--max-batch-size", "8", "--context-length", "4096", "--stream-buffer-events", "4")
+    channels = [grpc.insecure_channel(server.address, options=SMALL_WINDOW) for _ in range(8)]
+    try:
+        calls = [pb_grpc.GenerationServiceStub(channel).GenerateStream(long_request(f"blocked-{i}", 4000), timeout=60)
+                 for i, channel in enumerate(channels)]
+        # Generated as fast as asked, each stream fills its window; its write then waits, its events pile up
+        # and its sequence pauses, and it stays paused while the write waits: the engine stops stepping.
+        wait_for(lambda: every_sequence_stays_paused(server.engine, 8), what="every stream's write to wait")
+        for call in calls:
+            call.cancel()
+        wait_for(lambda: server.engine.stats.running_sequences == 0, what="the cancelled streams to end")
+        wait_for(lambda: server.log().count("ended by the caller") == 8, what="a line for each stream")
+    finally:
+        for channel in channels:
+            channel.close()
+        server.close()
+    log = server.log()
+    for i in range(8):
+        assert log.count(f"INFO service.generation: request blocked-{i} ended by the caller: cancelled") == 1, log
+    assert "Traceback" not in log and "ExecuteBatchError" not in log, log
+
+
+def every_sequence_stays_paused(engine: FakeEngine, count: int, looks: int = 5) -> bool:
+    """`count` sequences are paused and the engine takes no step while we look a few times."""
+    steps = engine.stats.steps
+    for _ in range(looks):
+        if engine.stats.paused_sequences != count or engine.stats.steps != steps:
+            return False
+        time.sleep(0.02)
+    return True

@@ -23,9 +23,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from conftest import start_server, stop_server
 from fake_engine import FAKE_MODEL_ID, FakeEngine
-from helpers import greedy
+from backend.types import ErrorEvent, ErrorKind
+from helpers import error_reason, greedy, rpc_error
 from inprocess_server import InProcessServer, serve_config
 from otlp_collector import start_collector
+from service.errors import from_engine
 from service.telemetry import Telemetry, from_environment
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -193,6 +195,22 @@ def test_errors_are_counted_by_status_code(traced):
             stub.Tokenize(pb.TokenizeRequest(model="nope", text="x"), timeout=10)
     counts = {p.attributes["rpc.grpc.status_code"]: p.value for p in traced.metric_points("tokenspout.server.requests.errors")}
     assert counts == {"INVALID_ARGUMENT": 2, "NOT_FOUND": 1}
+
+
+@pytest.mark.parametrize("kind", list(ErrorKind), ids=lambda kind: kind.value)
+def test_each_engine_error_reaches_the_caller_and_the_span_as_service_errors_maps_it(traced, kind):
+    traced.engine.plan("doomed-", fail_after=2, error=kind, message=f"scripted {kind.value}")
+    request = greedy("Once", max_new_tokens=20, ignore_eos=True)
+    request.request_id = f"doomed-{kind.value}"
+    expected = from_engine(ErrorEvent("", kind), request.request_id)
+    with grpc.insecure_channel(traced.address) as channel:
+        error = rpc_error(lambda: pb_grpc.GenerationServiceStub(channel).GenerateStream(request, timeout=30))
+    assert error.code() == expected.code and error_reason(error) == expected.reason
+    assert f"scripted {kind.value}" in error.details()
+    (rpc,) = traced.wait_for_span(RPC_SPAN)
+    assert rpc.status.status_code is trace.StatusCode.ERROR
+    assert rpc.attributes["error.type"] == expected.code.name
+    assert rpc.attributes["tokenspout.error.reason"] == expected.reason
 
 
 def test_telemetry_is_off_without_an_endpoint(monkeypatch):
