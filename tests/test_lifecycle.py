@@ -17,7 +17,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from conftest import SERVER_CONTEXT_LENGTH, start_server, stop_server
+from conftest import SERVER_CONTEXT_LENGTH, start_server
 from helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of, token_ids_of, wait_for
 from fake_engine import FakeEngine
 from inprocess_server import start_fake

@@ -3,11 +3,9 @@ process exporting over OTLP): spans per token batch, GenAI attributes, metrics, 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
-import threading
 import time
 import urllib.request
 
