@@ -60,16 +60,16 @@ def start_server(
     fake_engine: bool = False,
 ) -> RunningServer:
     """Starts `tokenspout serve` on a free port and waits until it says it is serving; with `faults`
-    (flags of tests/faults.py), on an engine those faults are injected into. With `fake_engine`, on
-    tests/fake_engine.py's engine instead of the model (`faults` are then that script's flags)."""
+    (flags of tests/faults.py), on an engine those faults are injected into; with `fake_engine`, on
+    tests/fake_engine.py's engine instead of the model."""
     if not fake_engine:
         _refuse_in_the_fast_lane("starts a server on the real model")
     log_path = tmp_dir / f"server-{time.monotonic_ns()}.log"
     log_file = open(log_path, "w")
-    if fake_engine:
-        command = [str(ROOT / "tests" / "fake_engine.py"), *faults]
+    if faults or fake_engine:
+        command = [str(ROOT / "tests" / "faults.py"), *faults, *(["--fake-engine"] if fake_engine else [])]
     else:
-        command = [str(ROOT / "tests" / "faults.py"), *faults] if faults else ["-m", "service.cli"]
+        command = ["-m", "service.cli"]
     process = subprocess.Popen(
         [sys.executable, *command, "serve", "--listen", "127.0.0.1:0", *flags],
         cwd=ROOT,

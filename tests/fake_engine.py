@@ -8,38 +8,30 @@ max_new_tokens, the caller's deadline and time limit, UTF-8 held back until comp
 would do differently a test scripts per request id prefix (`FakeEngine.plan`): hold a sequence after
 some tokens until released, end it with EOS, or fail it with any ErrorKind. The engine can be paced
 (`step_s`, standing in for a model's speed) and killed (its thread dies, as a bug would).
+tests/faults.py --fake-engine serves it from a real `tokenspout serve` process.
 
 The vocabulary is bytes: 0 is BOS, 1 EOS, 2 and 3 the chat markers, 4 + b the byte b; the chat
 template and the constraint compiler are the real ones (backend.chat, llguidance) over it.
-
-`python tests/fake_engine.py [--fail-requests-with-prefix P] [--hold-requests-with-prefix P]
-[--kill-engine-after-steps N] [--step-s S] serve ...` runs the real server (`tokenspout serve ...`) on it, for tests that need
-signals and exit codes.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
-import pathlib
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-
-from backend.chat import ChatTemplate, RenderedChat, SpecialTokens, tokenize_chat  # noqa: E402
-from backend.config import EngineConfig  # noqa: E402
-from backend.constraints import ConstraintCompiler  # noqa: E402
-from backend.constraints.tokenizer import build_tokenizer  # noqa: E402
-from backend.engine import (  # noqa: E402
+from backend.chat import ChatTemplate, RenderedChat, SpecialTokens, tokenize_chat
+from backend.config import EngineConfig
+from backend.constraints import ConstraintCompiler
+from backend.constraints.tokenizer import build_tokenizer
+from backend.engine import (
     COMMON_SAMPLERS, CONSTRAINT_KINDS, CancelOrder, ChatMessage, EngineCounters, EngineStats, EventSink, ModelInfo,
 )
-from backend.sequence import SequenceOutput  # noqa: E402
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, GenerationRequest  # noqa: E402
-from backend.worker import EngineWorker, Output, WorkerEngine  # noqa: E402
+from backend.sequence import SequenceOutput
+from backend.types import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, GenerationRequest
+from backend.worker import EngineWorker, Output, WorkerEngine
 
 FAKE_MODEL_ID = "fake-bytes"
 BOS, EOS, IM_START, IM_END = 0, 1, 2, 3
@@ -328,32 +320,3 @@ class FakeEngine(WorkerEngine):
     def close(self) -> None:
         self._worker.close()
 
-
-def main(argv: list[str]) -> int:
-    """`tokenspout serve` on a FakeEngine (see the module docstring)."""
-    from service import cli
-
-    parser = argparse.ArgumentParser(prog="fake_engine.py")
-    parser.add_argument("--fail-requests-with-prefix", default="")
-    parser.add_argument("--hold-requests-with-prefix", default="", help="after their first token, until cancelled")
-    parser.add_argument("--kill-engine-after-steps", type=int, default=0)
-    parser.add_argument("--step-s", type=float, default=0.0, help="seconds per step (a model's pace)")
-    script, serve = parser.parse_known_args(argv)
-
-    def build(config: EngineConfig) -> FakeEngine:
-        engine = FakeEngine(config, step_s=script.step_s)
-        if script.fail_requests_with_prefix:
-            engine.plan(script.fail_requests_with_prefix, fail_after=0, message="injected fault")
-        if script.hold_requests_with_prefix:
-            engine.plan(script.hold_requests_with_prefix, hold_after=1)
-        if script.kill_engine_after_steps:
-            from faults import dying_after
-
-            dying_after(engine, script.kill_engine_after_steps)
-        return engine
-
-    return cli.main(serve, build=build)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -20,6 +20,7 @@ from grpc_status import rpc_status
 from conftest import SERVER_CONTEXT_LENGTH, start_server
 from helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of, token_ids_of, wait_for
 from fake_engine import FakeEngine
+from faults import failing_requests
 from inprocess_server import start_fake
 from service.config import ServeConfig
 from service.errors import ServiceError
@@ -42,7 +43,7 @@ MODEL_PACE_S = 0.01
 def small_server():
     """Four slots, a queue of two and small stream buffers, so limits are easy to reach."""
     server = start_fake(*SMALL, step_s=MODEL_PACE_S)
-    server.engine.plan("fail-", fail_after=0, message="injected fault")
+    failing_requests(server.engine, "fail-")
     yield server
     server.close()
 
