@@ -67,7 +67,7 @@ class Plan:
     """What the fake engine does with the requests whose id starts with a prefix, besides generating."""
 
     hold_after: int | None = None
-    """Stop after this many tokens (the sequence keeps its slot) until `release()`."""
+    """Stop after this many tokens (the sequence keeps its slot) until FakeEngine.release(plan)."""
     eos_after: int | None = None
     """Sample EOS as this token (an ending the caller did not ask for; see the stopping rules)."""
     fail_after: int | None = None
@@ -75,9 +75,6 @@ class Plan:
     error: ErrorKind = ErrorKind.ENGINE_FAILURE
     message: str = "scripted failure"
     released: threading.Event = field(default_factory=threading.Event, repr=False)
-
-    def release(self) -> None:
-        self.released.set()
 
     def holds(self, generated: int) -> bool:
         return self.hold_after is not None and generated >= self.hold_after and not self.released.is_set()
@@ -123,7 +120,7 @@ class ScriptedCore:
         self.stats = EngineStats(cache_tokens_total=self.context_length * self.max_batch_size)
 
     def plan_for(self, request_id: str) -> Plan:
-        matches = [prefix for prefix in self._plans if request_id.startswith(prefix)]
+        matches = [prefix for prefix in tuple(self._plans) if request_id.startswith(prefix)]  # tests add plans
         return self._plans[max(matches, key=len)] if matches else Plan()
 
     # -- commands --------------------------------------------------------------
@@ -285,7 +282,7 @@ class FakeEngine(WorkerEngine):
 
     def release(self, plan: Plan) -> None:
         """Lets held sequences of this plan go on (and wakes the engine thread to step them)."""
-        plan.release()
+        plan.released.set()
         self._worker.resume("")
 
     def pace(self, step_s: float) -> None:
