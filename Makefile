@@ -9,11 +9,12 @@ TS := clients/typescript
 LISTEN ?= 127.0.0.1:50051
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint run test bench clean
+.PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint run test test-fast bench clean
 
 help:
 	@echo "make run    - create the environment, fetch the model, serve it and stream an answer"
 	@echo "make test   - run the test suite against a real server and model"
+	@echo "make test-fast - run only the tests that need no model (the service on a fake engine; minutes)"
 	@echo "make proto  - regenerate the Python and TypeScript code from protos/"
 	@echo "make bench  - run the streaming benchmark"
 	@echo "make clients - generate and build the Go, Java and C++ examples (clients/README.md)"
@@ -92,6 +93,10 @@ clients: client-tools venv $(BUF)
 
 test: tools model deploy-tools client-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Every test that needs no model (tests/conftest.py marks the others `model` by the fixtures they ask for).
+test-fast: tools deploy-tools
+	$(PY) -m pytest -m "not model" $(PYTEST_ARGS)
 
 bench: venv model
 	$(PY) bench/streaming.py $(BENCH_ARGS)

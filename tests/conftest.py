@@ -1,4 +1,13 @@
-"""Shared fixtures: a real tokenspout server on a loopback port, serving the real model."""
+"""Shared fixtures, in two lanes.
+
+Tests marked `model` need the real embedded model: they ask for `model` (loaded in this process),
+`model_path`, or `server` / `channel` / `stub` (a real server serving it), and the mark follows from
+that (pytest_collection_modifyitems). Every other test needs no model: the service's tests run on
+tests/fake_engine.py, in process (`fake_server`, `fake_channel`, `fake_stub`, inprocess_server.start_fake)
+or as a real `tokenspout serve` process where signals and exit codes matter
+(start_server(..., fake_engine=True)). `make test-fast` runs that lane alone (`-m "not model"`),
+and there anything that would load the model fails, naming the fixture to ask for.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,7 @@ from typing import Iterator
 import grpc
 import pytest
 
+from inprocess_server import InProcessServer, start_fake
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -47,12 +57,19 @@ def start_server(
     env: dict[str, str] | None = None,
     timeout_s: float = 120,
     faults: tuple[str, ...] = (),
+    fake_engine: bool = False,
 ) -> RunningServer:
     """Starts `tokenspout serve` on a free port and waits until it says it is serving; with `faults`
-    (flags of tests/faults.py), on an engine those faults are injected into."""
+    (flags of tests/faults.py), on an engine those faults are injected into; with `fake_engine`, on
+    tests/fake_engine.py's engine instead of the model."""
+    if not fake_engine:
+        _refuse_in_the_fast_lane("starts a server on the real model")
     log_path = tmp_dir / f"server-{time.monotonic_ns()}.log"
     log_file = open(log_path, "w")
-    command = [str(ROOT / "tests" / "faults.py"), *faults] if faults else ["-m", "service.cli"]
+    if faults or fake_engine:
+        command = [str(ROOT / "tests" / "faults.py"), *faults, *(["--fake-engine"] if fake_engine else [])]
+    else:
+        command = ["-m", "service.cli"]
     process = subprocess.Popen(
         [sys.executable, *command, "serve", "--listen", "127.0.0.1:0", *flags],
         cwd=ROOT,
@@ -78,19 +95,52 @@ def stop_server(server: RunningServer) -> int:
     return server.process.wait(timeout=60)
 
 
+MODEL_FIXTURES = frozenset({"model", "model_path", "server"})
+"""Asking for one of these (directly or through another fixture) marks a test `model`."""
+FAST_LANE = False
+"""Set when the run deselects the model lane (`-m "not model"`): nothing may load the model then."""
+
+
+def pytest_configure(config) -> None:
+    global FAST_LANE
+    FAST_LANE = "not model" in (config.getoption("markexpr") or "")
+    if FAST_LANE:
+        import backend.models
+
+        backend.models.default_model_path = lambda: _refuse_in_the_fast_lane("loads the embedded model")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
+
+def _refuse_in_the_fast_lane(what: str):
+    if FAST_LANE:
+        pytest.fail(f"this test {what} but is not marked `model`: ask for the `model_path` fixture")
+
+
 @pytest.fixture(scope="session")
-def model():
-    """The embedded model loaded in this process (read-only: tests share it)."""
-    from backend.llamacpp.model import GgufModel
+def model_path() -> pathlib.Path:
+    """The embedded model's file (fetched once): tests that start servers on it ask for this."""
     from backend.models import default_model_path
 
-    loaded = GgufModel(default_model_path())
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def model(model_path: pathlib.Path):
+    """The embedded model loaded in this process (read-only: tests share it)."""
+    from backend.llamacpp.model import GgufModel
+
+    loaded = GgufModel(model_path)
     yield loaded
     loaded.close()
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def server(tmp_path_factory: pytest.TempPathFactory, model_path: pathlib.Path) -> Iterator[RunningServer]:
     running = start_server(
         tmp_path_factory.mktemp("server"), "--context-length", str(SERVER_CONTEXT_LENGTH), "--max-batch-size", "8"
     )
@@ -108,6 +158,25 @@ def channel(server: RunningServer) -> Iterator[grpc.Channel]:
 @pytest.fixture(scope="session")
 def stub(channel: grpc.Channel) -> pb_grpc.GenerationServiceStub:
     return pb_grpc.GenerationServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def fake_server() -> Iterator[InProcessServer]:
+    """An in-process server on the fake engine, with the settings of `server`."""
+    running = start_fake("--context-length", str(SERVER_CONTEXT_LENGTH), "--max-batch-size", "8")
+    yield running
+    running.close()
+
+
+@pytest.fixture(scope="module")
+def fake_channel(fake_server: InProcessServer) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(fake_server.address) as ch:
+        yield ch
+
+
+@pytest.fixture(scope="module")
+def fake_stub(fake_channel: grpc.Channel) -> pb_grpc.GenerationServiceStub:
+    return pb_grpc.GenerationServiceStub(fake_channel)
 
 
 SHARED_DATA = ROOT.parent / "shared" / "data"

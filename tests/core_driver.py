@@ -1,11 +1,13 @@
-"""Drives an engine core in-process the way backend.worker does: every call's outputs are delivered."""
+"""Drives an engine core in-process the way backend.worker does (every call's outputs are delivered),
+and records what each request receives: the helpers the step-by-step core tests share."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from backend.engine import CancelOrder
+from backend.types import ErrorEvent, GenerationRequest, SamplingParams, StopParams, TokenEvent
 from backend.worker import deliver_all
 
 _COMMANDS = frozenset({"add", "cancel", "pause", "resume", "expire", "step", "close"})
@@ -30,3 +32,56 @@ class Delivering:
             return outputs
 
         return command
+
+
+def make_core(model, **settings) -> Delivering:
+    """A llama.cpp core on `model`, driven in-process, whose commands deliver their events as the worker does."""
+    from backend.config import EngineConfig
+    from backend.llamacpp.core import LlamaCppCore
+
+    config = dict(context_length=256, max_batch_size=2, batch_tokens=64, threads=1) | settings
+    return Delivering(LlamaCppCore(model, EngineConfig.of(**config)))
+
+
+class Recorder:
+    """A request's sink: each event with the core step it arrived at."""
+
+    def __init__(self, core) -> None:
+        self.core = core
+        self.events: list[tuple[int, object]] = []
+
+    def __call__(self, event) -> None:
+        self.events.append((self.core.steps, event))
+
+    @property
+    def finish(self):
+        last = self.events[-1][1]
+        return last.finish if isinstance(last, TokenEvent) else None
+
+    def first_token_step(self) -> int:
+        return next(step for step, event in self.events if isinstance(event, TokenEvent) and event.tokens)
+
+
+def token_ids(rec: Recorder) -> list[int]:
+    return [t.token_id for _, event in rec.events if not isinstance(event, ErrorEvent) for t in event.tokens]
+
+
+def request(model, request_id: str, prompt: str = "The sky is", max_new_tokens: int = 8) -> GenerationRequest:
+    """A greedy request for `prompt` that runs to max_new_tokens."""
+    return GenerationRequest(
+        request_id,
+        tuple(model.tokenize(prompt)),
+        SamplingParams(temperature=0.0),
+        StopParams(max_new_tokens=max_new_tokens, ignore_eos=True),
+    )
+
+
+def run_until_idle(core, limit: int = 2000, after_step: Callable[[Any], None] | None = None) -> None:
+    """Steps the core until it has no work (calling `after_step(core)` after each step)."""
+    for _ in range(limit):
+        if not core.has_work():
+            return
+        core.step()
+        if after_step is not None:
+            after_step(core)
+    raise AssertionError("the core did not finish")

@@ -1,4 +1,5 @@
-"""API keys, caller identities and owned requests, on real servers."""
+"""API keys, caller identities and owned requests, on real `tokenspout serve` processes (on the fake engine,
+paced like a small model so that streams outlast the checks) and in process."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 FINISH = pb.FinishReason
 KEYS = {"alice": "alice-secret-key", "bob": "bob-secret-key", "carol": "carol-secret-key"}
 SERVER_FLAGS = ("--max-batch-size", "4", "--context-length", "512")
+MODEL_PACE = ("--step-s", "0.01")
 
 
 def digest(key: str) -> str:
@@ -48,7 +50,8 @@ def keys_file(tmp_path_factory):
 def keyed(tmp_path_factory, keys_file):
     """Keys from a file (alice, bob) and from the environment (carol); reflection open (the default)."""
     env = {"TOKENSPOUT_API_KEYS": f"carol:{digest(KEYS['carol'])}"}
-    server = start_server(tmp_path_factory.mktemp("keyed"), "--api-keys-file", str(keys_file), *SERVER_FLAGS, env=env)
+    server = start_server(tmp_path_factory.mktemp("keyed"), "--api-keys-file", str(keys_file), *SERVER_FLAGS, env=env,
+                          faults=MODEL_PACE, fake_engine=True)
     yield server
     assert stop_server(server) == 0, server.log()
 
@@ -180,7 +183,7 @@ def wait_until_accepted(stub, name: str, timeout: float = 15) -> bool:
 def test_reflection_can_require_a_key(tmp_path, keys_file):
     # Set through the environment, as a deployment would.
     env = {"TOKENSPOUT_REFLECTION_REQUIRES_AUTH": "yes"}
-    server = start_server(tmp_path, "--api-keys-file", str(keys_file), *SERVER_FLAGS, env=env)
+    server = start_server(tmp_path, "--api-keys-file", str(keys_file), *SERVER_FLAGS, env=env, fake_engine=True)
     try:
         with grpc.insecure_channel(server.address) as channel:
             unauthenticated(lambda: list_services(channel))
@@ -192,8 +195,8 @@ def test_reflection_can_require_a_key(tmp_path, keys_file):
         assert stop_server(server) == 0
 
 
-def test_without_keys_auth_is_off_and_says_so(server):
-    assert "authentication off: no api_keys or api_keys_file configured" in server.log()
+def test_without_keys_auth_is_off_and_says_so(fake_server):
+    assert "authentication off: no api_keys or api_keys_file configured" in fake_server.log()
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -205,7 +208,7 @@ def test_with_mtls_the_certificate_subject_owns_the_request(tmp_path):
     clients = {name: make_cert(tmp_path, name, ca) for name in ("team-a", "team-b")}
     server = start_server(
         tmp_path, "--tls-cert", str(server_cert), "--tls-key", str(server_key), "--tls-client-ca", str(ca[1]),
-        *SERVER_FLAGS,
+        *SERVER_FLAGS, faults=MODEL_PACE, fake_engine=True,
     )
 
     def stub_for(name: str):

@@ -35,7 +35,7 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def full_server(tmp_path_factory):
+def full_server(tmp_path_factory, model_path):
     """One batch slot and no queue: a second request is refused as overloaded."""
     running = start_server(
         tmp_path_factory.mktemp("full"), "--max-batch-size", "1", "--max-queued-requests", "0",
@@ -189,7 +189,7 @@ def test_round_robin_spreads_calls_over_several_servers(server, full_server):
     assert batch_sizes == {8, 1}
 
 
-def test_round_robin_sends_no_new_call_to_a_draining_server(tmp_path):
+def test_round_robin_sends_no_new_call_to_a_draining_server(tmp_path, model_path):
     """Client health checking: a replica that is draining (NOT_SERVING, still listening) gets nothing new."""
     draining, staying = (start_server(tmp_path, "--max-batch-size", str(n), "--context-length", "1024",
                                       "--grace-period-s", "60") for n in (1, 2))
@@ -215,7 +215,7 @@ def test_round_robin_sends_no_new_call_to_a_draining_server(tmp_path):
             stop_server(running)
 
 
-def test_api_key_and_unauthenticated(tmp_path, monkeypatch):
+def test_api_key_and_unauthenticated(tmp_path, monkeypatch, model_path):
     key = f"sk-{uuid.uuid4().hex}"
     digest = hashlib.sha256(key.encode()).hexdigest()
     running = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "256",
@@ -239,7 +239,7 @@ def test_api_key_and_unauthenticated(tmp_path, monkeypatch):
         stop_server(running)
 
 
-def test_tls_and_mutual_tls(tmp_path):
+def test_tls_and_mutual_tls(tmp_path, model_path):
     from test_tls import make_cert
 
     ca = make_cert(tmp_path, "test-ca")

@@ -29,7 +29,7 @@ CODE = re.compile(r"\S+ \((\d+)\)")  # "NAME (number)": each language names the 
 
 
 @pytest.fixture(scope="module")
-def keyed(tmp_path_factory):
+def keyed(tmp_path_factory, model_path):
     env = {"TOKENSPOUT_API_KEYS": f"examples:{hashlib.sha256(KEY.encode()).hexdigest()}"}
     server = start_server(tmp_path_factory.mktemp("keyed"), "--max-batch-size", "4", "--context-length", "1024",
                           env=env)

@@ -32,7 +32,7 @@ def big_schema(properties: int, salt: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def gated(tmp_path_factory):
+def gated(tmp_path_factory, model_path):
     server = start_server(
         tmp_path_factory.mktemp("compiles"), "--context-length", "256", "--max-batch-size", "2",
         "--max-concurrent-compiles", "1", "--compile-timeout-s", "0.2", "--max-input-bytes", "4096",

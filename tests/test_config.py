@@ -66,16 +66,15 @@ def test_the_example_config_file_loads():
         "exllamav2", "q8", 32768, "/models/x-exl2")
 
 
-def test_a_local_gguf_is_served_under_its_name(tmp_path):
+def test_a_local_gguf_is_served_under_its_name(tmp_path, model_path):
     import grpc
 
-    from backend.models import default_model_path
     from conftest import start_server, stop_server
     from tokenspout.v1 import generation_pb2 as pb
     from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
     model = tmp_path / "my-model.gguf"
-    model.symlink_to(default_model_path())
+    model.symlink_to(model_path)
     server = start_server(tmp_path, "--model", str(model), "--max-batch-size", "1", "--context-length", "128")
     try:
         with grpc.insecure_channel(server.address) as channel:
@@ -109,16 +108,15 @@ def test_exllamav2_missing_is_reported_without_a_traceback(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["truncated", "text", "directory"])
-def test_a_bad_model_file_stops_the_start_in_one_line(kind, tmp_path):
+def test_a_bad_model_file_stops_the_start_in_one_line(kind, tmp_path, model_path):
     import subprocess
     import sys
 
-    from backend.models import default_model_path
     from conftest import ROOT
 
     bad = tmp_path / "bad.gguf"
     if kind == "truncated":
-        with open(default_model_path(), "rb") as model:
+        with open(model_path, "rb") as model:
             bad.write_bytes(model.read(3_000_000))
     elif kind == "text":
         bad.write_text("not a model\n")

@@ -47,7 +47,7 @@ def healthy_hosts(admin_port: int) -> dict[str, bool]:
     return hosts
 
 
-def test_envoy_balances_and_takes_a_draining_replica_out(tmp_path):
+def test_envoy_balances_and_takes_a_draining_replica_out(tmp_path, model_path):
     replicas = start_replicas(tmp_path, 2, "--grace-period-s", "300")
     port, admin_port = free_port(), free_port()
     config = tmp_path / "envoy.json"

@@ -28,7 +28,9 @@ def scrape(port: int) -> dict[str, tuple[str, float]]:
 
 def test_queued_running_and_cache_gauges_follow_the_load(tmp_path):
     port = free_port()
-    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "256", "--prometheus-port", str(port))
+    # The fake engine, paced like a small model: the load lasts while the gauges are read.
+    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "256", "--prometheus-port", str(port),
+                          faults=("--step-s", "0.01"), fake_engine=True)
     try:
         idle = scrape(port)
         assert {name: idle[name] for name in (QUEUED, RUNNING)} == {QUEUED: ("gauge", 0.0), RUNNING: ("gauge", 0.0)}

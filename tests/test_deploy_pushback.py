@@ -19,7 +19,9 @@ from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 @pytest.fixture
 def one_slot(tmp_path):
-    server = start_server(tmp_path, "--max-batch-size", "1", "--max-queued-requests", "0", "--context-length", "512")
+    # The fake engine, paced like a small model: the blocker outlasts the checks.
+    server = start_server(tmp_path, "--max-batch-size", "1", "--max-queued-requests", "0", "--context-length", "512",
+                          faults=("--step-s", "0.01"), fake_engine=True)
     yield server
     assert stop_server(server) == 0, server.log()
 

@@ -1,8 +1,10 @@
-"""Visible drain and liveness on real servers: what a load balancer and callers see."""
+"""Visible drain and liveness on real `tokenspout serve` processes (on the fake engine): what a load
+balancer and callers see; and, in process, when the drain moves on."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import signal
 import time
 
@@ -10,7 +12,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import start_server, stop_server
-from helpers import SMALL_WINDOW, error_reason, greedy, rpc_error
+from helpers import SMALL_WINDOW, error_reason, greedy, rpc_error, wait_for
+from inprocess_server import start_fake
+from service.lifecycle import Phase
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -18,6 +22,8 @@ FINISH = pb.FinishReason
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 PROMPT = "The history of the printing press"
+MODEL_PACE = ("--step-s", "0.01")
+"""The fake engine's seconds per step where a stream must outlast the checks, as a model's would."""
 
 
 def long_request(max_new_tokens: int, request_id: str = "") -> pb.GenerateStreamRequest:
@@ -44,7 +50,8 @@ def refused_on_a_fresh_connection(address: str) -> grpc.RpcError:
 
 
 def test_drain_is_visible_while_running_streams_finish(tmp_path):
-    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60")
+    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60",
+                          faults=MODEL_PACE, fake_engine=True)
     with grpc.insecure_channel(server.address) as channel, \
             grpc.insecure_channel(server.address, options=SMALL_WINDOW) as unread:
         stub = pb_grpc.GenerationServiceStub(channel)
@@ -74,7 +81,8 @@ def test_drain_is_visible_while_running_streams_finish(tmp_path):
 
 
 def test_streams_still_running_at_the_grace_end_get_unavailable(tmp_path):
-    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "1")
+    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "1",
+                          faults=("--hold-requests-with-prefix", "too-long"), fake_engine=True)
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
         call = stub.GenerateStream(long_request(1000, "too-long"), timeout=120)
@@ -97,7 +105,7 @@ def test_streams_still_running_at_the_grace_end_get_unavailable(tmp_path):
 def test_a_dead_engine_thread_flips_health_and_the_process_exits_non_zero(tmp_path):
     # One slot: the second request waits in the queue when the engine dies.
     server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512",
-                          faults=("--kill-engine-after-steps", "20"))
+                          faults=("--kill-engine-after-steps", "20", *MODEL_PACE), fake_engine=True)
     try:
         assert health_of(server.address) == SERVING
         with grpc.insecure_channel(server.address) as channel, concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -115,3 +123,45 @@ def test_a_dead_engine_thread_flips_health_and_the_process_exits_non_zero(tmp_pa
         assert "the engine thread died" in server.log()
     finally:
         stop_server(server)
+
+
+# Phase.STOPPED is set a few event-loop turns after the last call ends when the drain waits for that
+# event; a drain that polled, or waited out the grace period, would still be DRAINING then.
+_LOOP_TURNS = 10
+
+
+def test_the_drain_moves_on_as_soon_as_the_last_stream_ends():
+    server = start_fake("--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "600")
+    held = server.engine.plan("last-", hold_after=1)
+    lifecycle, loop = server.server.lifecycle, server.loop
+    phase_after_the_last_call: list[Phase] = []
+    call_in_flight = lifecycle.call
+
+    @contextlib.contextmanager
+    def observed_call():
+        with call_in_flight():
+            yield
+        if not lifecycle.in_flight:
+            loop.call_soon(look_after, _LOOP_TURNS)
+
+    def look_after(turns: int) -> None:
+        if turns:
+            loop.call_soon(look_after, turns - 1)
+        else:
+            phase_after_the_last_call.append(lifecycle.phase)
+
+    lifecycle.call = observed_call
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            call = pb_grpc.GenerationServiceStub(channel).GenerateStream(long_request(50, "last-1"), timeout=60)
+            next(call)
+            drained = server.drain()
+            wait_for(lambda: server.on_loop(lambda: lifecycle.phase) is Phase.DRAINING, what="the drain to start")
+            assert not drained.done()  # it waits for the running stream
+            server.engine.release(held)
+            rest = list(call)
+        assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 50
+        drained.result(timeout=60)
+    finally:
+        server.close()
+    assert phase_after_the_last_call == [Phase.STOPPED]

@@ -5,18 +5,10 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 
-from backend.config import EngineConfig
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
-from backend.models import default_model_path
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
-from core_driver import Delivering
-
-
-def make_core(model, **settings) -> Delivering:
-    """A core driven in-process whose commands deliver their events, as the worker does."""
-    config = dict(context_length=256, max_batch_size=2, batch_tokens=64, threads=1) | settings
-    return Delivering(LlamaCppCore(model, EngineConfig.of(**config)))
+from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams
+from core_driver import Recorder, make_core, request, run_until_idle
 
 
 @pytest.fixture
@@ -24,40 +16,6 @@ def core(model):
     engine_core = make_core(model)
     yield engine_core
     engine_core.close()
-
-
-class Recorder:
-    def __init__(self, core: LlamaCppCore) -> None:
-        self.core = core
-        self.events: list[tuple[int, object]] = []
-
-    def __call__(self, event) -> None:
-        self.events.append((self.core.steps, event))
-
-    @property
-    def finish(self):
-        last = self.events[-1][1]
-        return last.finish if isinstance(last, TokenEvent) else None
-
-    def first_token_step(self) -> int:
-        return next(step for step, event in self.events if isinstance(event, TokenEvent) and event.tokens)
-
-
-def request(model, request_id: str, prompt: str = "The sky is", max_new_tokens: int = 8) -> GenerationRequest:
-    return GenerationRequest(
-        request_id,
-        tuple(model.tokenize(prompt)),
-        SamplingParams(temperature=0.0),
-        StopParams(max_new_tokens=max_new_tokens, ignore_eos=True),
-    )
-
-
-def run_until_idle(core: LlamaCppCore, limit: int = 1000) -> None:
-    for _ in range(limit):
-        if not core.has_work():
-            return
-        core.step()
-    raise AssertionError("core did not finish")
 
 
 def cache_cells(core: LlamaCppCore, slot: int) -> int:
@@ -188,10 +146,10 @@ def test_a_fault_in_one_sequence_leaves_the_other_running(core, model, monkeypat
     assert core.stats.cache_tokens_used == 0
 
 
-def test_the_threaded_engine_delivers_events_from_its_worker():
+def test_the_threaded_engine_delivers_events_from_its_worker(model_path):
     import queue
 
-    engine = LlamaCppEngine(default_model_path())
+    engine = LlamaCppEngine(model_path)
     try:
         events: queue.Queue = queue.Queue()
         engine.submit(

@@ -1,4 +1,4 @@
-"""Bad input gets a clear gRPC status with google.rpc details, and never harms the server."""
+"""Bad input gets a clear gRPC status with google.rpc details, and never harms the server (on the fake engine)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from grpc_status import rpc_status
 
 from conftest import SERVER_CONTEXT_LENGTH
 from helpers import bad_request_fields, error_reason, greedy, rpc_error, stream
+from inprocess_server import start_fake
 from service.errors import MAX_STATUS_BYTES
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -35,16 +36,16 @@ def generate_error(stub, request: pb.GenerateStreamRequest) -> grpc.RpcError:
         ("seed", 2**32 - 1),
     ],
 )
-def test_out_of_range_sampling_values(stub, field, value):
+def test_out_of_range_sampling_values(fake_stub, field, value):
     request = greedy("hi")
     request.sampling.ClearField("temperature")
     setattr(request.sampling, field, value)
-    error = generate_error(stub, request)
+    error = generate_error(fake_stub, request)
     assert error.code() == INVALID
     assert f"sampling.{field}" in bad_request_fields(error)
 
 
-def test_every_violation_is_reported_at_once(stub):
+def test_every_violation_is_reported_at_once(fake_stub):
     request = pb.GenerateStreamRequest(
         prompt="",
         sampling=pb.SamplingParams(temperature=-1),
@@ -52,7 +53,7 @@ def test_every_violation_is_reported_at_once(stub):
         output=pb.OutputOptions(top_logprobs=1000),
     )
     request.sampling.logit_bias[-3] = 1.0
-    error = generate_error(stub, request)
+    error = generate_error(fake_stub, request)
     assert error.code() == INVALID
     assert set(bad_request_fields(error)) == {
         "prompt",
@@ -79,48 +80,52 @@ def test_every_violation_is_reported_at_once(stub):
     ],
     ids=["no-input", "empty-chat", "no-role", "min-over-max", "too-many-stops", "long-request-id"],
 )
-def test_malformed_requests(stub, request_, expected):
-    error = generate_error(stub, request_)
+def test_malformed_requests(fake_stub, request_, expected):
+    error = generate_error(fake_stub, request_)
     assert error.code() == INVALID and set(bad_request_fields(error)) == {expected}
 
 
-def test_a_prompt_longer_than_the_context_is_out_of_range(stub):
-    error = generate_error(stub, greedy("word " * SERVER_CONTEXT_LENGTH))
+def test_a_prompt_longer_than_the_context_is_out_of_range(fake_stub):
+    error = generate_error(fake_stub, greedy("word " * SERVER_CONTEXT_LENGTH))
     assert error.code() == grpc.StatusCode.OUT_OF_RANGE
     assert "prompt" in bad_request_fields(error)
     assert "context" in error.details()
 
 
-def test_max_new_tokens_beyond_the_context_is_invalid(stub):
-    error = generate_error(stub, greedy("hi", max_new_tokens=SERVER_CONTEXT_LENGTH + 1))
+def test_max_new_tokens_beyond_the_context_is_invalid(fake_stub):
+    error = generate_error(fake_stub, greedy("hi", max_new_tokens=SERVER_CONTEXT_LENGTH + 1))
     assert error.code() == INVALID and "stopping.max_new_tokens" in bad_request_fields(error)
 
 
-def test_unknown_model_is_not_found_on_every_rpc(stub):
+def test_unknown_model_is_not_found_on_every_rpc(fake_stub):
     request = greedy("hi")
     request.model = "gpt-unknown"
     calls = [
-        lambda: stub.GenerateStream(request, timeout=10),
-        lambda: stub.Generate(pb.GenerateRequest.FromString(request.SerializeToString()), timeout=10),
-        lambda: stub.Tokenize(pb.TokenizeRequest(model="gpt-unknown", text="x"), timeout=10),
-        lambda: stub.GetModelInfo(pb.GetModelInfoRequest(model="gpt-unknown"), timeout=10),
+        lambda: fake_stub.GenerateStream(request, timeout=10),
+        lambda: fake_stub.Generate(pb.GenerateRequest.FromString(request.SerializeToString()), timeout=10),
+        lambda: fake_stub.Tokenize(pb.TokenizeRequest(model="gpt-unknown", text="x"), timeout=10),
+        lambda: fake_stub.GetModelInfo(pb.GetModelInfoRequest(model="gpt-unknown"), timeout=10),
     ]
     for call in calls:
         error = rpc_error(call)
         assert error.code() == grpc.StatusCode.NOT_FOUND and "model" in bad_request_fields(error)
 
 
-def test_the_served_model_can_be_named(stub):
+def test_the_served_model_can_be_named(fake_stub):
     request = greedy("hi", max_new_tokens=2)
-    request.model = stub.GetModelInfo(pb.GetModelInfoRequest()).model_id
-    assert stream(stub, request)[-1].HasField("finish")
+    request.model = fake_stub.GetModelInfo(pb.GetModelInfoRequest()).model_id
+    assert stream(fake_stub, request)[-1].HasField("finish")
 
 
-def test_bad_requests_do_not_disturb_a_running_stream(stub):
-    call = stub.GenerateStream(greedy("The sky is", max_new_tokens=48, ignore_eos=True), timeout=60)
+def test_bad_requests_do_not_disturb_a_running_stream(fake_server, fake_stub):
+    running = fake_server.engine.plan("running-", hold_after=1)  # it runs until the bad requests are answered
+    request = greedy("The sky is", max_new_tokens=48, ignore_eos=True)
+    request.request_id = "running-1"
+    call = fake_stub.GenerateStream(request, timeout=60)
     first = next(call)
     for _ in range(5):
-        assert generate_error(stub, greedy("")).code() == INVALID
+        assert generate_error(fake_stub, greedy("")).code() == INVALID
+    fake_server.engine.release(running)
     rest = list(call)
     assert rest[-1].finish.reason == pb.FinishReason.FINISH_REASON_MAX_TOKENS
     assert first.generated_tokens + sum(len(m.tokens) for m in rest) == 48
@@ -129,16 +134,16 @@ def test_bad_requests_do_not_disturb_a_running_stream(stub):
 # -- the error boundary: malformed bytes, oversized errors, unexpected failures -------------------
 
 
-def test_malformed_request_bytes_are_invalid_argument_without_a_traceback(server, channel):
+def test_malformed_request_bytes_are_invalid_argument_without_a_traceback(fake_server, fake_channel):
     not_a_message = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, a length past the end of the data
     for method in ("Generate", "Tokenize", "CompileConstraint"):
-        call = channel.unary_unary(f"/tokenspout.v1.GenerationService/{method}")
+        call = fake_channel.unary_unary(f"/tokenspout.v1.GenerationService/{method}")
         error = rpc_error(lambda: call(not_a_message, timeout=10))
         assert error.code() == INVALID and error_reason(error) == "MALFORMED_REQUEST", error.details()
-    stream = channel.unary_stream("/tokenspout.v1.GenerationService/GenerateStream")
+    stream = fake_channel.unary_stream("/tokenspout.v1.GenerationService/GenerateStream")
     error = rpc_error(lambda: stream(not_a_message, timeout=10))
     assert error.code() == INVALID and "GenerateStreamRequest" in error.details()
-    assert "Traceback" not in server.log()
+    assert "Traceback" not in fake_server.log()
 
 
 def status_size(error: grpc.RpcError) -> int:
@@ -166,23 +171,22 @@ def oversized_requests() -> dict[str, pb.GenerateStreamRequest]:
 
 
 @pytest.mark.parametrize("name", ["logit-bias", "stop-token-ids", "model-name", "multibyte-stops", "grammar-error"])
-def test_errors_stay_small_whatever_the_input(stub, name):
-    error = generate_error(stub, oversized_requests()[name])
+def test_errors_stay_small_whatever_the_input(fake_stub, name):
+    error = generate_error(fake_stub, oversized_requests()[name])
     assert error.code() in (INVALID, grpc.StatusCode.NOT_FOUND), error.details()
     assert status_size(error) <= MAX_STATUS_BYTES
     assert len(error.details().encode()) <= 1024
 
 
-def test_a_long_violation_list_says_how_many_more(stub):
-    error = generate_error(stub, oversized_requests()["logit-bias"])
+def test_a_long_violation_list_says_how_many_more(fake_stub):
+    error = generate_error(fake_stub, oversized_requests()["logit-bias"])
     fields = bad_request_fields(error)
     assert fields["..."] == "and 92 more" and len(fields) == 9
 
 
-def test_overload_advises_grpc_retry_pushback(tmp_path):
-    from conftest import start_server, stop_server
-
-    server = start_server(tmp_path, "--max-batch-size", "1", "--max-queued-requests", "0", "--context-length", "256")
+def test_overload_advises_grpc_retry_pushback():
+    server = start_fake("--max-batch-size", "1", "--max-queued-requests", "0", "--context-length", "256")
+    server.engine.plan("", hold_after=1)  # the running stream stays running, as a long generation would
     try:
         with grpc.insecure_channel(server.address) as ch:
             stub = pb_grpc.GenerationServiceStub(ch)
@@ -193,7 +197,7 @@ def test_overload_advises_grpc_retry_pushback(tmp_path):
             assert dict(error.trailing_metadata())["grpc-retry-pushback-ms"] == "1000"
             running.cancel()
     finally:
-        stop_server(server)
+        server.close()
 
 
 async def test_an_unexpected_exception_is_internal_with_the_request_id_and_logged_once(caplog):

@@ -30,7 +30,7 @@ STREAMING = {"/tokenspout.v1.GenerationService/GenerateStream"}
 
 
 @pytest.fixture(scope="module")
-def fuzzed_server(tmp_path_factory):
+def fuzzed_server(tmp_path_factory, model_path):
     server = start_server(tmp_path_factory.mktemp("fuzz"), "--context-length", "512", "--max-batch-size", "4")
     yield server
     assert stop_server(server) == 0, server.log()

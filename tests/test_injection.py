@@ -107,18 +107,18 @@ def test_the_server_keeps_chat_content_plain_unless_opted_in(stub, opted_in, mod
 
 
 @pytest.mark.parametrize("request_id", ["line\nforged INFO service: all good", "tab\there", "é", "\x1b[31m", "x" * 129])
-def test_request_ids_are_printable_ascii_and_short(stub, request_id):
+def test_request_ids_are_printable_ascii_and_short(fake_stub, request_id):
     request = greedy("Hi", max_new_tokens=2)
     request.request_id = request_id
-    error = rpc_error(lambda: stub.GenerateStream(request, timeout=10))
+    error = rpc_error(lambda: fake_stub.GenerateStream(request, timeout=10))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "printable ASCII" in bad_request_fields(error)["request_id"]
 
 
-def test_the_longest_printable_request_id_is_fine(stub):
+def test_the_longest_printable_request_id_is_fine(fake_stub):
     request = greedy("Hi", max_new_tokens=2)
     request.request_id = "".join(chr(c) for c in range(32, 127)) + "x" * (128 - 95)
-    assert list(stub.GenerateStream(request, timeout=60))[-1].request_id == request.request_id
+    assert list(fake_stub.GenerateStream(request, timeout=60))[-1].request_id == request.request_id
 
 
 @pytest.mark.parametrize("formatter", [TextFormatter("%(levelname)s %(name)s: %(message)s"), JsonFormatter()])

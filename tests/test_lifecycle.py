@@ -1,4 +1,6 @@
-"""Cancellation, deadlines, backpressure, overload, drain and faults, on real servers and the real model."""
+"""Cancellation, deadlines, backpressure, overload, drain and faults: on the fake engine (in process, or as
+a `tokenspout serve` process where signals matter), paced like a small model where a stream must outlast
+the checks; the storm of cancellations on the real model, whose cache it checks."""
 
 from __future__ import annotations
 
@@ -15,13 +17,15 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from conftest import SERVER_CONTEXT_LENGTH, start_server, stop_server
+from conftest import SERVER_CONTEXT_LENGTH, start_server
 from helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of, token_ids_of, wait_for
+from fake_engine import FakeEngine
+from faults import failing_requests
+from inprocess_server import start_fake
 from service.config import ServeConfig
 from service.errors import ServiceError
 from service.generation import GenerationServicer
 from backend.config import EngineConfig
-from backend.engines import build_engine
 from service.lifecycle import HealthServicer, Lifecycle
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
@@ -31,14 +35,17 @@ FINISH = pb.FinishReason
 PROMPT = "The history of the printing press"
 SMALL = ("--max-batch-size", "4", "--max-queued-requests", "2", "--stream-buffer-events", "8",
          "--context-length", "512")
+MODEL_PACE_S = 0.01
+"""The fake engine's seconds per step, so that streams outlast the checks as a model's would."""
 
 
 @pytest.fixture(scope="module")
-def small_server(tmp_path_factory):
+def small_server():
     """Four slots, a queue of two and small stream buffers, so limits are easy to reach."""
-    server = start_server(tmp_path_factory.mktemp("small"), *SMALL, faults=("--fail-requests-with-prefix", "fail-"))
+    server = start_fake(*SMALL, step_s=MODEL_PACE_S)
+    failing_requests(server.engine, "fail-")
     yield server
-    assert stop_server(server) == 0, server.log()
+    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +161,7 @@ def test_the_callers_deadline_fails_the_call_when_the_engine_ends_it():
     caller once got an OK response past its deadline. In process, only the engine's check can end
     the call, and it must fail with DEADLINE_EXCEEDED just as gRPC's would."""
     config = ServeConfig(engine=EngineConfig(context_length=512, max_batch_size=2))
-    engine = build_engine(config.engine)
+    engine = FakeEngine(config.engine, step_s=MODEL_PACE_S)
     servicer = GenerationServicer(engine, RequestValidator(engine), config, Lifecycle(HealthServicer()))
 
     async def generate(time_remaining: float, **stopping) -> pb.GenerateResponse:
@@ -299,7 +306,8 @@ def test_an_engine_fault_is_internal_and_leaves_others_running(small_server, sma
 
 
 def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
-    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60")
+    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", "--grace-period-s", "60",
+                          faults=("--step-s", str(MODEL_PACE_S)), fake_engine=True)
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
         calls = [stub.GenerateStream(greedy(PROMPT, max_new_tokens=120, ignore_eos=True), timeout=120) for _ in range(4)]
@@ -317,7 +325,8 @@ def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
 
 
 def test_a_second_signal_exits_at_once(tmp_path):
-    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "120")
+    server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "120",
+                          faults=("--step-s", str(MODEL_PACE_S)), fake_engine=True)
     with grpc.insecure_channel(server.address) as channel:
         call = pb_grpc.GenerationServiceStub(channel).GenerateStream(
             greedy(PROMPT, max_new_tokens=1000, ignore_eos=True), timeout=120
@@ -330,3 +339,39 @@ def test_a_second_signal_exits_at_once(tmp_path):
         assert server.process.wait(timeout=30) == 1
         with pytest.raises(grpc.RpcError):
             list(call)
+
+
+def test_cancelling_streams_whose_writes_wait_on_flow_control_logs_one_line_each():
+    """A caller that stopped reading resets its streams while the server's writes wait on HTTP/2 flow
+    control: each ends as any cancelled stream does, in one INFO line (gRPC used to log each write
+    that failed so as a crash: ExecuteBatchError, with a traceback)."""
+    server = start_fake("--max-batch-size", "8", "--context-length", "4096", "--stream-buffer-events", "4")
+    channels = [grpc.insecure_channel(server.address, options=SMALL_WINDOW) for _ in range(8)]
+    try:
+        calls = [pb_grpc.GenerationServiceStub(channel).GenerateStream(long_request(f"blocked-{i}", 4000), timeout=60)
+                 for i, channel in enumerate(channels)]
+        # Generated as fast as asked, each stream fills its window; its write then waits, its events pile up
+        # and its sequence pauses, and it stays paused while the write waits: the engine stops stepping.
+        wait_for(lambda: every_sequence_stays_paused(server.engine, 8), what="every stream's write to wait")
+        for call in calls:
+            call.cancel()
+        wait_for(lambda: server.engine.stats.running_sequences == 0, what="the cancelled streams to end")
+        wait_for(lambda: server.log().count("ended by the caller") == 8, what="a line for each stream")
+    finally:
+        for channel in channels:
+            channel.close()
+        server.close()
+    log = server.log()
+    for i in range(8):
+        assert log.count(f"INFO service.generation: request blocked-{i} ended by the caller: cancelled") == 1, log
+    assert "Traceback" not in log and "ExecuteBatchError" not in log, log
+
+
+def every_sequence_stays_paused(engine: FakeEngine, count: int, looks: int = 5) -> bool:
+    """`count` sequences are paused and the engine takes no step while we look a few times."""
+    steps = engine.stats.steps
+    for _ in range(looks):
+        if engine.stats.paused_sequences != count or engine.stats.steps != steps:
+            return False
+        time.sleep(0.02)
+    return True

@@ -9,32 +9,15 @@ import time
 import grpc
 import pytest
 
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.types import ErrorEvent, ErrorKind, FinishReason
 from conftest import start_server, stop_server
 from helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of
-from test_engine_core import Recorder, make_core
+from core_driver import Recorder, make_core, request, run_until_idle, token_ids
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees grow", "Rivers run", "Bread is",
            "Snow is"]
-
-
-def request(model, request_id: str, prompt: str, max_new_tokens: int = 40) -> GenerationRequest:
-    return GenerationRequest(request_id, tuple(model.tokenize(prompt)), SamplingParams(temperature=0.0),
-                             StopParams(max_new_tokens=max_new_tokens, ignore_eos=True))
-
-
-def token_ids(rec: Recorder) -> list[int]:
-    return [t.token_id for _, event in rec.events for t in event.tokens]
-
-
-def run_until_idle(core, limit: int = 2000) -> None:
-    for _ in range(limit):
-        if not core.has_work():
-            return
-        core.step()
-    raise AssertionError("the core did not finish")
 
 
 @pytest.mark.parametrize("prefix_cache", [True, False], ids=["own-cells-cached", "recomputed-in-full"])
@@ -44,16 +27,16 @@ def test_a_paused_sequence_gives_its_slot_to_a_waiting_request_and_comes_back(mo
         solo = {}
         for prompt in PROMPTS[:3]:
             solo[prompt] = Recorder(core)
-            core.add(request(model, f"solo-{prompt}", prompt), solo[prompt])
+            core.add(request(model, f"solo-{prompt}", prompt, max_new_tokens=40), solo[prompt])
             run_until_idle(core)
         a, b, c = Recorder(core), Recorder(core), Recorder(core)
-        core.add(request(model, "a", PROMPTS[0]), a)
-        core.add(request(model, "b", PROMPTS[1]), b)
+        core.add(request(model, "a", PROMPTS[0], max_new_tokens=40), a)
+        core.add(request(model, "b", PROMPTS[1], max_new_tokens=40), b)
         for _ in range(20):  # past the 16 tokens worth keeping in the cache
             core.step()
         core.pause("a")  # its caller stopped reading
         core.pause("b")
-        core.add(request(model, "c", PROMPTS[2]), c)
+        core.add(request(model, "c", PROMPTS[2], max_new_tokens=40), c)
         run_until_idle(core)
         # c ran to the end in a slot a paused sequence gave up; the other paused one kept its slot.
         assert c.finish.reason is FinishReason.MAX_TOKENS and token_ids(c) == token_ids(solo[PROMPTS[2]])
@@ -78,7 +61,7 @@ def test_a_preempted_sequence_can_be_cancelled_and_time_out(model):
     core = make_core(model, max_batch_size=1, max_pause_s=max_pause_s)
     try:
         a, b = Recorder(core), Recorder(core)
-        core.add(request(model, "a", PROMPTS[0]), a)
+        core.add(request(model, "a", PROMPTS[0], max_new_tokens=40), a)
         core.step()
         core.pause("a")
         core.add(request(model, "b", PROMPTS[1], max_new_tokens=200), b)
@@ -148,7 +131,7 @@ def test_eight_streams_that_stop_reading_never_block_a_normal_request(server):
         assert idle.recomputed_tokens_total >= 1
 
 
-def test_a_caller_that_never_reads_again_ends_with_aborted(tmp_path):
+def test_a_caller_that_never_reads_again_ends_with_aborted(tmp_path, model_path):
     server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512", "--stream-buffer-events", "4",
                           "--max-pause-s", "0.5")
     try:

@@ -11,9 +11,9 @@ from backend.engine import ChatMessage
 from backend.llamacpp.slots import MIN_REUSE_TOKENS
 from backend.llamacpp.layout import TILE_ROWS
 from backend.constraints import ConstraintSpec
-from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.types import FinishReason, GenerationRequest, SamplingParams, StopParams
 from helpers import greedy, stream
-from test_engine_core import Recorder, make_core
+from core_driver import Recorder, make_core, run_until_idle, token_ids
 from tokenspout.v1 import generation_pb2 as pb
 
 SYSTEM = (
@@ -32,13 +32,8 @@ def run(core, model, request_id: str, tokens, max_new_tokens: int = 16, constrai
     return rec
 
 
-def run_all(core, limit: int = 2000) -> None:
-    for _ in range(limit):
-        if not core.has_work():
-            return
-        core.step()
-        check_cells(core)
-    raise AssertionError("the core did not finish")
+def run_all(core) -> None:
+    run_until_idle(core, after_step=check_cells)
 
 
 def check_cells(core) -> None:
@@ -55,10 +50,6 @@ def check_cells(core) -> None:
             assert held == len(prefixes._entries[slot].tokens), slot
         else:
             assert held == 0, slot
-
-
-def token_ids(rec: Recorder) -> list[int]:
-    return [t.token_id for _, event in rec.events if not isinstance(event, ErrorEvent) for t in event.tokens]
 
 
 @pytest.fixture

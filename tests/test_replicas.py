@@ -107,7 +107,7 @@ def _kill_mid_load(stub, survivor, victim, cut: str) -> None:
 
 
 @pytest.fixture
-def replicas(tmp_path):
+def replicas(tmp_path, model_path):
     running = start_replicas(tmp_path, 3, "--grace-period-s", "300")
     yield running
     stop_replicas(running)
@@ -152,7 +152,7 @@ def test_client_side_round_robin_with_health_checks(replicas):
         _kill_mid_load(stub, replicas[0], replicas[2], cut="UNAVAILABLE")
 
 
-def test_haproxy_passes_deadlines_and_idles_out_nothing_that_streams(tmp_path):
+def test_haproxy_passes_deadlines_and_idles_out_nothing_that_streams(tmp_path, model_path):
     """HAProxy with 1 s idle timeouts: a stream of several seconds of tokens is not cut, and a
     caller's grpc-timeout reaches the replica, which ends the stream itself at that deadline."""
     (replica,) = start_replicas(tmp_path, 1)

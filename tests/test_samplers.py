@@ -1,5 +1,6 @@
 """The samplers beyond the basics: DRY, XTC and mirostat on the real model, and the
-exllamav2-only ones refused with UNIMPLEMENTED by the llama.cpp engine."""
+exllamav2-only ones refused with UNIMPLEMENTED (validation, on the fake engine, which has the same
+samplers as the llama.cpp engine: COMMON_SAMPLERS)."""
 
 from __future__ import annotations
 
@@ -77,21 +78,21 @@ def test_model_info_names_the_samplers_the_engine_has(stub):
     assert set(SamplingParams.__dataclass_fields__) == set(pb.SamplingParams.DESCRIPTOR.fields_by_name)
 
 
-def test_samplers_the_engine_lacks_are_unimplemented_all_named(stub):
+def test_samplers_the_engine_lacks_are_unimplemented_all_named(fake_stub):
     request = greedy("hi")
     request.sampling.top_a = 0.2
     request.sampling.banned_strings.append("cat")
     request.sampling.token_healing = True
-    error = rpc_error(lambda: stub.GenerateStream(request, timeout=30))
+    error = rpc_error(lambda: fake_stub.GenerateStream(request, timeout=30))
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
     assert set(bad_request_fields(error)) == {"sampling.top_a", "sampling.banned_strings", "sampling.token_healing"}
     assert error_reason(error) == "NOT_SUPPORTED"
 
 
-def test_a_sampler_set_to_off_is_not_a_request_for_it(stub):
+def test_a_sampler_set_to_off_is_not_a_request_for_it(fake_stub):
     request = greedy("hi", max_new_tokens=2)
     request.sampling.top_a, request.sampling.tfs, request.sampling.skew = 0.0, 1.0, 0.0
-    assert stream(stub, request)[-1].finish.reason == pb.FINISH_REASON_MAX_TOKENS
+    assert stream(fake_stub, request)[-1].finish.reason == pb.FINISH_REASON_MAX_TOKENS
 
 
 @pytest.mark.parametrize(
@@ -110,19 +111,19 @@ def test_a_sampler_set_to_off_is_not_a_request_for_it(stub):
         ("sampling.banned_strings[0]", lambda s: s.banned_strings.append("")),
     ],
 )
-def test_out_of_range_sampler_settings_are_invalid_before_unimplemented(stub, field, setter):
+def test_out_of_range_sampler_settings_are_invalid_before_unimplemented(fake_stub, field, setter):
     request = greedy("hi")
     setter(request.sampling)
-    error = rpc_error(lambda: stub.GenerateStream(request, timeout=30))
+    error = rpc_error(lambda: fake_stub.GenerateStream(request, timeout=30))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in bad_request_fields(error)
 
 
-def test_banned_strings_and_token_healing_refuse_a_constraint(stub):
+def test_banned_strings_and_token_healing_refuse_a_constraint(fake_stub):
     request = greedy("hi")
     request.sampling.banned_strings.append("cat")
     request.sampling.token_healing = True
     request.constraint.regex = "[a-z]+"
-    error = rpc_error(lambda: stub.GenerateStream(request, timeout=30))
+    error = rpc_error(lambda: fake_stub.GenerateStream(request, timeout=30))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert {"sampling.banned_strings", "sampling.token_healing"} <= set(bad_request_fields(error))

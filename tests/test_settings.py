@@ -147,7 +147,8 @@ def traced_rpc_span(tmp_path, *flags: str, env: dict[str, str] | None = None):
     collector, receiver, port = start_collector()
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
             "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "256", *flags, env={**otel, **(env or {})})
+    server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "256", *flags, env={**otel, **(env or {})},
+                          fake_engine=True)
     try:
         request = pb.GenerateStreamRequest(
             chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="Say hi")]),

@@ -1,4 +1,5 @@
-"""End to end: a real server on a loopback port, the real embedded model."""
+"""End to end: a real server on a loopback port, the real embedded model (the request id and health
+checks, which are the service's alone, on the fake engine)."""
 
 from __future__ import annotations
 
@@ -213,10 +214,10 @@ def test_eight_concurrent_streams_match_their_solo_runs(stub):
         assert ids == solo[prompt], prompt
 
 
-def test_request_id_is_echoed(stub):
+def test_request_id_is_echoed(fake_stub):
     request = greedy(PROMPT, max_new_tokens=3)
     request.request_id = "my-request-42"
-    assert {m.request_id for m in stream(stub, request)} == {"my-request-42"}
+    assert {m.request_id for m in stream(fake_stub, request)} == {"my-request-42"}
 
 
 def test_a_cancelled_stream_leaves_the_server_serving(stub):
@@ -268,8 +269,8 @@ def test_logit_bias_bans_and_forces_tokens(stub):
     assert token_ids_of(stream(stub, forced)) == [1000, 1000, 1000]
 
 
-def test_health_reports_serving(channel):
-    health = health_pb2_grpc.HealthStub(channel)
+def test_health_reports_serving(fake_channel):
+    health = health_pb2_grpc.HealthStub(fake_channel)
     for service in ("", "tokenspout.v1.GenerationService"):
         response = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         assert response.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,12 +1,11 @@
-"""OpenTelemetry on a real server and model: spans per token batch, GenAI attributes, metrics, OTLP."""
+"""OpenTelemetry on servers of the fake engine (in process with in-memory exporters, and a `tokenspout serve`
+process exporting over OTLP): spans per token batch, GenAI attributes, metrics, OTLP."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
-import threading
 import time
 import urllib.request
 
@@ -21,12 +20,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conftest import start_server, stop_server
-from helpers import greedy
+from fake_engine import FAKE_MODEL_ID, FakeEngine
+from backend.types import ErrorEvent, ErrorKind
+from helpers import error_reason, greedy, rpc_error
+from inprocess_server import InProcessServer, serve_config
 from otlp_collector import start_collector
-from service.config import ServeConfig
-from backend.config import EngineConfig
-from backend.engines import build_engine
-from service.server import TokenspoutServer
+from service.errors import from_engine
 from service.telemetry import Telemetry, from_environment
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -34,7 +33,7 @@ from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 RPC_SPAN = "/tokenspout.v1.GenerationService/GenerateStream"
 
 
-class TracedServer:
+class TracedServer(InProcessServer):
     """A tokenspout server in this process (its own event loop thread) with in-memory exporters."""
 
     def __init__(self, record_content: bool = False) -> None:
@@ -42,22 +41,9 @@ class TracedServer:
         self.metrics = InMemoryMetricReader()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.telemetry = Telemetry(provider, MeterProvider(metric_readers=[self.metrics]), record_content)
-        config = ServeConfig(listen="127.0.0.1:0", engine=EngineConfig(context_length=512, max_batch_size=2))
-        self.engine = build_engine(config.engine)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.server = self._run(self._start(config))
-        self.address = f"127.0.0.1:{self.server.port}"
-
-    async def _start(self, config: ServeConfig) -> TokenspoutServer:
-        server = TokenspoutServer(self.engine, config, self.telemetry)
-        await server.start()
-        return server
-
-    def _run(self, coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=60)
+        telemetry = Telemetry(provider, MeterProvider(metric_readers=[self.metrics]), record_content)
+        config = serve_config("--context-length", "512", "--max-batch-size", "2")
+        super().__init__(FakeEngine(config.engine), config, telemetry)
 
     def wait_for_span(self, name: str, count: int = 1, timeout: float = 10):
         deadline = time.monotonic() + timeout
@@ -78,12 +64,6 @@ class TracedServer:
             if metric.name == name
             for point in metric.data.data_points
         ]
-
-    def close(self) -> None:
-        self._run(self.server.server.stop(None))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.engine.close()
 
 
 @pytest.fixture
@@ -136,7 +116,7 @@ def test_one_span_per_token_batch_under_the_rpc_span_in_the_callers_trace(traced
     finish = messages[-1].finish
     attrs = rpc.attributes
     assert attrs["gen_ai.operation.name"] == "text_completion" and attrs["gen_ai.provider.name"] == "tokenspout"
-    assert attrs["gen_ai.request.model"] == "SmolLM2-135M-Instruct-Q4_1"
+    assert attrs["gen_ai.request.model"] == FAKE_MODEL_ID
     assert attrs["gen_ai.request.temperature"] == 0.0 and attrs["gen_ai.request.max_tokens"] == 20
     assert attrs["gen_ai.request.seed"] == finish.seed
     assert tuple(attrs["gen_ai.response.finish_reasons"]) == ("max_tokens",)
@@ -170,6 +150,7 @@ def test_metrics_match_the_response(traced):
 
 
 def test_a_cancelled_stream_records_the_cancellation(traced):
+    traced.engine.pace(0.01)  # a small model's pace: the stream runs when the caller cancels
     with grpc.insecure_channel(traced.address) as channel:
         call = pb_grpc.GenerationServiceStub(channel).GenerateStream(greedy("Once", 400, ignore_eos=True), timeout=60)
         for _, _message in zip(range(3), call):
@@ -214,6 +195,22 @@ def test_errors_are_counted_by_status_code(traced):
     assert counts == {"INVALID_ARGUMENT": 2, "NOT_FOUND": 1}
 
 
+@pytest.mark.parametrize("kind", list(ErrorKind), ids=lambda kind: kind.value)
+def test_each_engine_error_reaches_the_caller_and_the_span_as_service_errors_maps_it(traced, kind):
+    traced.engine.plan("doomed-", fail_after=2, error=kind, message=f"scripted {kind.value}")
+    request = greedy("Once", max_new_tokens=20, ignore_eos=True)
+    request.request_id = f"doomed-{kind.value}"
+    expected = from_engine(ErrorEvent("", kind), request.request_id)
+    with grpc.insecure_channel(traced.address) as channel:
+        error = rpc_error(lambda: pb_grpc.GenerationServiceStub(channel).GenerateStream(request, timeout=30))
+    assert error.code() == expected.code and error_reason(error) == expected.reason
+    assert f"scripted {kind.value}" in error.details()
+    (rpc,) = traced.wait_for_span(RPC_SPAN)
+    assert rpc.status.status_code is trace.StatusCode.ERROR
+    assert rpc.attributes["error.type"] == expected.code.name
+    assert rpc.attributes["tokenspout.error.reason"] == expected.reason
+
+
 def test_telemetry_is_off_without_an_endpoint(monkeypatch):
     for name in list(os.environ):
         if name.startswith("OTEL_"):
@@ -233,7 +230,7 @@ def test_spans_and_metrics_arrive_over_otlp_grpc_with_json_logs_and_prometheus(t
         "OTEL_METRIC_EXPORT_INTERVAL": "300",
     }
     server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "256", "--log-format", "json",
-                          "--prometheus-port", str(prometheus_port), env=env)
+                          "--prometheus-port", str(prometheus_port), env=env, fake_engine=True)
     try:
         with grpc.insecure_channel(server.address) as channel:
             messages = list(pb_grpc.GenerationServiceStub(channel).GenerateStream(

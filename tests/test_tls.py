@@ -1,4 +1,4 @@
-"""TLS and mutual TLS on a real server."""
+"""TLS and mutual TLS on a real `tokenspout serve` process (on the fake engine)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_tls_and_mutual_tls(tmp_path):
     client_key, client_cert = make_cert(tmp_path, "client", ca)
     server = start_server(
         tmp_path, "--tls-cert", str(server_cert), "--tls-key", str(server_key), "--tls-client-ca", str(ca[1]),
-        "--max-batch-size", "2", "--context-length", "256",
+        "--max-batch-size", "2", "--context-length", "256", fake_engine=True,
     )
     try:
         good = grpc.ssl_channel_credentials(ca[1].read_bytes(), client_key.read_bytes(), client_cert.read_bytes())

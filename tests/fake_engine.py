@@ -1,0 +1,319 @@
+"""A scripted engine for tests of the service: the real worker thread and event plumbing, no model.
+
+`FakeEngine` honours the Engine protocol on backend.worker.EngineWorker, as the real engines do, with
+a `ScriptedCore` in place of a model. Each step, every sequence in a slot that is neither paused nor
+held takes its next token from a text fixed by its prompt (the same prompt, the same output), and
+its endings are the real ones (backend.sequence.SequenceOutput: stop sequences and tokens,
+max_new_tokens, the caller's deadline and time limit, UTF-8 held back until complete). What a model
+would do differently a test scripts per request id prefix (`FakeEngine.plan`): hold a sequence after
+some tokens until released, end it with EOS, or fail it with any ErrorKind. The engine can be paced
+(`step_s`, standing in for a model's speed) and killed (its thread dies, as a bug would).
+tests/faults.py --fake-engine serves it from a real `tokenspout serve` process.
+
+The vocabulary is bytes: 0 is BOS, 1 EOS, 2 and 3 the chat markers, 4 + b the byte b; the chat
+template and the constraint compiler are the real ones (backend.chat, llguidance) over it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from backend.chat import ChatTemplate, RenderedChat, SpecialTokens, tokenize_chat
+from backend.config import EngineConfig
+from backend.constraints import ConstraintCompiler
+from backend.constraints.tokenizer import build_tokenizer
+from backend.engine import (
+    COMMON_SAMPLERS, CONSTRAINT_KINDS, CancelOrder, ChatMessage, EngineCounters, EngineStats, EventSink, ModelInfo,
+)
+from backend.sequence import SequenceOutput
+from backend.types import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, GenerationRequest
+from backend.worker import EngineWorker, Output, WorkerEngine
+
+FAKE_MODEL_ID = "fake-bytes"
+BOS, EOS, IM_START, IM_END = 0, 1, 2, 3
+SPECIALS = {BOS: b"<s>", EOS: b"</s>", IM_START: b"<|im_start|>", IM_END: b"<|im_end|>"}
+BYTE_BASE = len(SPECIALS)
+VOCAB_SIZE = BYTE_BASE + 256
+EOS_TOKEN_IDS = (EOS, IM_END)
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+OUTPUT_TEXT = "The quick brown fox jumps over the lazy dog, and the dog sleeps on. "
+"""What every sequence generates, from a place its prompt chooses."""
+
+
+def encode(data: bytes) -> list[int]:
+    return [BYTE_BASE + b for b in data]
+
+
+def piece(token_id: int) -> bytes:
+    """What a token decodes to as output (control tokens: nothing)."""
+    return bytes([token_id - BYTE_BASE]) if token_id >= BYTE_BASE else b""
+
+
+def output_text(prompt: Sequence[int]) -> bytes:
+    """The text a prompt's sequence generates, repeated as long as it runs."""
+    start = sum(prompt) % len(OUTPUT_TEXT)
+    return (OUTPUT_TEXT[start:] + OUTPUT_TEXT[:start]).encode()
+
+
+@dataclass
+class Plan:
+    """What the fake engine does with the requests whose id starts with a prefix, besides generating."""
+
+    hold_after: int | None = None
+    """Stop after this many tokens (the sequence keeps its slot) until FakeEngine.release(plan)."""
+    eos_after: int | None = None
+    """Sample EOS as this token (an ending the caller did not ask for; see the stopping rules)."""
+    fail_after: int | None = None
+    """Fail with `error` after this many tokens."""
+    error: ErrorKind = ErrorKind.ENGINE_FAILURE
+    message: str = "scripted failure"
+    released: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def holds(self, generated: int) -> bool:
+        return self.hold_after is not None and generated >= self.hold_after and not self.released.is_set()
+
+
+class FakeSequence:
+    def __init__(self, request: GenerationRequest, sink: EventSink, plan: Plan) -> None:
+        self.request = request
+        self.sink = sink
+        self.plan = plan
+        self.output = SequenceOutput(request)
+        self.text = output_text(request.prompt_token_ids)
+        self.paused_since: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def stepping(self) -> bool:
+        return self.paused_since is None and not self.plan.holds(self.output.generated)
+
+    @property
+    def cells(self) -> int:
+        return len(self.request.prompt_token_ids) + self.output.generated
+
+
+class ScriptedCore:
+    """An EngineCore (backend.worker) that steps every running sequence by one scripted token."""
+
+    def __init__(self, config: EngineConfig, plans: dict[str, Plan], step_s: float = 0.0) -> None:
+        self.context_length = config.context_length
+        self.max_batch_size = config.max_batch_size
+        self.max_pause_s = config.llamacpp.max_pause_s
+        self.step_s = step_s
+        self._plans = plans
+        self.waiting: collections.deque[FakeSequence] = collections.deque()
+        self.running: dict[str, FakeSequence] = {}
+        self.steps = 0
+        self.dying = False
+        self.counters = EngineCounters()
+        self._outputs: list[Output] = []
+        self.stats = EngineStats(cache_tokens_total=self.context_length * self.max_batch_size)
+
+    def plan_for(self, request_id: str) -> Plan:
+        matches = [prefix for prefix in tuple(self._plans) if request_id.startswith(prefix)]  # tests add plans
+        return self._plans[max(matches, key=len)] if matches else Plan()
+
+    # -- commands --------------------------------------------------------------
+
+    def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]:
+        self.waiting.append(FakeSequence(request, sink, self.plan_for(request.request_id)))
+        return self._done()
+
+    def cancel(self, order: CancelOrder) -> list[Output]:
+        seq = self._find(order.request_id)
+        if seq is None:
+            return []
+        self._end(seq, FinishReason.CANCELLED)
+        self.counters.cancelled(order, self.steps, time.monotonic())
+        return self._done()
+
+    def pause(self, request_id: str) -> list[Output]:
+        seq = self.running.get(request_id)
+        if seq is not None and seq.paused_since is None:
+            seq.paused_since = time.monotonic()
+        return self._done()
+
+    def resume(self, request_id: str) -> list[Output]:
+        seq = self.running.get(request_id)
+        if seq is not None:
+            seq.paused_since = None
+        return self._done()
+
+    def has_work(self) -> bool:
+        admissible = self.waiting and len(self.running) < self.max_batch_size
+        return bool(admissible or any(seq.stepping for seq in self.running.values()))
+
+    def holds_sequences(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def expire(self) -> list[Output]:
+        self._check_alive()
+        self._expire()
+        return self._done()
+
+    def step(self) -> list[Output]:
+        self._check_alive()
+        if self.step_s:
+            time.sleep(self.step_s)  # the model's time per step
+        self.steps += 1
+        self._expire()
+        while self.waiting and len(self.running) < self.max_batch_size:
+            seq = self.waiting.popleft()
+            seq.output.mark_admitted()
+            self.counters.started(len(seq.request.prompt_token_ids))
+            self.running[seq.request_id] = seq
+        for seq in [s for s in self.running.values() if s.stepping]:
+            self._generate(seq)
+        return self._done()
+
+    def close(self) -> list[Output]:
+        for seq in [*self.waiting, *self.running.values()]:
+            self._end(seq, FinishReason.CANCELLED)
+        return self._done()
+
+    # -- what a step does for one sequence --------------------------------------
+
+    def _generate(self, seq: FakeSequence) -> None:
+        output, plan = seq.output, seq.plan
+        if plan.fail_after is not None and output.generated >= plan.fail_after:
+            self._fail(seq, plan.message, plan.error)
+            return
+        if seq.cells >= self.context_length:
+            self._end(seq, FinishReason.CONTEXT_LIMIT)
+            return
+        output.step = self.steps
+        is_eos = plan.eos_after is not None and output.generated + 1 >= plan.eos_after
+        token_id = EOS if is_eos else BYTE_BASE + seq.text[output.generated % len(seq.text)]
+        wants_logprobs = seq.request.output.return_logprobs
+        event = output.on_token(GeneratedToken(token_id, piece(token_id), 0.0 if wants_logprobs else None), is_eos)
+        self._outputs.append((seq.sink, event))
+        if output.finished:
+            self._release(seq)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for seq in [s for s in self.waiting if s.output.deadline_passed(now)]:
+            self._end(seq, FinishReason.TIME_LIMIT)
+        for seq in list(self.running.values()):
+            if seq.output.deadline_passed(now):
+                self._end(seq, FinishReason.TIME_LIMIT)
+            elif seq.paused_since is not None and now - seq.paused_since >= self.max_pause_s:
+                message = f"the caller read nothing for {self.max_pause_s:g} s (max_pause_s)"
+                self._fail(seq, message, ErrorKind.PAUSED_TOO_LONG)
+
+    def _check_alive(self) -> None:
+        if self.dying:
+            raise RuntimeError("the fake engine was killed")
+
+    # -- endings ---------------------------------------------------------------
+
+    def _find(self, request_id: str) -> FakeSequence | None:
+        return self.running.get(request_id) or next((s for s in self.waiting if s.request_id == request_id), None)
+
+    def _end(self, seq: FakeSequence, reason: FinishReason) -> None:
+        self._outputs.append((seq.sink, seq.output.end(reason)))
+        self._release(seq)
+
+    def _fail(self, seq: FakeSequence, message: str, kind: ErrorKind) -> None:
+        self._outputs.append((seq.sink, ErrorEvent(message, kind)))
+        self._release(seq)
+
+    def _release(self, seq: FakeSequence) -> None:
+        if self.running.get(seq.request_id) is seq:
+            del self.running[seq.request_id]
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def _done(self) -> list[Output]:
+        running = self.running.values()
+        self.stats = self.counters.snapshot(
+            steps=self.steps,
+            running_sequences=len(running),
+            paused_sequences=sum(seq.paused_since is not None for seq in running),
+            queued_requests=len(self.waiting),
+            cache_tokens_used=sum(seq.cells for seq in running),
+            cache_tokens_total=self.context_length * self.max_batch_size,
+        )
+        outputs, self._outputs = self._outputs, []
+        return outputs
+
+
+class FakeEngine(WorkerEngine):
+    """The Engine protocol over a ScriptedCore on a real EngineWorker thread."""
+
+    def __init__(self, config: EngineConfig = EngineConfig(), step_s: float = 0.0) -> None:
+        self._plans: dict[str, Plan] = {}
+        self.core = ScriptedCore(config, self._plans, step_s)
+        self.info = ModelInfo(
+            model_id=config.model_id or FAKE_MODEL_ID,
+            engine="fake",
+            context_length=config.context_length,
+            vocab_size=VOCAB_SIZE,
+            max_batch_size=config.max_batch_size,
+            bos_token_id=BOS,
+            eos_token_ids=EOS_TOKEN_IDS,
+            has_chat_template=True,
+            samplers=COMMON_SAMPLERS,
+            constraint_kinds=CONSTRAINT_KINDS,
+        )
+        pieces = [SPECIALS.get(t) or piece(t) for t in range(VOCAB_SIZE)]
+        tokenizer = build_tokenizer(pieces, list(SPECIALS), EOS_TOKEN_IDS, BOS, encode)
+        self.constraints = ConstraintCompiler(tokenizer, limits=config.constraint)
+        self._chat = ChatTemplate(CHAT_TEMPLATE, "<s>", "</s>")
+        self._specials = SpecialTokens((text.decode(), token) for token, text in SPECIALS.items())
+        self._worker = EngineWorker(self.core, name="fake-engine")
+
+    # -- the script ------------------------------------------------------------
+
+    def plan(self, prefix: str, **what) -> Plan:
+        """What happens to requests whose id starts with `prefix` (the longest matching prefix wins)."""
+        plan = self._plans[prefix] = Plan(**what)
+        return plan
+
+    def release(self, plan: Plan) -> None:
+        """Lets held sequences of this plan go on (and wakes the engine thread to step them)."""
+        plan.released.set()
+        self._worker.resume("")
+
+    def pace(self, step_s: float) -> None:
+        """Seconds each step takes from now on (0: as fast as the callers read)."""
+        self.core.step_s = step_s
+
+    def kill(self) -> None:
+        """The engine thread dies at its next turn, as a bug in its loop would (the server's ENGINE_DOWN)."""
+        self.core.dying = True
+        self._worker.resume("")  # wakes the thread if it waits for commands
+
+    # -- the vocabulary --------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return [BOS, *encode(text.encode())] if add_special else encode(text.encode())
+
+    def token_piece(self, token_id: int) -> bytes:
+        return piece(token_id)
+
+    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
+        return ""  # like llama.cpp's: each sequence owns context_length cells
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+    ) -> list[int]:
+        plain = lambda text: encode(text.encode())  # noqa: E731
+        if special_tokens_in_content:  # every special token's text is that token, the callers' too
+            chat = RenderedChat(self._chat.render(messages, add_generation_prompt), content_spans=())
+            return tokenize_chat(chat, messages, self._specials, plain)
+        return tokenize_chat(self._chat.render_marked(messages, add_generation_prompt), messages, self._specials, plain)
+
+    def close(self) -> None:
+        self._worker.close()
+
