@@ -18,7 +18,7 @@ from backend.types import (
     FinishReason, GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams, TokenEvent,
 )
 from helpers import greedy, rpc_error, stream, text_of
-from test_engine_core import Recorder, make_core
+from core_driver import Recorder, make_core
 from test_prefix_cache import check_cells
 from tokenspout.v1 import generation_pb2 as pb
 
