@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import os
 from dataclasses import dataclass, field
 
 from backend.constraints import ConstraintLimits
@@ -44,12 +43,6 @@ MAX_DRAFT_TOKENS = 64
 """The most proposed tokens a request or the server may ask to check in one step."""
 
 
-def default_threads() -> int:
-    """Every core but one: llama.cpp's threads wait for each other at every operation, so a
-    core taken by the server's own gRPC work stalls them all (measured: docs/benchmarks.md)."""
-    return max(1, (os.cpu_count() or 1) - 1)
-
-
 def _require(rules: list[tuple[bool, str]]) -> None:
     for broken, message in rules:
         if broken:
@@ -59,7 +52,8 @@ def _require(rules: list[tuple[bool, str]]) -> None:
 @dataclass(frozen=True)
 class LlamaCppSettings:
     threads: int = 0
-    """CPU threads for llama.cpp; 0: every core but one (see default_threads)."""
+    """CPU threads for llama.cpp; 0: the engine picks every core or every core but one, whichever
+    decodes faster as the machine's load changes (see backend.llamacpp.threads)."""
     batch_tokens: int = 512
     """Most tokens in one llama_decode call: bounds a prefill chunk, and so how long decoding waits for it."""
     gpu_layers: int = 0
@@ -79,9 +73,6 @@ class LlamaCppSettings:
             (self.max_pause_s <= 0, "max_pause_s must be positive"),
         ])
 
-    @property
-    def compute_threads(self) -> int:
-        return self.threads or default_threads()
 
 
 @dataclass(frozen=True)

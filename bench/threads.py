@@ -1,8 +1,10 @@
-"""Which `threads` default survives a shared machine: every core, or every core but one.
+"""Which `threads` default survives a shared machine: every core, every core but one, or the engine's
+choice between them (0: it probes the other count now and then and keeps the faster).
 
-Starts the server with each thread count in turn (alternating, rep by rep) and measures decode
-tokens/s at 1 and 8 streams through gRPC and the time to first token, first on a quiet machine, then
-beside one busy process (another program wanting one core, as on any shared host).
+Starts the server with each setting in turn (alternating, rep by rep), decodes 256 tokens first (so the
+adaptive setting has had its first probe), then measures decode tokens/s at 1 and 8 streams through gRPC
+and the time to first token, first on a quiet machine, then beside one busy process (another program
+wanting one core, as on any shared host).
 
     python bench/threads.py [--reps 2] [--tokens 96]
 """
@@ -47,7 +49,7 @@ def measure(threads: int, tokens: int) -> tuple[float, float, float]:
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)
-            timed_stream(stub, "Warm up", 4)
+            timed_stream(stub, "Warm up", 256)
             single = statistics.median(timed_stream(stub, "The history of the printing press", tokens)[1] for _ in range(2))
             eight = aggregate_rate(stub, 8, tokens)
             ttft = statistics.median(first_token_s(stub, f"Question {i}: why is the sky blue?") for i in range(8))
@@ -62,8 +64,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=96)
     args = parser.parse_args()
     cores = os.cpu_count() or 1
-    counts = sorted({max(1, cores - 1), cores})
-    print(f"{cores} cores; thread counts {counts}")
+    counts = [*sorted({max(1, cores - 1), cores}), 0]
+    print(f"{cores} cores; threads settings {counts} (0: adaptive)")
     for busy in (False, True):
         stop = multiprocessing.Event()
         hog = multiprocessing.Process(target=spin, args=(stop,)) if busy else None

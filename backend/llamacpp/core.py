@@ -34,6 +34,7 @@ from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.slots import Slots
 from backend.llamacpp.speculation import passes_for
+from backend.llamacpp.threads import ThreadTuner
 from backend.sequence import ConstraintFailed
 from backend.types import ErrorEvent, ErrorKind, Event, FinishReason, GenerationRequest
 from backend.worker import Output
@@ -59,7 +60,8 @@ class LlamaCppCore:
         params.n_ctx = config.context_length * slots
         params.n_batch = params.n_ubatch = own.batch_tokens
         params.n_seq_max = slots
-        params.n_threads = params.n_threads_batch = own.compute_threads
+        self.threads = ThreadTuner(own.threads)
+        params.n_threads = params.n_threads_batch = self.threads.threads
         # A cache per sequence keeps each sequence's attention separate, so greedy output does
         # not depend on what else is in the batch. llama.cpp is fast with it only while a batch's
         # sequences have ascending, contiguous ids (see Slots and docs/benchmarks.md).
@@ -72,7 +74,8 @@ class LlamaCppCore:
         self.scheduler = Scheduler(config.max_batch_size, own.batch_tokens, own.max_pause_s, self.context_length)
         self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache)
         self.batch = Batch(own.batch_tokens)
-        self.picker = TokenPicker(model, slots, own.compute_threads)
+        self.picker = TokenPicker(model, slots, max(self.threads.candidates))
+        self.scheduler.costs = self.threads.current_costs
         # Cap the forced tokens taken at once, so every sequence's feed fits a batch.
         self._max_forced = max(0, min(16, own.batch_tokens // config.max_batch_size - 1))
         self._outputs: list[Output] = []
@@ -186,7 +189,7 @@ class LlamaCppCore:
             return
         if not feeds[0].prefill:
             rows = [feed.count + len(feed.proposed) for feed in feeds]
-            self.scheduler.costs.record(passes_for(rows), sum(rows), time.perf_counter() - start)
+            self._decoded(passes_for(rows), sum(rows), time.perf_counter() - start)
         constrained = [entry.sequence for entry in to_sample if entry.sequence.output.constraint is not None]
         self.picker.fill_masks([(seq.output.constraint, seq.slot) for seq in constrained])
         for entry in to_sample:
@@ -216,6 +219,14 @@ class LlamaCppCore:
             self._release(seq)
         elif len(seq.tokens) >= self.context_length:  # prompt + output now fill the context
             self._end(seq, FinishReason.CONTEXT_LIMIT)
+
+    def _decoded(self, passes: int, rows: int, seconds: float) -> None:
+        """A decode step's time, for the thread count and the cost model the planner weighs."""
+        before = self.threads.threads
+        after = self.threads.record(passes, rows, seconds)
+        if after != before:
+            llama_cpp.llama_set_n_threads(self.ctx, after, after)
+        self.scheduler.costs = self.threads.current_costs
 
     def _check_proposals(self, entry: _ToSample) -> int:
         """Samples row after row, accepting each proposed token while it is what sampling picks there
