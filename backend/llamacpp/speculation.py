@@ -82,8 +82,6 @@ class DraftState:
     index: NgramIndex = field(default_factory=NgramIndex)
     accepted_weight: float = 0.0
     rejected_weight: float = 0.0
-    drafted: int = 0
-    accepted: int = 0
 
     @property
     def acceptance(self) -> float:
@@ -97,8 +95,6 @@ class DraftState:
 
     def checked(self, proposed: int, accepted: int) -> None:
         """`accepted` of `proposed` tokens were; 0 proposed is a step without a check."""
-        self.drafted += proposed
-        self.accepted += accepted
         memory = _ACCEPTANCE_MEMORY**proposed if proposed else _IDLE_MEMORY
         self.accepted_weight = self.accepted_weight * memory + accepted
         self.rejected_weight = self.rejected_weight * memory + (accepted < proposed)
