@@ -58,10 +58,12 @@ def start_server(
     timeout_s: float = 120,
     faults: tuple[str, ...] = (),
     fake_engine: bool = False,
+    root: pathlib.Path = ROOT,
 ) -> RunningServer:
     """Starts `tokenspout serve` on a free port and waits until it says it is serving; with `faults`
     (flags of tests/faults.py), on an engine those faults are injected into; with `fake_engine`, on
-    tests/fake_engine.py's engine instead of the model."""
+    tests/fake_engine.py's engine instead of the model; with `root`, from another checkout (the
+    benchmarks compare versions)."""
     if not fake_engine:
         _refuse_in_the_fast_lane("starts a server on the real model")
     log_path = tmp_dir / f"server-{time.monotonic_ns()}.log"
@@ -72,10 +74,10 @@ def start_server(
         command = ["-m", "service.cli"]
     process = subprocess.Popen(
         [sys.executable, *command, "serve", "--listen", "127.0.0.1:0", *flags],
-        cwd=ROOT,
+        cwd=root,
         stdout=log_file,
         stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **({"PYTHONPATH": f"{root}:{root / 'clients' / 'python'}"} if root != ROOT else {}), **(env or {})},
     )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
