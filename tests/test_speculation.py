@@ -264,3 +264,39 @@ def test_bad_speculation_options_are_invalid_argument(stub):
     from helpers import bad_request_fields
 
     assert {"speculation.max_draft_tokens", "speculation.mode"} <= set(bad_request_fields(error))
+
+
+def chi_square_bound(df: int, z: float = 3.09) -> float:
+    """The chi-square statistic a test at p = 0.001 rejects above (Wilson-Hilferty's approximation)."""
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def test_sampling_keeps_its_distribution_with_speculation(model, check_every_proposal):
+    """Temperature 1, different seeds on and off: the token at a fixed place follows the same distribution
+    (a two-sample chi-square test), while proposals were accepted before it in most samples."""
+    position, samples = 8, 120
+    counts = {}
+    accepted_before = 0
+    for speculation, seed_base in ((OFF, 0), (NGRAM, 10_000)):
+        core = make_core(model, context_length=256, max_batch_size=8, batch_tokens=256)
+        try:
+            requests = [request(model, f"s{i}", speculation, max_new_tokens=position + 1,
+                                sampling=SamplingParams(temperature=1.0, seed=seed_base + i)) for i in range(samples)]
+            recs = run(core, *requests)
+        finally:
+            core.close()
+        counts[speculation.mode] = collections.Counter(token_ids(rec)[position] for rec in recs.values())
+        if speculation is NGRAM:
+            accepted_before = sum(
+                any(e.accepted_drafts for _, e in rec.events[:position] if isinstance(e, TokenEvent)) for rec in recs.values()
+            )
+    off, on = counts[SpeculationMode.OFF], counts[SpeculationMode.NGRAM]
+    common = [t for t in off.keys() | on.keys() if off[t] + on[t] >= 10]
+    rows = [(off[t], on[t]) for t in common] + [(
+        samples - sum(off[t] for t in common), samples - sum(on[t] for t in common)
+    )]
+    rows = [row for row in rows if sum(row) > 0]
+    statistic = sum((o - sum(row) / 2) ** 2 / (sum(row) / 2) for row in rows for o in row)
+    assert len(rows) >= 3, rows  # a distribution with choices in it, or the test would prove nothing
+    assert accepted_before > samples // 2
+    assert statistic < chi_square_bound(len(rows) - 1), (statistic, rows)
