@@ -3,12 +3,17 @@
 Pure bookkeeping, no llama.cpp call: the core asks for decisions and carries
 them out (the slots place cells, the batch feeds rows).
 
-- Admission: oldest first, a preempted sequence whose caller reads again before
-  a new request. When every batch place is taken, the sequence paused longest
-  (its caller is not reading) is preempted to make room: it gives up its slot,
-  keeps its tokens and sampler, and comes back once its caller reads again.
-- Expiry: requests past their deadline or time limit, and sequences whose
-  caller has read nothing for max_pause_s.
+- Admission: who goes next, and whom a full batch gives up, is the fairness
+  policy's choice (backend.fairness): priority first, then the caller served
+  least, a preempted sequence of a caller before its new requests. When every
+  batch place is taken, the sequence paused longest (its caller is not reading)
+  gives up its slot; else, under the fair policy, one of lower priority, or of a
+  caller over its share that has run a time slice. A preempted sequence keeps its
+  tokens and sampler (its cells stay as a cached prefix where a free slot holds
+  them) and comes back, its caller reading, when its turn comes again.
+- Shedding: a request still waiting when the engine holds more than its capacity.
+- Expiry: requests past their deadline or time limit, requests not started within
+  their queue timeout, and sequences whose caller has read nothing for max_pause_s.
 - The step's work: the next group of rows of the prompt waiting longest for
   one, each group a llama_decode of its own (its layout says how rows group, so
   its numbers never depend on what else runs), unless decoding sequences have
@@ -25,6 +30,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from backend.fairness import FairnessPolicy, caller_of
 from backend.llamacpp.sequence import Sequence
 
 
@@ -33,7 +39,7 @@ class Admission:
     sequence: Sequence
     """A new request, or a preempted sequence coming back."""
     preempting: Sequence | None = None
-    """The paused sequence that gives up its slot for it, if the batch is full."""
+    """The sequence that gives up its slot for it, if the batch is full."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +55,13 @@ class Expired:
     never_started: list[Sequence]
     timed_out: list[Sequence]
     paused_too_long: list[Sequence]
+    queue_timed_out: list[Sequence]
 
 
 class Scheduler:
-    def __init__(self, max_batch_size: int, batch_tokens: int, max_pause_s: float) -> None:
+    def __init__(self, max_batch_size: int, batch_tokens: int, max_pause_s: float, policy: FairnessPolicy) -> None:
         self.max_batch_size = max_batch_size
+        self.policy = policy
         self.batch_tokens = batch_tokens
         self.max_pause_s = max_pause_s
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -63,8 +71,18 @@ class Scheduler:
         self._turns = itertools.count()
         self._prompt_rows_since_decode = 0
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence) -> list[Sequence]:
+        """Queues a new request; returns the waiting ones shed to stay within capacity (it may be one)."""
+        self.policy.arrived(seq, self.waiting, self.running.values(), self._holding())
         self.waiting.append(seq)
+        shed = []
+        while len(self.waiting) + len(self.running) + len(self.preempted) > self.policy.capacity:
+            victim = self.policy.to_shed(list(self.waiting), list(self.all()))
+            if victim is None:
+                break
+            self.remove(victim)
+            shed.append(victim)
+        return shed
 
     def find(self, request_id: str) -> Sequence | None:
         """A request that has started (running or preempted)."""
@@ -77,10 +95,24 @@ class Scheduler:
         """Forgets a sequence, wherever it is."""
         if self.running.pop(seq.id, None) is None and self.preempted.pop(seq.id, None) is None:
             self.waiting.remove(seq)
+        holding = self._holding()
+        if caller_of(seq) not in holding:
+            self.policy.left(holding)
+
+    def account(self, feeds: list[Feed]) -> None:
+        """Charges each caller for this step: the rows computed for it, and a slot held while paused."""
+        for feed in feeds:
+            self.policy.charge(feed.sequence, feed.count)
+        for seq in self.running.values():
+            if seq.paused:
+                self.policy.charge(seq, 1)
 
     def has_work(self) -> bool:
-        """Whether a step would do anything: something to admit, or a running sequence not paused."""
-        return self._has_candidate() or any(not seq.paused for seq in self.running.values())
+        """Whether a step would do anything: a running sequence not paused, or something the policy would admit
+        (into a free slot, or one a paused sequence gives up)."""
+        if any(not seq.paused for seq in self.running.values()):
+            return True
+        return self.policy.next(self._candidates(), self.running.values()) is not None
 
     def holds_sequences(self) -> bool:
         return bool(self.waiting or self.running or self.preempted)
@@ -95,31 +127,45 @@ class Scheduler:
     def expired(self, now: float) -> Expired:
         started = [*self.running.values(), *self.preempted.values()]
         timed_out = [seq for seq in started if seq.output.deadline_passed(now)]
+        never_started = [seq for seq in self.waiting if seq.output.deadline_passed(now)]
         return Expired(
-            never_started=[seq for seq in self.waiting if seq.output.deadline_passed(now)],
+            never_started=never_started,
             timed_out=timed_out,
             paused_too_long=[
                 seq for seq in started
                 if seq not in timed_out and seq.paused and now - seq.paused_since >= self.max_pause_s
             ],
+            queue_timed_out=[
+                seq for seq in self.waiting
+                if seq not in never_started and seq.request.queue_deadline is not None
+                and now >= seq.request.queue_deadline
+            ],
         )
 
-    def admit(self) -> Iterator[Admission]:
-        """Starts waiting work while there is room or a paused sequence to preempt; each admission is in
-        `running` when yielded, each preempted one in `preempted` (the caller moves their cells)."""
-        while self._has_candidate():
+    def admit(self, step: int) -> Iterator[Admission]:
+        """Starts waiting work while there is room or a sequence to preempt (see backend.fairness); each
+        admission is in `running` when yielded, each preempted one in `preempted` (the caller moves their
+        cells). `step` is the engine step about to run: a sequence runs a time slice before it may give way."""
+        while True:
+            seq = self.policy.next(self._candidates(), self.running.values())
+            if seq is None:
+                return
             victim = None
-            if len(self.running) >= self.max_batch_size:
-                victim = self._longest_paused()
+            if self.policy.at_limit(seq, self.running.values()):  # in place of its caller's own paused one
+                victim = self._longest_paused(caller_of(seq))
+            elif len(self.running) >= self.max_batch_size:
+                victim = self._longest_paused() or self.policy.victim(
+                    seq, [s for s in self.running.values() if not s.paused], lambda s: step - s.admitted_step
+                )
                 if victim is None:
                     return
+            if victim is not None:
                 del self.running[victim.id]
                 self.preempted[victim.id] = victim
-            back = next((seq for seq in self.preempted.values() if not seq.paused), None)
-            if back is not None:
-                del self.preempted[back.id]
-            seq = back or self.waiting.popleft()
+            if self.preempted.pop(seq.id, None) is None:
+                self.waiting.remove(seq)
             seq.admissions += 1
+            seq.admitted_step = step
             seq.replay_until = len(seq.tokens)
             seq.prefill_turn = next(self._turns)
             self.running[seq.id] = seq
@@ -163,9 +209,13 @@ class Scheduler:
                 feeds.append(Feed(seq, 1 if replaying else min(per_sequence, len(seq.tokens) - seq.cached)))
         return feeds
 
-    def _has_candidate(self) -> bool:
-        return bool(self.waiting) or any(not seq.paused for seq in self.preempted.values())
+    def _candidates(self) -> list[Sequence]:
+        """Who may start, each caller's in its own order: back from preemption (caller reading) first, then arrivals."""
+        return [*(seq for seq in self.preempted.values() if not seq.paused), *self.waiting]
 
-    def _longest_paused(self) -> Sequence | None:
-        paused = [seq for seq in self.running.values() if seq.paused]
+    def _holding(self) -> set[str]:
+        return {caller_of(seq) for seq in self.all()}
+
+    def _longest_paused(self, caller: str | None = None) -> Sequence | None:
+        paused = [seq for seq in self.running.values() if seq.paused and caller in (None, caller_of(seq))]
         return min(paused, key=lambda s: s.paused_since) if paused else None

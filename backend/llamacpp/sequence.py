@@ -31,6 +31,8 @@ class Sequence:
         self.needs_prefix = False
         """Placed in a slot, still to look for a cached prefix before its prefill starts."""
         self.admissions = 0
+        self.admitted_step = 0
+        """The engine step it last entered the batch: it runs a time slice before it may give way."""
         self.prefill_turn = 0
         """The prompt whose turn is lowest gets the next prefill group (round robin)."""
         self.paused_since: float | None = None
