@@ -112,8 +112,6 @@ class CallerTallies:
         tally = self._tallies.get(caller)
         if tally is None:
             tally = self._tallies[caller] = CallerTally(caller)
-            if len(self._tallies) > MAX_TRACKED_CALLERS:
-                self._evict()
         tally.weight = _weight(item)
         return tally
 
@@ -124,17 +122,15 @@ class CallerTallies:
             for item in items:
                 self.of(item)
                 live[name][caller_of(item)] += 1
-        tallies = [
-            CallerTally(**{**vars(tally), **{name: counts[tally.caller] for name, counts in live.items()}})
-            for tally in self._tallies.values()
-        ]
-        return tuple(sorted(tallies, key=lambda t: (-(t.running + t.queued + t.preempted), -t.generated_tokens_total)))
-
-    def _evict(self) -> None:
-        idle = [t for t in self._tallies.values() if not (t.running or t.queued or t.preempted)]
-        if idle:
-            least = min(idle, key=lambda t: t.prompt_tokens_total + t.generated_tokens_total)
-            del self._tallies[least.caller]
+        tallies = sorted(
+            (CallerTally(**{**vars(tally), **{name: counts[tally.caller] for name, counts in live.items()}})
+             for tally in self._tallies.values()),
+            key=lambda t: (-(t.running + t.queued + t.preempted), -(t.prompt_tokens_total + t.generated_tokens_total)),
+        )
+        for forgotten in tallies[MAX_TRACKED_CALLERS:]:  # idle ones, served least (callers holding requests stay)
+            if not (forgotten.running or forgotten.queued or forgotten.preempted):
+                del self._tallies[forgotten.caller]
+        return tuple(tallies[:MAX_TRACKED_CALLERS])
 
 
 class FairnessPolicy:

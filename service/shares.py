@@ -6,10 +6,11 @@ each caller's own limit. Decided on the event loop, before a request is validate
   capacity, so a caller alone may use the whole server.
 - When the server is full, a request is still let in if its priority is not negative and its caller
   holds less than its share of the capacity (capacity x its weight / the weights of the callers
-  holding requests, itself included), or a request of lower priority is in flight. The engine then
-  sheds the least entitled waiting request (backend.fairness: the lowest priority, of the caller
-  holding the most per weight, the newest), so the total stays bounded and the flood pays, not
-  the newcomer. Otherwise the request is refused (RESOURCE_EXHAUSTED, OVERLOADED).
+  holding requests, itself included), or more requests of lower priority are in flight than have
+  been let in past full. The engine then sheds the least entitled waiting request
+  (backend.fairness: the lowest priority, of the caller holding the most per weight, the newest),
+  so the total stays bounded and the flood pays, not the newcomer. Otherwise the request is
+  refused (RESOURCE_EXHAUSTED, OVERLOADED).
 - Under `scheduling = fifo`, full is full.
 """
 
@@ -69,7 +70,8 @@ class Shares:
     def _may_displace(self, key: str, weight: float, priority: int) -> bool:
         if not self._fair or priority < 0:
             return False
-        if min(self._priorities, default=priority) < priority:
+        lower = sum(count for p, count in self._priorities.items() if p < priority)
+        if lower > self.total - self.capacity:  # one less urgent request for each let in past full
             return True
         weights = sum(w for k, w in self._weights.items() if k != key) + weight
         return self._held[key] < self.capacity * weight / weights
