@@ -168,13 +168,18 @@ class FairnessPolicy:
 
     def next(self, candidates: Sequence[H], running: Iterable[Held]) -> H | None:
         """Who is admitted next among the candidates (given in their callers' own order), or None. A caller at
-        its limit may start one only in place of its own paused sequence."""
+        its limit may start one only in place of one of its own: paused, or (fair) less urgent."""
         running = list(running)
         per_caller = collections.Counter(caller_of(item) for item in running)
-        paused = {caller_of(item) for item in running if getattr(item, "paused", False)}
-        eligible = [
-            c for c in candidates if per_caller[caller_of(c)] < self.max_running_per_caller or caller_of(c) in paused
-        ]
+
+        def replaces_own(candidate: Held) -> bool:
+            return any(
+                caller_of(item) == caller_of(candidate)
+                and (getattr(item, "paused", False) or self.fair and _priority(item) < _priority(candidate))
+                for item in running
+            )
+
+        eligible = [c for c in candidates if per_caller[caller_of(c)] < self.max_running_per_caller or replaces_own(c)]
         if not eligible:
             return None
         if not self.fair:

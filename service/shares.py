@@ -44,12 +44,12 @@ class Shares:
     def check(self, key: str, weight: float, priority: int) -> None:
         """Raises ServiceError (counted in `refused`) when a request of this caller may not come in now."""
         held, total = self._held[key], self.total
-        if held >= self.per_caller_limit:
-            self._refuse(key)
-            raise caller_over_limit(held, self.per_caller_limit)
         if total >= self.capacity and not self._may_displace(key, weight, priority):
             self._refuse(key)
             raise overloaded(total, self.capacity)
+        if held >= self.per_caller_limit:
+            self._refuse(key)
+            raise caller_over_limit(held, self.per_caller_limit)
 
     @contextlib.contextmanager
     def hold(self, key: str, weight: float, priority: int) -> Iterator[None]:

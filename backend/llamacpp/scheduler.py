@@ -14,8 +14,8 @@ them out (the slots place cells, the batch feeds rows).
 - Shedding: a request still waiting when the engine holds more than its capacity.
 - Expiry: requests past their deadline or time limit, requests not started within
   their queue timeout, and sequences whose caller has read nothing for max_pause_s.
-- The step's work: the next group of rows of the prompt waiting longest for
-  one, each group a llama_decode of its own (its layout says how rows group, so
+- The step's work: the next group of rows of the most urgent prompt waiting
+  longest for one, each group a llama_decode of its own (its layout says how rows group, so
   its numbers never depend on what else runs), unless decoding sequences have
   waited batch_tokens prompt rows already; else the next token of every
   decoding sequence. A CPU prefills a token at the same cost batched or not
@@ -72,15 +72,18 @@ class Scheduler:
         self._prompt_rows_since_decode = 0
 
     def add(self, seq: Sequence) -> list[Sequence]:
-        """Queues a new request; returns the waiting ones shed to stay within capacity (it may be one)."""
+        """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
+        capacity: the new one, or one that gives way to it."""
         self.policy.arrived(seq, self.waiting, self.running.values(), self._holding())
         self.waiting.append(seq)
+        waiting, held = list(self.waiting), list(self.all())
         shed = []
-        while len(self.waiting) + len(self.running) + len(self.preempted) > self.policy.capacity:
-            victim = self.policy.to_shed(list(self.waiting), list(self.all()))
+        while len(held) > self.policy.capacity:
+            victim = self.policy.to_shed(waiting, held)
             if victim is None:
                 break
-            self.remove(victim)
+            waiting.remove(victim)
+            held.remove(victim)
             shed.append(victim)
         return shed
 
@@ -150,16 +153,11 @@ class Scheduler:
             seq = self.policy.next(self._candidates(), self.running.values())
             if seq is None:
                 return
-            victim = None
-            if self.policy.at_limit(seq, self.running.values()):  # in place of its caller's own paused one
-                victim = self._longest_paused(caller_of(seq))
-            elif len(self.running) >= self.max_batch_size:
-                victim = self._longest_paused() or self.policy.victim(
-                    seq, [s for s in self.running.values() if not s.paused], lambda s: step - s.admitted_step
-                )
+            needs_room = len(self.running) >= self.max_batch_size or self.policy.at_limit(seq, self.running.values())
+            victim = self._victim_for(seq, step) if needs_room else None
+            if needs_room:
                 if victim is None:
                     return
-            if victim is not None:
                 del self.running[victim.id]
                 self.preempted[victim.id] = victim
             if self.preempted.pop(seq.id, None) is None:
@@ -184,7 +182,7 @@ class Scheduler:
         ready = [seq for seq in self.running.values() if seq.ready_to_prefill]
         if not ready:
             return None
-        seq = min(ready, key=lambda s: s.prefill_turn)
+        seq = min(ready, key=lambda s: (-s.request.scheduling.priority, s.prefill_turn))  # the most urgent first
         rows = seq.layout.next_group(seq.cached, self.batch_tokens)
         waited = self._prompt_rows_since_decode
         if waited and waited + rows > self.batch_tokens and any(s.decodes for s in self.running.values()):
@@ -215,6 +213,15 @@ class Scheduler:
 
     def _holding(self) -> set[str]:
         return {caller_of(seq) for seq in self.all()}
+
+    def _victim_for(self, seq: Sequence, step: int) -> Sequence | None:
+        """Who gives its slot to `seq`: at its caller's limit one of its own (paused, or less urgent); else the
+        sequence paused longest, or the one the policy names (which has run a time slice, unless less urgent)."""
+        decoding = [s for s in self.running.values() if not s.paused]
+        if self.policy.at_limit(seq, self.running.values()):
+            own = [s for s in decoding if caller_of(s) == caller_of(seq)]
+            return self._longest_paused(caller_of(seq)) or self.policy.victim(seq, own, lambda s: 0)
+        return self._longest_paused() or self.policy.victim(seq, decoding, lambda s: step - s.admitted_step)
 
     def _longest_paused(self, caller: str | None = None) -> Sequence | None:
         paused = [seq for seq in self.running.values() if seq.paused and caller in (None, caller_of(seq))]
