@@ -273,3 +273,17 @@ def test_weights_and_priority_callers_as_settings(tmp_path):
     for bad in ("team-a", "team-a=0", "=2", "a=inf"):
         with pytest.raises(ValueError, match="caller_weights"):
             parse_weights([bad], "caller_weights")
+
+
+def test_a_preempted_sequences_cells_are_given_up_after_every_ordinary_prefix():
+    from backend.llamacpp.prefix_cache import PrefixIndex
+
+    index = PrefixIndex()
+    index.put(0, [1] * 20, "finished-long-ago", 20, 0)
+    index.put(1, [2] * 20, "preempted", 20, 0, returning=True)
+    index.put(2, [3] * 20, "finished-just-now", 20, 0)
+    assert index.victim([0, 1, 2]) == 0
+    assert index.victim([1, 2]) == 2  # a newer ordinary prefix goes before cells their owner comes back for
+    assert index.victim([0, 2], keep_newer_than=1) == 0
+    index.settle("preempted")  # it came back (or ended)
+    assert index.victim([1, 2]) == 1

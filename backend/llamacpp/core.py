@@ -145,7 +145,7 @@ class LlamaCppCore:
         for admission in self.scheduler.admit(self.steps):
             victim, seq = admission.preempting, admission.sequence
             if victim is not None:
-                self.slots.vacate(victim)
+                self.slots.vacate(victim, returning=True)
                 self.counters.preempted_total += 1
                 tallies.of(victim).preempted_total += 1
                 why = "paused" if victim.paused else f"caller {victim.request.scheduling.caller!r} over its share"
@@ -240,6 +240,8 @@ class LlamaCppCore:
         self.scheduler.remove(seq)
         if seq.placed:
             self.slots.vacate(seq)
+        elif seq.admissions:  # preempted: its kept cells need not wait for it
+            self.slots.prefixes.settle(seq.id)
         seq.sampler.free()
 
     def _done(self) -> list[Output]:

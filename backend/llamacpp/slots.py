@@ -58,10 +58,12 @@ class Slots:
             llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
         return None
 
-    def vacate(self, seq: Sequence) -> None:
-        """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping."""
+    def vacate(self, seq: Sequence, returning: bool = False) -> None:
+        """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping;
+        `returning`: it was preempted, and its cells are kept over others' until it comes back."""
         if self._prefix_cache and seq.cached >= MIN_REUSE_TOKENS:
-            self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until)
+            self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until,
+                              returning)
         else:
             llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         heapq.heappush(self._free, seq.slot)
@@ -141,6 +143,7 @@ class Slots:
         llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, shared, -1)
         if source in self.prefixes:
             self.prefixes.touch(source)
+        self.prefixes.settle(seq.id)
         seq.cached = shared
         seq.needs_prefix = False
 
