@@ -167,8 +167,12 @@ class FairnessPolicy:
         return sum(caller_of(item) == mine for item in running) >= self.max_running_per_caller
 
     def next(self, candidates: Sequence[H], running: Iterable[Held]) -> H | None:
-        """Who is admitted next among the candidates (given in their callers' own order), or None. A caller at
-        its limit may start one only in place of one of its own: paused, or (fair) less urgent."""
+        """Who is admitted next among the candidates (given in their callers' own order), or None."""
+        return next(iter(self.ranked(candidates, running)), None)
+
+    def ranked(self, candidates: Sequence[H], running: Iterable[Held]) -> list[H]:
+        """The candidates that may start, in the order they should (see the module's doc). A caller at its
+        limit may start one only in place of one of its own: paused, or (fair) less urgent."""
         running = list(running)
         per_caller = collections.Counter(caller_of(item) for item in running)
 
@@ -180,11 +184,10 @@ class FairnessPolicy:
             )
 
         eligible = [c for c in candidates if per_caller[caller_of(c)] < self.max_running_per_caller or replaces_own(c)]
-        if not eligible:
-            return None
         if not self.fair:
-            return eligible[0]
-        return min(enumerate(eligible), key=lambda pair: (-_priority(pair[1]), self.counters[caller_of(pair[1])], pair[0]))[1]
+            return eligible
+        order = sorted(enumerate(eligible), key=lambda pair: (-_priority(pair[1]), self.counters[caller_of(pair[1])], pair[0]))
+        return [candidate for _, candidate in order]
 
     def victim(self, candidate: Held, running: Sequence[H], steps_run: Callable[[H], int]) -> H | None:
         """The running sequence (its caller not paused) that gives its slot to `candidate`, or None."""

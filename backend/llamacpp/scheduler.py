@@ -150,14 +150,14 @@ class Scheduler:
         admission is in `running` when yielded, each preempted one in `preempted` (the caller moves their
         cells). `step` is the engine step about to run: a sequence runs a time slice before it may give way."""
         while True:
-            seq = self.policy.next(self._candidates(), self.running.values())
-            if seq is None:
+            for seq in self.policy.ranked(self._candidates(), self.running.values()):  # the first that can start
+                needs_room = len(self.running) >= self.max_batch_size or self.policy.at_limit(seq, self.running.values())
+                victim = self._victim_for(seq, step) if needs_room else None
+                if victim is not None or not needs_room:
+                    break
+            else:
                 return
-            needs_room = len(self.running) >= self.max_batch_size or self.policy.at_limit(seq, self.running.values())
-            victim = self._victim_for(seq, step) if needs_room else None
-            if needs_room:
-                if victim is None:
-                    return
+            if victim is not None:
                 del self.running[victim.id]
                 self.preempted[victim.id] = victim
             if self.preempted.pop(seq.id, None) is None:
