@@ -13,7 +13,10 @@ Pure bookkeeping over the requests an engine holds (anything with a `.request`):
 - **Preemption** when every slot is held: a sequence of lower priority at once, or,
   after `time_slice_steps`, one of the caller furthest over its share, when a swap
   makes the shares more even (slots per weight), or when that caller's counter is
-  more than a time slice ahead. A caller never preempts itself.
+  more than a time slice ahead; and, unless the waiting caller holds no slot at all,
+  only one that costs at most a time slice of tokens to bring back (the engine says
+  what it would recompute), so time-slicing never throws away much work. A caller
+  never preempts itself.
 - **Shedding** when the engine holds more than its capacity (the service let a caller
   under its share in past a full server): the waiting request of the lowest priority,
   of the caller holding the most per weight, the newest, is refused.
@@ -115,7 +118,9 @@ class CallerTallies:
         tally.weight = _weight(item)
         return tally
 
-    def snapshot(self, running: Iterable[Held], queued: Iterable[Held], preempted: Iterable[Held]) -> tuple[CallerTally, ...]:
+    def snapshot(
+        self, running: Iterable[Held], queued: Iterable[Held], preempted: Iterable[Held]
+    ) -> tuple[CallerTally, ...]:
         """Every tracked caller with its live counts, busiest first."""
         live = {name: collections.Counter() for name in ("running", "queued", "preempted")}
         for name, items in (("running", running), ("queued", queued), ("preempted", preempted)):
@@ -186,16 +191,22 @@ class FairnessPolicy:
         eligible = [c for c in candidates if per_caller[caller_of(c)] < self.max_running_per_caller or replaces_own(c)]
         if not self.fair:
             return eligible
-        order = sorted(enumerate(eligible), key=lambda pair: (-_priority(pair[1]), self.counters[caller_of(pair[1])], pair[0]))
+        order = sorted(
+            enumerate(eligible), key=lambda pair: (-_priority(pair[1]), self.counters[caller_of(pair[1])], pair[0])
+        )
         return [candidate for _, candidate in order]
 
-    def victim(self, candidate: Held, running: Sequence[H], steps_run: Callable[[H], int]) -> H | None:
-        """The running sequence (its caller not paused) that gives its slot to `candidate`, or None."""
+    def victim(
+        self, candidate: Held, running: Sequence[H], steps_run: Callable[[H], int], comeback_cost: Callable[[H], int]
+    ) -> H | None:
+        """The running sequence (its caller not paused) that gives its slot to `candidate`, or None; among
+        equals, the one holding the fewest tokens (the least to compute again should its cells be lost).
+        `comeback_cost`: the tokens a sequence would compute again, as the engine expects it now."""
         if not self.fair or not running:
             return None
         lower = [item for item in running if _priority(item) < _priority(candidate)]
         if lower:  # a more urgent request never waits for a time slice
-            return min(lower, key=lambda item: (_priority(item), -self.counters[caller_of(item)], len_of(item)))
+            return min(lower, key=lambda item: (_priority(item), -self.counters[caller_of(item)], tokens_held(item)))
         slots = collections.Counter(caller_of(item) for item in running)
         mine, my_weight = caller_of(candidate), _weight(candidate)
         after = (slots[mine] + 1) / my_weight  # the candidate's slots per weight once admitted
@@ -205,27 +216,33 @@ class FairnessPolicy:
             ahead = self.counters[caller_of(item)] - self.counters[mine] > self.time_slice_steps
             return theirs > after or (ahead and theirs >= after)
 
+        def affordable(item: H) -> bool:  # a caller holding no slot gets one whatever it costs
+            return slots[mine] == 0 or comeback_cost(item) <= self.time_slice_steps
+
         eligible = [
             item for item in running
             if caller_of(item) != mine and _priority(item) == _priority(candidate)
-            and steps_run(item) >= self.time_slice_steps and over_share(item)
+            and steps_run(item) >= self.time_slice_steps and over_share(item) and affordable(item)
         ]
         if not eligible:
             return None
         return max(eligible, key=lambda item: (slots[caller_of(item)] / _weight(item), self.counters[caller_of(item)],
-                                               -len_of(item)))
+                                               -tokens_held(item)))
 
     def to_shed(self, waiting: Sequence[H], held: Iterable[Held]) -> H | None:
         """The waiting request to refuse when the engine holds more than its capacity, or None."""
         if not self.fair or not waiting:
             return None
         per_caller = collections.Counter(caller_of(item) for item in held)
-        newest_last = list(enumerate(waiting))
-        return min(newest_last, key=lambda pair: (_priority(pair[1]), -per_caller[caller_of(pair[1])] / _weight(pair[1]),
-                                                  -pair[0]))[1]
+
+        def entitlement(pair: tuple[int, H]) -> tuple:
+            arrival, item = pair
+            return _priority(item), -per_caller[caller_of(item)] / _weight(item), -arrival
+
+        return min(enumerate(waiting), key=entitlement)[1]
 
 
-def len_of(item: Held) -> int:
-    """The tokens an item holds (prompt and output so far), for sequences that track them; else its prompt."""
+def tokens_held(item: Held) -> int:
+    """The tokens an item holds (prompt and output so far) where it tracks them; else its prompt's."""
     tokens = getattr(item, "tokens", None)
     return len(tokens) if tokens is not None else len(item.request.prompt_token_ids)

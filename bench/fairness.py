@@ -1,18 +1,20 @@
 """Fair sharing against first come, first served, both measured in this run on the embedded model.
 
-Two servers in turn, the same settings but `scheduling` (fair, then fifo), each given:
+Two servers, the same settings but `scheduling` (fair and fifo), both up at once and loaded in turns
+(so the machine's noise falls on both alike), each given:
 
-  1. Three callers (API keys) keeping 1, 4 and 16 greedy streams open, a new one as each ends, for
-     --seconds. Per caller: tokens/s received in the measured window (after a warm-up), and whether
-     it was backlogged (requests of it queued or preempted in most GetServerStatus samples). Prints
-     Jain's fairness index of tokens/s among the backlogged callers (target >= 0.95 under fair), the
-     aggregate tokens/s (fair / fifo, target >= 0.95), and the tokens recomputed after preemption
-     against the tokens served (target <= 10%).
+  1. --rounds times: three callers (API keys) keeping 1, 4 and 16 greedy streams open, a new one as
+     each ends, for --seconds. Per caller: tokens/s received in the measured window (after a
+     warm-up), and whether it was backlogged (requests of it queued or preempted in a quarter of
+     GetServerStatus samples or more: it asks for more than its share). Prints Jain's fairness
+     index of tokens/s among the backlogged callers (target >= 0.95 under fair), the aggregate
+     tokens/s (fair / fifo, target >= 0.95), and the tokens recomputed after preemption against
+     the tokens served (target <= 10%); medians over the rounds.
   2. An interactive caller's time to first token, the median of --questions short requests sent one
-     after another: on the idle server, then beside a 30-stream flood from another caller (target:
-     <= 3x idle under fair); refusals counted.
+     after another: on the idle server (half before the flood, half after), and beside a 30-stream
+     flood from another caller (target: <= 3x idle under fair); refusals counted.
 
-    python bench/fairness.py [--seconds 45] [--questions 12]
+    python bench/fairness.py [--seconds 20] [--rounds 3] [--questions 20]
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ CALLERS = {"one": 1, "four": 4, "sixteen": 16}
 KEYS = {name: f"{name}-key" for name in [*CALLERS, "flood", "interactive", "watch"]}
 STREAM_TOKENS = 64
 FLOOD_STREAMS = 30
+BACKLOGGED = 0.25
+"""A caller is backlogged when requests of it wait (queued or preempted) in at least this share of samples."""
 
 
 def bearer(name: str) -> tuple[tuple[str, str]]:
@@ -61,7 +65,8 @@ class ClosedLoop:
         self.refused = 0
         self._lock = threading.Lock()
         self._threads = [
-            threading.Thread(target=self._work, args=(stub, caller, tokens, stop, PROMPTS[i % len(PROMPTS)]), daemon=True)
+            threading.Thread(target=self._work, args=(stub, caller, tokens, stop, PROMPTS[i % len(PROMPTS)]),
+                             daemon=True)
             for i in range(streams)
         ]
         for thread in self._threads:
@@ -71,7 +76,8 @@ class ClosedLoop:
         while not stop.is_set():
             try:
                 previous = 0
-                for message in stub.GenerateStream(greedy_request(prompt, tokens), metadata=bearer(caller), timeout=600):
+                call = stub.GenerateStream(greedy_request(prompt, tokens), metadata=bearer(caller), timeout=600)
+                for message in call:
                     with self._lock:
                         self.received.append((time.monotonic(), message.generated_tokens - previous))
                     previous = message.generated_tokens
@@ -100,7 +106,7 @@ def status(stub) -> pb.GetServerStatusResponse:
 def three_callers(stub, seconds: float) -> dict:
     stop = threading.Event()
     loops = {name: ClosedLoop(stub, name, streams, STREAM_TOKENS, stop) for name, streams in CALLERS.items()}
-    time.sleep(min(10.0, seconds / 4))  # warm-up: every caller's streams running or queued
+    time.sleep(5.0)  # warm-up: every caller's streams running or queued
     before = status(stub)
     start, samples = time.monotonic(), []
     while time.monotonic() < start + seconds:
@@ -112,13 +118,15 @@ def three_callers(stub, seconds: float) -> dict:
     for loop in loops.values():
         loop.join()
     rates = {name: loop.tokens_between(start, end) / (end - start) for name, loop in loops.items()}
-    backlogged = [name for name in CALLERS if sum(s.get(name, 0) > 0 for s in samples) > len(samples) / 2]
+    waited = {name: sum(s.get(name, 0) > 0 for s in samples) / len(samples) for name in CALLERS}
+    backlogged = [name for name in CALLERS if waited[name] >= BACKLOGGED]
 
     def served(s: pb.GetServerStatusResponse) -> int:
         return sum(c.prompt_tokens_total + c.generated_tokens_total for c in s.callers)
 
     return {
         "rates": rates,
+        "waited": waited,
         "backlogged": backlogged,
         "jain": jain([rates[name] for name in backlogged]),
         "aggregate": sum(rates.values()),
@@ -148,27 +156,22 @@ def ttft(stub, questions: int) -> tuple[list[float], int]:
 
 
 def interactive_beside_flood(stub, questions: int) -> dict:
-    idle, _ = ttft(stub, questions)
+    idle, _ = ttft(stub, questions // 2)
     stop = threading.Event()
     flood = ClosedLoop(stub, "flood", FLOOD_STREAMS, 256, stop)
     time.sleep(5)  # the flood fills every slot and the queue
     busy, refused = ttft(stub, questions)
     stop.set()
     flood.join()
+    idle += ttft(stub, questions - questions // 2)[0]  # idle again: the machine's noise falls on both sides
     return {"idle": statistics.median(idle), "flood": statistics.median(busy) if busy else float("inf"),
             "refused": refused, "flood_refused": flood.refused}
 
 
-def run(scheduling: str, args) -> dict:
+def start(scheduling: str):
     keys = ",".join(f"{name}:{hashlib.sha256(key.encode()).hexdigest()}" for name, key in KEYS.items())
-    server = start_server(pathlib.Path(tempfile.mkdtemp()), "--scheduling", scheduling, "--api-keys", keys,
-                          "--max-batch-size", "8", "--context-length", "512", "--log-level", "warning")
-    try:
-        with grpc.insecure_channel(server.address) as channel:
-            stub = pb_grpc.GenerationServiceStub(channel)
-            return {**three_callers(stub, args.seconds), **interactive_beside_flood(stub, args.questions)}
-    finally:
-        stop_server(server)
+    return start_server(pathlib.Path(tempfile.mkdtemp()), "--scheduling", scheduling, "--api-keys", keys,
+                        "--max-batch-size", "8", "--context-length", "512", "--log-level", "warning")
 
 
 def load() -> str:
@@ -177,26 +180,53 @@ def load() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=45.0)
-    parser.add_argument("--questions", type=int, default=12)
+    parser.add_argument("--seconds", type=float, default=20.0, help="each round's measured window")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of part 1, fair and fifo taking turns")
+    parser.add_argument("--questions", type=int, default=20)
     args = parser.parse_args()
     print(f"load average before: {load()} ({os.cpu_count()} cores)")
-    results = {scheduling: run(scheduling, args) for scheduling in ("fair", "fifo")}
+    # Both servers stay up (an idle one waits on its queue, using no CPU) and take turns, so the
+    # machine's noise falls on both alike.
+    servers = {scheduling: start(scheduling) for scheduling in ("fair", "fifo")}
+    channels = {scheduling: grpc.insecure_channel(server.address) for scheduling, server in servers.items()}
+    stubs = {scheduling: pb_grpc.GenerationServiceStub(channel) for scheduling, channel in channels.items()}
+    try:
+        rounds = {scheduling: [] for scheduling in servers}
+        for _ in range(args.rounds):
+            for scheduling, stub in stubs.items():
+                rounds[scheduling].append(three_callers(stub, args.seconds))
+        ttfts = {scheduling: interactive_beside_flood(stub, args.questions) for scheduling, stub in stubs.items()}
+    finally:
+        for channel in channels.values():
+            channel.close()
+        for server in servers.values():
+            stop_server(server)
     print(f"load average after: {load()}")
-    for scheduling, r in results.items():
-        rates = ", ".join(f"{name} ({CALLERS[name]}) {rate:.1f}" for name, rate in r["rates"].items())
-        print(f"\n[{scheduling}] tokens/s per caller (streams): {rates}")
-        print(f"[{scheduling}] backlogged: {', '.join(r['backlogged']) or 'none'}; Jain's index among them: "
-              f"{r['jain']:.3f}")
-        print(f"[{scheduling}] aggregate {r['aggregate']:.1f} tokens/s; {r['preempted']} preemptions recomputed "
-              f"{r['recomputed']} of {r['served']} tokens served ({100 * r['recomputed'] / max(r['served'], 1):.2f}%)")
-        print(f"[{scheduling}] interactive TTFT median: idle {r['idle'] * 1000:.0f} ms, beside a {FLOOD_STREAMS}-stream "
-              f"flood {r['flood'] * 1000:.0f} ms ({r['flood'] / r['idle']:.2f}x); {r['refused']} of "
-              f"{args.questions} refused; the flood was refused {r['flood_refused']} times")
-    fair, fifo = results["fair"], results["fifo"]
-    print(f"\nfair: Jain {fair['jain']:.3f} (target >= 0.95), aggregate {fair['aggregate'] / fifo['aggregate']:.3f} "
-          f"of fifo (target >= 0.95), TTFT beside the flood {fair['flood'] / fair['idle']:.2f}x idle (target <= 3), "
-          f"recomputed {100 * fair['recomputed'] / max(fair['served'], 1):.2f}% of served (target <= 10%)")
+    summary = {}
+    for scheduling in servers:
+        for n, r in enumerate(rounds[scheduling], 1):
+            rates = ", ".join(f"{name} ({CALLERS[name]}) {rate:.1f}" for name, rate in r["rates"].items())
+            waited = ", ".join(f"{name} {100 * share:.0f}%" for name, share in r["waited"].items())
+            print(f"[{scheduling} {n}] tokens/s per caller (streams): {rates}; aggregate {r['aggregate']:.1f}")
+            print(f"[{scheduling} {n}] samples with requests waiting: {waited}; Jain's index among the backlogged "
+                  f"({', '.join(r['backlogged']) or 'none'}): {r['jain']:.3f}; {r['preempted']} preemptions "
+                  f"recomputed {r['recomputed']} of {r['served']} tokens served")
+        t = ttfts[scheduling]
+        print(f"[{scheduling}] interactive TTFT median: idle {t['idle'] * 1000:.0f} ms, beside a "
+              f"{FLOOD_STREAMS}-stream flood {t['flood'] * 1000:.0f} ms ({t['flood'] / t['idle']:.2f}x); {t['refused']} of {args.questions} "
+              f"refused; the flood was refused {t['flood_refused']} times")
+        summary[scheduling] = {
+            "jain": statistics.median(r["jain"] for r in rounds[scheduling]),
+            "aggregate": statistics.median(r["aggregate"] for r in rounds[scheduling]),
+            "recomputed": sum(r["recomputed"] for r in rounds[scheduling])
+            / max(sum(r["served"] for r in rounds[scheduling]), 1),
+        }
+    fair, fifo, t = summary["fair"], summary["fifo"], ttfts["fair"]
+    print(f"\nmedians over {args.rounds} rounds: Jain's index fair {fair['jain']:.3f} (target >= 0.95), fifo "
+          f"{fifo['jain']:.3f}; aggregate tokens/s fair {fair['aggregate']:.1f}, fifo {fifo['aggregate']:.1f}: "
+          f"{fair['aggregate'] / fifo['aggregate']:.3f} (target >= 0.95); recomputed {100 * fair['recomputed']:.2f}% "
+          f"of served (target <= 10%); interactive TTFT beside the flood {t['flood'] / t['idle']:.2f}x idle "
+          "(target <= 3)")
 
 
 if __name__ == "__main__":

@@ -221,7 +221,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         generation, spec = await self._off_loop_if_large(self._validator.generation_request, request)
         CURRENT_REQUEST_ID.set(generation.request_id)
         queue_timeout_s = request.queue_timeout_ms / 1000 if request.queue_timeout_ms else None
-        generation = dataclasses.replace(generation, scheduling=dataclasses.replace(scheduling, queue_timeout_s=queue_timeout_s))
+        scheduling = dataclasses.replace(scheduling, queue_timeout_s=queue_timeout_s)
+        generation = dataclasses.replace(generation, scheduling=scheduling)
         if spec is not None:
             generation = dataclasses.replace(generation, constraint=await self._compiles.compile(spec))
         remaining = context.time_remaining()

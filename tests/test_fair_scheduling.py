@@ -76,14 +76,15 @@ def test_two_flooding_callers_take_turns_and_each_ends_as_it_would_alone(model, 
     swap after a time slice, and every stream, preempted or not, has its solo tokens."""
     core = make_core(model, max_batch_size=2, time_slice_steps=4)
     try:
-        recs = {}
+        recs, prompts = {}, {}
         for caller in ("a", "b"):
             for i in range(3):
                 recs[caller, i] = Recorder(core)
-                core.add(request(model, f"{caller}{i}", PROMPTS[i + (3 if caller == "b" else 0)], caller), recs[caller, i])
+                prompts[caller, i] = PROMPTS[i + (3 if caller == "b" else 0)]
+                core.add(request(model, f"{caller}{i}", prompts[caller, i], caller), recs[caller, i])
         run_until_idle(core)
-        for (caller, i), rec in recs.items():
-            assert token_ids(rec) == solo[PROMPTS[i + (3 if caller == "b" else 0)]][:24], (caller, i)
+        for key, rec in recs.items():
+            assert token_ids(rec) == solo[prompts[key]][:24], key
         # "b" was not served only once "a" was done: its first streams finished before a's last.
         last_step = {key: rec.events[-1][0] for key, rec in recs.items()}
         assert min(last_step["b", i] for i in range(3)) < max(last_step["a", i] for i in range(3))

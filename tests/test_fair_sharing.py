@@ -187,7 +187,8 @@ def test_under_overload_negative_priority_is_preempted_shed_and_refused_first(st
     wait_for(stub, lambda s: s.engine_steps >= started + 20)  # past a time slice
     # The server is full (16 of 16). B is under its share, but a sheddable request is refused at once...
     sheddable = Stream(stub, request(PROMPTS[2], 4, "b-sheddable", priority=-1), "b").result()
-    assert sheddable.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(sheddable.error) == "OVERLOADED"
+    assert sheddable.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error_reason(sheddable.error) == "OVERLOADED"
     # ... while a priority-0 one comes in, and A's sheddable queued request gives it its place, not A's newest.
     steps, _ = steps_to_first_token(stub, "b", request(PROMPTS[2], 4, "b-normal"))
     assert steps <= FEW_STEPS
@@ -201,7 +202,8 @@ def test_under_overload_negative_priority_is_preempted_shed_and_refused_first(st
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
     running = start_server(
-        tmp_path_factory.mktemp("limited"), "--api-keys", api_keys(), "--max-batch-size", "4", "--context-length", "256",
+        tmp_path_factory.mktemp("limited"), "--api-keys", api_keys(), "--max-batch-size", "4",
+        "--context-length", "256",
         "--max-running-per-caller", "2", "--max-queued-per-caller", "1", "--priority-callers", "a",
         "--fairness-header", FAIRNESS_HEADER,
     )

@@ -41,6 +41,12 @@ def policy(**settings) -> FairnessPolicy:
 LONG_RUN = lambda _: 100  # noqa: E731 - every running sequence has run its time slice
 
 
+def victim(fair: FairnessPolicy, candidate: Item, running: list[Item], steps=LONG_RUN) -> Item | None:
+    """Who gives its slot to `candidate`, each running item having run `steps(item)` steps and costing all
+    its tokens to bring back (as if its cells were not kept)."""
+    return fair.victim(candidate, running, steps, lambda item: len(item.tokens))
+
+
 # -- service counters -------------------------------------------------------------------
 
 
@@ -96,7 +102,7 @@ def test_fifo_is_arrival_order_whoever_the_caller():
     fifo.charge(item("a"), 100)
     first, urgent = item("a"), item("b", priority=5)
     assert fifo.next([first, urgent], []) is first
-    assert fifo.victim(urgent, [item("a")], LONG_RUN) is None
+    assert victim(fifo, urgent, [item("a")]) is None
     assert fifo.to_shed([first], [first] * 10) is None
 
 
@@ -117,40 +123,53 @@ def test_a_newcomer_takes_a_slot_from_the_caller_holding_them_all_after_its_time
     fair = policy()
     running = [item("a", tokens=n, name=f"a{n}") for n in (40, 10, 30, 20)]
     newcomer = item("b")
-    assert fair.victim(newcomer, running, lambda _: 3) is None  # not a time slice yet
-    assert fair.victim(newcomer, running, LONG_RUN).request.request_id == "a10"  # the cheapest to bring back
-    assert fair.victim(item("a", name="a-new"), running, LONG_RUN) is None  # a caller never preempts itself
+    assert victim(fair, newcomer, running, steps=(lambda _: 3)) is None  # not a time slice yet
+    assert victim(fair, newcomer, running).request.request_id == "a10"  # the cheapest to bring back
+    assert victim(fair, item("a", name="a-new"), running) is None  # a caller never preempts itself
 
 
 def test_a_swap_must_make_shares_more_even_or_the_caller_be_a_time_slice_ahead():
     fair = policy()
     running = [item("a", name="a1"), item("a", name="a2"), item("b", name="b1"), item("b", name="b2")]
-    assert fair.victim(item("b", name="b3"), running, LONG_RUN) is None  # 2 and 2: 1 and 3 would be worse
+    assert victim(fair, item("b", name="b3"), running) is None  # 2 and 2: 1 and 3 would be worse
     fair.charge(running[0], 3)
-    assert fair.victim(item("b", name="b3"), running, LONG_RUN) is None  # ahead, but not by a time slice
+    assert victim(fair, item("b", name="b3"), running) is None  # ahead, but not by a time slice
     three_one = [item("a", name="a1"), item("a", name="a2"), item("a", name="a3"), item("b", name="b1")]
-    assert fair.victim(item("b", name="b2"), three_one, LONG_RUN).request.scheduling.caller == "a"  # 3-1 -> 2-2
+    assert victim(fair, item("b", name="b2"), three_one).request.scheduling.caller == "a"  # 3-1 -> 2-2
     three_two = [*three_one, item("b", name="b2")]
-    assert fair.victim(item("b", name="b3"), three_two, LONG_RUN) is None  # 3-2 -> 2-3 needs a time slice ahead
+    assert victim(fair, item("b", name="b3"), three_two) is None  # 3-2 -> 2-3 needs a time slice ahead
     fair.charge(three_two[0], 100)
-    assert fair.victim(item("b", name="b3"), three_two, LONG_RUN).request.scheduling.caller == "a"
+    assert victim(fair, item("b", name="b3"), three_two).request.scheduling.caller == "a"
+
+
+def test_time_slicing_takes_only_sequences_cheap_to_bring_back_unless_the_caller_holds_no_slot():
+    fair = policy()
+    running = [item("a", name=f"a{i}") for i in range(3)] + [item("b", name="b1")]
+
+    def lost(_):  # no free slot could keep its cells: all of it would be computed again
+        return 100
+
+    assert fair.victim(item("b", name="b2"), running, LONG_RUN, lost) is None
+    assert fair.victim(item("c"), running, LONG_RUN, lost) is not None  # c has nothing: it gets a slot anyway
+    assert fair.victim(item("b", name="b2"), running, LONG_RUN, lambda _: 2) is not None
 
 
 def test_weights_set_the_share_of_slots():
     fair = policy()
     running = [item("a", weight=3.0, name=f"a{i}") for i in range(3)] + [item("b", name="b1")]
-    assert fair.victim(item("b", name="b2"), running, LONG_RUN) is None  # a holds 3 of 4 at weight 3: its share
+    assert victim(fair, item("b", name="b2"), running) is None  # a holds 3 of 4 at weight 3: its share
     running = [item("a", name=f"a{i}") for i in range(3)] + [item("b", name="b1")]
-    assert fair.victim(item("b", weight=3.0, name="b2"), running, LONG_RUN).request.scheduling.caller == "a"
+    assert victim(fair, item("b", weight=3.0, name="b2"), running).request.scheduling.caller == "a"
 
 
 def test_a_more_urgent_request_preempts_at_once_and_sheddable_ones_go_first():
     fair = policy()
     running = [item("a", name="a0"), item("b", priority=-1, name="b-low"), item("a", name="a1"), item("a", name="a2")]
-    assert fair.victim(item("a", name="a3"), running, lambda _: 0).request.request_id == "b-low"
+    assert victim(fair, item("a", name="a3"), running, steps=(lambda _: 0)).request.request_id == "b-low"
     zero = [item("a", name=f"a{i}") for i in range(4)]
-    assert fair.victim(item("a", priority=5, name="urgent"), zero, lambda _: 0) is not None  # even its own caller's
-    assert fair.victim(item("b", priority=-1), zero, LONG_RUN) is None  # sheddable never preempts priority 0
+    urgent = item("a", priority=5, name="urgent")
+    assert victim(fair, urgent, zero, steps=(lambda _: 0)) is not None  # even in place of its own caller's
+    assert victim(fair, item("b", priority=-1), zero) is None  # sheddable never preempts priority 0
 
 
 # -- shedding ---------------------------------------------------------------------------
@@ -280,10 +299,13 @@ def test_a_preempted_sequences_cells_are_given_up_after_every_ordinary_prefix():
 
     index = PrefixIndex()
     index.put(0, [1] * 20, "finished-long-ago", 20, 0)
-    index.put(1, [2] * 20, "preempted", 20, 0, returning=True)
+    index.put(1, [2] * 50, "preempted", 20, 0, returning=True)
     index.put(2, [3] * 20, "finished-just-now", 20, 0)
     assert index.victim([0, 1, 2]) == 0
     assert index.victim([1, 2]) == 2  # a newer ordinary prefix goes before cells their owner comes back for
     assert index.victim([0, 2], keep_newer_than=1) == 0
+    index.put(3, [4] * 10, "preempted-later", 10, 0, returning=True)
+    assert index.victim([1, 3]) == 3 and index.returning == 2  # of two owners', the one with less to recompute
+    assert index.victim([1], keep_newer_than=3) is None  # a short entry never pushes out a long one
     index.settle("preempted")  # it came back (or ended)
     assert index.victim([1, 2]) == 1

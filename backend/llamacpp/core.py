@@ -60,8 +60,10 @@ class LlamaCppCore:
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context")
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
-        self.scheduler = Scheduler(config.max_batch_size, own.batch_tokens, own.max_pause_s, FairnessPolicy(config))
         self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache)
+        self.scheduler = Scheduler(
+            config.max_batch_size, own.batch_tokens, own.max_pause_s, FairnessPolicy(config), self.slots.comeback_cost
+        )
         self.batch = Batch(own.batch_tokens)
         self.picker = TokenPicker(model, slots, own.compute_threads)
         # Cap the forced tokens taken at once, so every sequence's feed fits a batch.

@@ -49,6 +49,11 @@ class PrefixIndex:
         return slot in self._entries
 
     @property
+    def returning(self) -> int:
+        """Entries whose preempted owners will come back for them."""
+        return sum(entry.returning for entry in self._entries.values())
+
+    @property
     def tokens_held(self) -> int:
         return sum(len(entry.tokens) for entry in self._entries.values())
 
@@ -86,7 +91,8 @@ class PrefixIndex:
 
     def victim(self, free_slots: Iterable[int], keep_newer_than: int | None = None) -> int | None:
         """A free slot to overwrite: an empty one first, else the least recently used entry's, those of
-        preempted owners last (only if it ranks below `keep_newer_than`'s entry, when given)."""
+        preempted owners last and the shortest of them first (only if it ranks below `keep_newer_than`'s
+        entry, when given)."""
         candidates = list(free_slots)
         empty = [slot for slot in candidates if slot not in self._entries]
         if empty:
@@ -100,5 +106,7 @@ class PrefixIndex:
         return oldest
 
     def _rank(self, slot: int) -> tuple[bool, int]:
+        """Lower goes first: ordinary entries by last use, then preempted owners' by how much they would
+        recompute without them."""
         entry = self._entries[slot]
-        return entry.returning, entry.last_used
+        return entry.returning, len(entry.tokens) if entry.returning else entry.last_used

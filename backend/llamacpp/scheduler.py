@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from backend.fairness import FairnessPolicy, caller_of
@@ -59,9 +59,14 @@ class Expired:
 
 
 class Scheduler:
-    def __init__(self, max_batch_size: int, batch_tokens: int, max_pause_s: float, policy: FairnessPolicy) -> None:
+    def __init__(
+        self, max_batch_size: int, batch_tokens: int, max_pause_s: float, policy: FairnessPolicy,
+        comeback_cost: Callable[[Sequence], int],
+    ) -> None:
         self.max_batch_size = max_batch_size
         self.policy = policy
+        self._comeback_cost = comeback_cost
+        """Tokens a sequence would compute again if preempted now (the slots know what they keep)."""
         self.batch_tokens = batch_tokens
         self.max_pause_s = max_pause_s
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -150,8 +155,9 @@ class Scheduler:
         admission is in `running` when yielded, each preempted one in `preempted` (the caller moves their
         cells). `step` is the engine step about to run: a sequence runs a time slice before it may give way."""
         while True:
-            for seq in self.policy.ranked(self._candidates(), self.running.values()):  # the first that can start
-                needs_room = len(self.running) >= self.max_batch_size or self.policy.at_limit(seq, self.running.values())
+            running = self.running.values()
+            for seq in self.policy.ranked(self._candidates(), running):  # the first that can start
+                needs_room = len(self.running) >= self.max_batch_size or self.policy.at_limit(seq, running)
                 victim = self._victim_for(seq, step) if needs_room else None
                 if victim is not None or not needs_room:
                     break
@@ -220,8 +226,11 @@ class Scheduler:
         decoding = [s for s in self.running.values() if not s.paused]
         if self.policy.at_limit(seq, self.running.values()):
             own = [s for s in decoding if caller_of(s) == caller_of(seq)]
-            return self._longest_paused(caller_of(seq)) or self.policy.victim(seq, own, lambda s: 0)
-        return self._longest_paused() or self.policy.victim(seq, decoding, lambda s: step - s.admitted_step)
+            mine = self._longest_paused(caller_of(seq))
+            return mine or self.policy.victim(seq, own, lambda s: 0, self._comeback_cost)
+        return self._longest_paused() or self.policy.victim(
+            seq, decoding, lambda s: step - s.admitted_step, self._comeback_cost
+        )
 
     def _longest_paused(self, caller: str | None = None) -> Sequence | None:
         paused = [seq for seq in self.running.values() if seq.paused and caller in (None, caller_of(seq))]
