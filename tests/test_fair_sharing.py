@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 
 import grpc
 import pytest
@@ -17,7 +16,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from conftest import REPORT, start_server, stop_server
-from helpers import error_reason, greedy, text_of
+from helpers import error_reason, greedy, text_of, wait_for
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -75,14 +74,13 @@ def status(stub) -> pb.GetServerStatusResponse:
     return stub.GetServerStatus(pb.GetServerStatusRequest(), metadata=bearer("b"), timeout=10)
 
 
-def wait_for(stub, condition, timeout: float = 120) -> pb.GetServerStatusResponse:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_until(stub, condition, timeout: float = 120) -> pb.GetServerStatusResponse:
+    """The first GetServerStatus that meets `condition`."""
+    def reached():
         current = status(stub)
-        if condition(current):
-            return current
-        time.sleep(0.02)
-    raise AssertionError(f"not reached: {current}")
+        return current if condition(current) else None
+
+    return wait_for(reached, timeout, "a server status")
 
 
 def callers(current: pb.GetServerStatusResponse) -> dict[str, pb.CallerStatus]:
@@ -128,8 +126,8 @@ def test_a_flood_of_30_long_streams_never_starves_another_caller(stub):
     reference = {p: Stream(stub, request(p, tokens), "a") for p in PROMPTS}  # alone: batch-independent
     reference = {p: s.result().text for p, s in reference.items()}
     flood = [Stream(stub, request(PROMPTS[i % len(PROMPTS)], tokens, f"flood-{i}"), "a") for i in range(30)]
-    started = wait_for(stub, lambda s: s.running_sequences == 8 and s.queued_requests == 8).engine_steps
-    wait_for(stub, lambda s: s.engine_steps >= started + 20)  # A's streams have run past a time slice
+    started = wait_until(stub, lambda s: s.running_sequences == 8 and s.queued_requests == 8).engine_steps
+    wait_until(stub, lambda s: s.engine_steps >= started + 20)  # A's streams have run past a time slice
     delays = []
     for i in range(4):  # B's questions, one after another, each on a server A keeps full
         steps, text = steps_to_first_token(stub, "b", request(PROMPTS[i], 4, f"b-{i}"))
@@ -149,7 +147,7 @@ def test_a_flood_of_30_long_streams_never_starves_another_caller(stub):
     for i, s in enumerate(outcomes):  # preempted or not, each stream is what it would be alone: nothing lost
         if s.error is None:
             assert s.text == reference[PROMPTS[i % len(PROMPTS)]], i
-    idle = wait_for(stub, lambda s: s.running_sequences == s.queued_requests == s.preempted_sequences == 0)
+    idle = wait_until(stub, lambda s: s.running_sequences == s.queued_requests == s.preempted_sequences == 0)
     assert idle.preempted_total >= 4  # each question of B took a slot from A
     a, b = callers(idle)["a"], callers(idle)["b"]
     assert a.shed_total == 1 and a.refused_total == len(refused) - 1 and a.preempted_total >= 4
@@ -160,31 +158,31 @@ def test_a_flood_of_30_long_streams_never_starves_another_caller(stub):
 
 def test_a_priority_5_request_starts_at_the_next_step_while_8_priority_0_streams_hold_every_slot(stub):
     holders = [Stream(stub, request(PROMPTS[i % len(PROMPTS)], 64, f"hold-{i}"), "a") for i in range(8)]
-    wait_for(stub, lambda s: s.running_sequences == 8)
-    wait_for(stub, lambda s: all(h.messages for h in holders))  # every slot decoding
+    wait_until(stub, lambda s: s.running_sequences == 8)
+    wait_until(stub, lambda s: all(h.messages for h in holders))  # every slot decoding
     # From the same caller, before any time slice has passed: only its priority can get it a slot.
     steps, _ = steps_to_first_token(stub, "a", request(PROMPTS[0], 4, "urgent", priority=5))
     assert steps <= FEW_STEPS
     for s in holders:
         s.call.cancel()
-    wait_for(stub, lambda s: s.running_sequences == s.queued_requests == s.preempted_sequences == 0)
+    wait_until(stub, lambda s: s.running_sequences == s.queued_requests == s.preempted_sequences == 0)
 
 
 def test_under_overload_negative_priority_is_preempted_shed_and_refused_first(stub, server):
     streams = [Stream(stub, request(PROMPTS[0], 200, "low-running", priority=-1), "a")]
-    wait_for(stub, lambda s: s.running_sequences == 1)
+    wait_until(stub, lambda s: s.running_sequences == 1)
     streams += [Stream(stub, request(PROMPTS[i % 6], 200, f"run-{i}"), "a") for i in range(7)]
-    started = wait_for(stub, lambda s: s.running_sequences == 8).engine_steps
+    started = wait_until(stub, lambda s: s.running_sequences == 8).engine_steps
     # A priority-0 request of the same caller takes the sheddable one's slot at once, no time slice waited.
     streams.append(Stream(stub, request(PROMPTS[1], 200, "run-7"), "a"))
-    wait_for(stub, lambda s: s.preempted_sequences == 1)
+    wait_until(stub, lambda s: s.preempted_sequences == 1)
     assert "preempted low-running (priority -1 < 0" in server.log()
     low_queued = Stream(stub, request(PROMPTS[1], 200, "low-queued", priority=-1), "a")
-    wait_for(stub, lambda s: s.queued_requests == 1)
+    wait_until(stub, lambda s: s.queued_requests == 1)
     streams += [low_queued, *(Stream(stub, request(PROMPTS[i % 6], 200, f"queued-{i}"), "a") for i in range(6))]
-    full = wait_for(stub, lambda s: (s.running_sequences, s.preempted_sequences, s.queued_requests) == (8, 1, 7))
+    full = wait_until(stub, lambda s: (s.running_sequences, s.preempted_sequences, s.queued_requests) == (8, 1, 7))
     assert full.engine_steps < started + 150  # A's streams are far from done
-    wait_for(stub, lambda s: s.engine_steps >= started + 20)  # past a time slice
+    wait_until(stub, lambda s: s.engine_steps >= started + 20)  # past a time slice
     # The server is full (16 of 16). B is under its share, but a sheddable request is refused at once...
     sheddable = Stream(stub, request(PROMPTS[2], 4, "b-sheddable", priority=-1), "b").result()
     assert sheddable.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -196,7 +194,7 @@ def test_under_overload_negative_priority_is_preempted_shed_and_refused_first(st
     assert all(s.error is None for s in streams if s is not low_queued)
     for s in streams:
         s.call.cancel()
-    wait_for(stub, lambda s: s.running_sequences == s.queued_requests == s.preempted_sequences == 0)
+    wait_until(stub, lambda s: s.running_sequences == s.queued_requests == s.preempted_sequences == 0)
 
 
 @pytest.fixture(scope="module")
@@ -215,9 +213,9 @@ def test_a_caller_past_its_own_limit_is_refused_while_another_is_admitted_and_a_
     with grpc.insecure_channel(limited.address) as channel:
         stub = pb_grpc.GenerationServiceStub(channel)
         running = [Stream(stub, request(PROMPTS[i], 48, f"a-run-{i}"), "a") for i in range(2)]
-        wait_for(stub, lambda s: s.running_sequences == 2)
+        wait_until(stub, lambda s: s.running_sequences == 2)
         queued = Stream(stub, request(PROMPTS[2], 4, "a-queued", queue_timeout_ms=500), "a")
-        wait_for(stub, lambda s: s.queued_requests == 1)
+        wait_until(stub, lambda s: s.queued_requests == 1)
         view = callers(status(stub))["a"]
         assert (view.running_sequences, view.queued_requests) == (2, 1)
         over = Stream(stub, request(PROMPTS[3], 4, "a-over"), "a").result()
