@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import urllib.request
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPORT, start_server, stop_server
 from helpers import error_reason, greedy, text_of, wait_for
+from proxies import free_port
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
-KEYS = {"a": "a-secret-key", "b": "b-secret-key"}
+KEYS = {"a": "a-secret-key", "b": "b-secret-key", "c": "c-secret-key"}
 PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees grow", "Rivers run"]
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 # A request that arrives at a full batch starts at the next step; the rest is the trip to the server
@@ -253,5 +256,24 @@ def test_first_come_first_served_takes_only_priority_0(tmp_path):
             stub = pb_grpc.GenerationServiceStub(channel)
             error = Stream(stub, request(PROMPTS[0], 4, priority=1), "a").result().error
             assert error.code() == grpc.StatusCode.UNIMPLEMENTED and error_reason(error) == "NOT_SUPPORTED"
+    finally:
+        assert stop_server(server) == 0, server.log()
+
+
+def test_per_caller_metrics_keep_a_bounded_label_set(tmp_path):
+    port = free_port()
+    server = start_server(tmp_path, "--api-keys", api_keys(), "--max-batch-size", "2", "--context-length", "256",
+                          "--prometheus-port", str(port), "--caller-metric-labels", "1")
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            for caller in ("a", "b", "c"):
+                assert Stream(stub, request(PROMPTS[0], 4), caller).result().error is None
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        samples = [sample for family in text_string_to_metric_families(text)
+                   if family.name.startswith("tokenspout_server_caller_tokens") for sample in family.samples
+                   if sample.name.endswith("_total")]
+        output = {s.labels["tokenspout_caller"]: s.value for s in samples if s.labels["gen_ai_token_type"] == "output"}
+        assert output == {"a": 4, "_other": 8}  # the first caller seen keeps its label; b and c share one
     finally:
         assert stop_server(server) == 0, server.log()
