@@ -277,3 +277,19 @@ def test_per_caller_metrics_keep_a_bounded_label_set(tmp_path):
         assert output == {"a": 4, "_other": 8}  # the first caller seen keeps its label; b and c share one
     finally:
         assert stop_server(server) == 0, server.log()
+
+
+def test_spans_record_the_caller_priority_and_queue_time():
+    from test_telemetry import RPC_SPAN, TracedServer
+
+    traced = TracedServer()
+    try:
+        with grpc.insecure_channel(traced.address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            list(stub.GenerateStream(request(PROMPTS[0], 4, priority=2), timeout=60))
+        (span,) = traced.wait_for_span(RPC_SPAN)
+        attributes = span.attributes
+        assert (attributes["tokenspout.caller"], attributes["tokenspout.request.priority"]) == ("", 2)
+        assert 0 <= attributes["tokenspout.queue_ms"] < 60_000
+    finally:
+        traced.close()
