@@ -22,7 +22,7 @@ Pure bookkeeping over the requests an engine holds (anything with a `.request`):
   of the caller holding the most per weight, the newest, is refused.
 
 With `scheduling = fifo` admission is in arrival order and nothing is preempted but
-paused sequences, or shed: the baseline the policy is measured against.
+sequences whose callers are not reading, or shed: the baseline the policy is measured against.
 """
 
 from __future__ import annotations
@@ -177,14 +177,15 @@ class FairnessPolicy:
 
     def ranked(self, candidates: Sequence[H], running: Iterable[Held]) -> list[H]:
         """The candidates that may start, in the order they should (see the module's doc). A caller at its
-        limit may start one only in place of one of its own: paused, or (fair) less urgent."""
+        limit may start one only in place of one of its own: one that gives way (its caller not reading, or
+        reading slowly), or (fair) a less urgent one."""
         running = list(running)
         per_caller = collections.Counter(caller_of(item) for item in running)
 
         def replaces_own(candidate: Held) -> bool:
             return any(
                 caller_of(item) == caller_of(candidate)
-                and (getattr(item, "paused", False) or self.fair and _priority(item) < _priority(candidate))
+                and (getattr(item, "gives_way", False) or self.fair and _priority(item) < _priority(candidate))
                 for item in running
             )
 

@@ -187,3 +187,47 @@ def test_first_come_first_served_when_the_policy_is_off(model):
         assert core.stats.preempted_total == 0
     finally:
         core.close()
+
+
+def test_a_caller_that_reads_a_little_now_and_then_gives_its_slot_even_when_not_paused_that_moment(model):
+    core = make_core(model, max_batch_size=1, time_slice_steps=4)
+    try:
+        slow, waiting = Recorder(core), Recorder(core)
+        core.add(request(model, "slow", PROMPTS[0], "a", max_new_tokens=60), slow)
+        core.step()
+        for _ in range(4):  # paused one step, reading the next
+            core.pause("slow")
+            core.step()
+            core.resume("slow")
+            core.step()
+        core.add(request(model, "waiting", PROMPTS[1], "a", max_new_tokens=4), waiting)  # its own caller's, too
+        core.step()  # "slow" is reading this moment, but spent 4 of its 9 steps paused
+        assert "waiting" in core.scheduler.running and "slow" in core.scheduler.preempted
+        run_until_idle(core)
+        assert slow.finish.reason is waiting.finish.reason is FinishReason.MAX_TOKENS
+    finally:
+        core.close()
+
+
+def test_slow_readers_coming_back_and_forth_never_overtake_a_request_that_waited_meanwhile(model):
+    """Measured before: 8 callers reading now and then held every slot; each one preempted came back, as soon
+    as it read, ahead of a normal request, which waited seconds."""
+    core = make_core(model, max_batch_size=1)
+    try:
+        recs = {name: Recorder(core) for name in ("s1", "s2", "normal")}
+        core.add(request(model, "s1", PROMPTS[0], "a", max_new_tokens=40), recs["s1"])
+        core.add(request(model, "s2", PROMPTS[1], "a", max_new_tokens=40), recs["s2"])
+        core.step()
+        core.pause("s1")
+        core.step()  # s1 gives its slot to s2
+        assert list(core.scheduler.running) == ["s2"]
+        core.add(request(model, "normal", PROMPTS[2], "a", max_new_tokens=4), recs["normal"])
+        core.resume("s1")  # s1's caller reads again: it queues behind the normal request
+        core.pause("s2")
+        core.step()
+        assert list(core.scheduler.running) == ["normal"]
+        core.resume("s2")
+        run_until_idle(core)
+        assert all(rec.finish.reason is FinishReason.MAX_TOKENS for rec in recs.values())
+    finally:
+        core.close()

@@ -26,7 +26,7 @@ class Item:
 
     request: GenerationRequest
     tokens: list[int] = field(default_factory=lambda: [1, 2, 3])
-    paused: bool = False
+    gives_way: bool = False
 
 
 def item(caller: str, priority: int = 0, weight: float = 1.0, tokens: int = 3, name: str = "") -> Item:
@@ -112,7 +112,7 @@ def test_a_caller_at_its_running_limit_waits_unless_one_of_its_own_is_paused():
     a3, b1 = item("a", name="a3"), item("b")
     assert fair.next([a3], running) is None
     assert fair.next([a3, b1], running) is b1
-    running[0].paused = True
+    running[0].gives_way = True  # its caller is not reading
     assert fair.next([a3], running) is a3 and fair.at_limit(a3, running)
 
 

@@ -104,6 +104,7 @@ class LlamaCppCore:
         seq = self.scheduler.find(request_id)
         if seq is not None:
             seq.paused_since = None
+            self.scheduler.resumed(seq)
         return self._done()
 
     def has_work(self) -> bool:
@@ -125,7 +126,7 @@ class LlamaCppCore:
         self._take_prefixes()
         self.slots.compact(self.scheduler.running.values())
         feeds = self.scheduler.next_feeds()
-        self.scheduler.account(feeds)
+        self.scheduler.account(feeds, self.steps)
         if feeds:
             self._decode_and_sample(feeds)
         return self._done()

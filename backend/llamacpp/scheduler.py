@@ -7,7 +7,8 @@ them out (the slots place cells, the batch feeds rows).
   policy's choice (backend.fairness): priority first, then the caller served
   least, a preempted sequence of a caller before its new requests. When every
   batch place is taken, the sequence paused longest (its caller is not reading)
-  gives up its slot; else, under the fair policy, one of lower priority, or of a
+  gives up its slot, or one paused a third of its steps of a time slice or more
+  (its caller reads a little now and then); else, under the fair policy, one of lower priority, or of a
   caller over its share that has run a time slice. A preempted sequence keeps its
   tokens and sampler (its cells stay as a cached prefix where a free slot holds
   them) and comes back, its caller reading, when its turn comes again.
@@ -74,12 +75,14 @@ class Scheduler:
         self.preempted: dict[str, Sequence] = {}
         """In preemption order: the first comes back first."""
         self._turns = itertools.count()
+        self._queue_turns = itertools.count()
         self._prompt_rows_since_decode = 0
 
     def add(self, seq: Sequence) -> list[Sequence]:
         """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
         capacity: the new one, or one that gives way to it."""
         self.policy.arrived(seq, self.waiting, self.running.values(), self._holding())
+        seq.queue_turn = next(self._queue_turns)
         self.waiting.append(seq)
         waiting, held = list(self.waiting), list(self.all())
         shed = []
@@ -107,13 +110,17 @@ class Scheduler:
         if caller_of(seq) not in holding:
             self.policy.left(holding)
 
-    def account(self, feeds: list[Feed]) -> None:
-        """Charges each caller for this step: the rows computed for it, and a slot held while paused."""
+    def account(self, feeds: list[Feed], step: int) -> None:
+        """Charges each caller for this step: the rows computed for it, and a slot held while paused; and notes
+        who reads slowly: paused a third of its steps since it entered the batch, over a time slice at least."""
         for feed in feeds:
             self.policy.charge(feed.sequence, feed.count)
         for seq in self.running.values():
             if seq.paused:
                 self.policy.charge(seq, 1)
+                seq.paused_steps += 1
+            ran = step - seq.admitted_step + 1
+            seq.reads_slowly = ran >= self.policy.time_slice_steps and 3 * seq.paused_steps >= ran
 
     def has_work(self) -> bool:
         """Whether a step would do anything: a running sequence not paused, or something the policy would admit
@@ -169,7 +176,7 @@ class Scheduler:
             if self.preempted.pop(seq.id, None) is None:
                 self.waiting.remove(seq)
             seq.admissions += 1
-            seq.admitted_step = step
+            seq.admitted_step, seq.paused_steps, seq.reads_slowly = step, 0, False
             seq.replay_until = len(seq.tokens)
             seq.prefill_turn = next(self._turns)
             self.running[seq.id] = seq
@@ -213,9 +220,17 @@ class Scheduler:
                 feeds.append(Feed(seq, 1 if replaying else min(per_sequence, len(seq.tokens) - seq.cached)))
         return feeds
 
+    def resumed(self, seq: Sequence) -> None:
+        """Its caller reads again. Preempted while not reading, it queues from now on: a slow reader coming
+        back and forth never overtakes a request that waited meanwhile."""
+        if seq.id in self.preempted:
+            seq.queue_turn = next(self._queue_turns)
+
     def _candidates(self) -> list[Sequence]:
-        """Who may start, each caller's in its own order: back from preemption (caller reading) first, then arrivals."""
-        return [*(seq for seq in self.preempted.values() if not seq.paused), *self.waiting]
+        """Who may start, each caller's in its own order: queue turns, which a sequence preempted for another's
+        turn keeps from its arrival (so it comes back before later arrivals) and a slow reader takes anew."""
+        candidates = [*(seq for seq in self.preempted.values() if not seq.paused), *self.waiting]
+        return sorted(candidates, key=lambda seq: seq.queue_turn)
 
     def _holding(self) -> set[str]:
         return {caller_of(seq) for seq in self.all()}
@@ -223,14 +238,20 @@ class Scheduler:
     def _victim_for(self, seq: Sequence, step: int) -> Sequence | None:
         """Who gives its slot to `seq`: at its caller's limit one of its own (paused, or less urgent); else the
         sequence paused longest, or the one the policy names (which has run a time slice, unless less urgent)."""
-        decoding = [s for s in self.running.values() if not s.paused]
+        decoding = [s for s in self.running.values() if not s.gives_way]
         if self.policy.at_limit(seq, self.running.values()):
             own = [s for s in decoding if caller_of(s) == caller_of(seq)]
-            mine = self._longest_paused(caller_of(seq))
+            mine = self._longest_paused(caller_of(seq)) or self._slow_reader(caller_of(seq))
             return mine or self.policy.victim(seq, own, lambda s: 0, self._comeback_cost)
-        return self._longest_paused() or self.policy.victim(
+        return self._longest_paused() or self._slow_reader() or self.policy.victim(
             seq, decoding, lambda s: step - s.admitted_step, self._comeback_cost
         )
+
+    def _slow_reader(self, caller: str | None = None) -> Sequence | None:
+        """A sequence not paused this moment whose caller reads slowly (see account): it holds its slot as one
+        that is paused does."""
+        slow = [s for s in self.running.values() if s.reads_slowly and not s.paused and caller in (None, caller_of(s))]
+        return max(slow, key=lambda s: s.paused_steps) if slow else None
 
     def _longest_paused(self, caller: str | None = None) -> Sequence | None:
         paused = [seq for seq in self.running.values() if seq.paused and caller in (None, caller_of(seq))]
