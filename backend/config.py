@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from backend.constraints import ConstraintLimits
+from backend.types import SpeculationMode
 
 
 class EngineKind(enum.StrEnum):
@@ -19,6 +20,17 @@ class EngineKind(enum.StrEnum):
     """EXL2 or GPTQ model directories on CUDA GPUs."""
 
 
+class SpeculationSetting(enum.StrEnum):
+    """The server's speculative decoding, for requests that do not choose (see Speculation in the proto)."""
+
+    AUTO = "auto"
+    """llama.cpp: n-gram, its planner checking proposals only in steps where that pays. exllamav2: off
+    (its generator drafts for every job every step, which its own docs call detrimental at larger
+    batches; not measured on a GPU here), or the draft model when one is set."""
+    OFF = "off"
+    NGRAM = "ngram"
+
+
 class CacheType(enum.StrEnum):
     """exllamav2's cache precision: a quantized cache holds more tokens in the same memory."""
 
@@ -26,6 +38,10 @@ class CacheType(enum.StrEnum):
     Q8 = "q8"
     Q6 = "q6"
     Q4 = "q4"
+
+
+MAX_DRAFT_TOKENS = 64
+"""The most proposed tokens a request or the server may ask to check in one step."""
 
 
 def default_threads() -> int:
@@ -101,6 +117,8 @@ class ExLlamaV2Settings:
     cache_type: CacheType = CacheType.FP16
     gpu_split: tuple[float, ...] = ()
     """GB per GPU (empty: fill the GPUs in order)."""
+    draft_model: str = ""
+    """An EXL2 model directory with the same vocabulary, whose proposals the model checks (speculative decoding)."""
 
     def __post_init__(self) -> None:
         _require([
@@ -123,6 +141,10 @@ class EngineConfig:
     """Most tokens one sequence holds, prompt and output together."""
     max_batch_size: int = 8
     """Sequences decoded together."""
+    speculation: SpeculationSetting = SpeculationSetting.AUTO
+    """What a request that does not choose gets; the output is the same either way."""
+    max_draft_tokens: int = 16
+    """Most proposed tokens checked in one step, for a request that does not say."""
     max_queued_requests: int = 16
     """Requests that may wait beyond max_batch_size; more are refused with RESOURCE_EXHAUSTED."""
     fairness: FairnessSettings = field(default_factory=FairnessSettings)
@@ -136,6 +158,9 @@ class EngineConfig:
             (self.max_batch_size < 1, "max_batch_size must be at least 1"),
             (self.max_queued_requests < 0, "max_queued_requests must not be negative"),
             (self.llamacpp.batch_tokens < self.max_batch_size, "batch_tokens must be at least max_batch_size"),
+            (not 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS, f"max_draft_tokens must be 1 to {MAX_DRAFT_TOKENS}"),
+            (bool(self.exllamav2.draft_model) and self.speculation is SpeculationSetting.NGRAM,
+             "draft_model and speculation = ngram exclude each other (exllamav2 drafts one way)"),
         ])
 
     @property
@@ -146,6 +171,10 @@ class EngineConfig:
     @property
     def max_running_per_caller(self) -> int:
         return self.fairness.max_running_per_caller or self.max_batch_size
+
+    def speculation_mode(self, auto: SpeculationMode) -> SpeculationMode:
+        """The server's mode, `auto` standing for the engine's own choice."""
+        return auto if self.speculation is SpeculationSetting.AUTO else SpeculationMode(self.speculation.value)
 
     @classmethod
     def of(cls, **settings) -> EngineConfig:

@@ -14,7 +14,7 @@ from typing import Callable, Protocol, Sequence
 
 from backend.constraints import ConstraintCompiler
 from backend.fairness import CallerTally
-from backend.types import Event, GenerationRequest
+from backend.types import Event, GenerationRequest, SpeculationMode, SpeculationParams
 
 EventSink = Callable[[Event], None]
 """Receives one request's events on the engine thread; must not block."""
@@ -39,6 +39,11 @@ class ModelInfo:
     samplers: tuple[str, ...]
     constraint_kinds: tuple[str, ...] = field(default_factory=tuple)
     quantization: str = ""
+    speculation_modes: tuple[SpeculationMode, ...] = (SpeculationMode.OFF,)
+    """The modes a request may ask for."""
+    default_speculation: SpeculationParams = SpeculationParams()
+    draft_tokens_per_request: bool = True
+    """Whether a request's own max_draft_tokens is honoured (exllamav2 drafts the same for every job)."""
 
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
@@ -81,6 +86,10 @@ class EngineStats:
     preempted_sequences: int = 0
     recomputed_tokens_total: int = 0
     """Tokens computed again when preempted sequences came back (what preemption cost)."""
+    draft_tokens_total: int = 0
+    """Proposed tokens checked (speculative decoding) ..."""
+    accepted_draft_tokens_total: int = 0
+    """... and the ones accepted: output that took no step of its own."""
     callers: tuple[CallerTally, ...] = ()
     """Per caller (fairness key): running, queued and preempted now, and totals (backend.fairness)."""
 
@@ -111,6 +120,8 @@ class EngineCounters:
     max_cancel_latency_steps: int = 0
     preempted_total: int = 0
     recomputed_tokens_total: int = 0
+    draft_tokens_total: int = 0
+    accepted_draft_tokens_total: int = 0
 
     def started(self, prompt_tokens: int) -> None:
         self.started_total += 1

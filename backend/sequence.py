@@ -28,6 +28,8 @@ class SequenceOutput:
         self._utf8 = Utf8Stream()
         self._stops = StopSequenceFilter(request.stopping.stop_sequences, request.stopping.include_stop_sequence)
         self.cached_tokens = 0  # prompt tokens the engine took from its prefix cache
+        self.draft_tokens = 0  # proposed tokens the engine checked (speculative decoding) ...
+        self.accepted_draft_tokens = 0  # ... and the ones it accepted
         self.generated = 0
         self.finish: Finish | None = None
         self.admitted_at: float | None = None
@@ -35,12 +37,18 @@ class SequenceOutput:
         self.first_token_at: float | None = None
         self.step = 0  # set by the engine before each step's tokens
         self._mask_reported = 0.0
+        self._accepted_draft = False
         self.constraint = ConstraintState(request.constraint) if request.constraint is not None else None
         self._deadline = request.end_by
 
     @property
     def finished(self) -> bool:
         return self.finish is not None
+
+    @property
+    def tokens_left(self) -> int:
+        """Tokens it may still generate before max_new_tokens."""
+        return self._stopping.max_new_tokens - self.generated
 
     def mark_admitted(self) -> None:
         self.admitted_at = time.monotonic()
@@ -60,12 +68,15 @@ class SequenceOutput:
         """The caller's deadline or the request's own time limit has passed."""
         return self._deadline is not None and now >= self._deadline
 
-    def on_token(self, token: GeneratedToken, is_eos: bool) -> TokenEvent:
-        """Accounts for one generated token (sampled, or forced by the grammar).
+    def on_token(self, token: GeneratedToken, is_eos: bool, accepted_draft: bool = False) -> TokenEvent:
+        """Accounts for one generated token (sampled, forced by the grammar, or a proposed token that
+        sampling agreed with: `accepted_draft`).
 
         Raises ConstraintFailed when the matcher has failed or rejects the token.
         """
         now = time.monotonic()
+        self._accepted_draft = accepted_draft
+        self.accepted_draft_tokens += accepted_draft
         if self.first_token_at is None:
             self.first_token_at = now
             self.prefill_done_at = self.prefill_done_at or now
@@ -120,6 +131,8 @@ class SequenceOutput:
             self.generated,
             self._timings(),
             cached_tokens=self.cached_tokens,
+            draft_tokens=self.draft_tokens,
+            accepted_draft_tokens=self.accepted_draft_tokens,
             stop_sequence=stop_sequence,
             stop_token_id=stop_token_id,
             constraint_satisfied=self.constraint.satisfied if self.constraint is not None else None,
@@ -130,7 +143,8 @@ class SequenceOutput:
         mask_s = 0.0
         if self.constraint is not None:
             mask_s, self._mask_reported = self.constraint.mask_s - self._mask_reported, self.constraint.mask_s
-        return TokenEvent(tokens, text, self.generated, self.finish, self.step, mask_s)
+        accepted = int(self._accepted_draft and bool(tokens))
+        return TokenEvent(tokens, text, self.generated, self.finish, self.step, mask_s, accepted)
 
     def _timings(self) -> Timings:
         now = time.monotonic()
@@ -155,6 +169,8 @@ def make_finish(
     timings: Timings,
     *,
     cached_tokens: int = 0,
+    draft_tokens: int = 0,
+    accepted_draft_tokens: int = 0,
     prompt_tokens: int | None = None,
     stop_sequence: str | None = None,
     stop_token_id: int | None = None,
@@ -164,7 +180,7 @@ def make_finish(
     prompt = len(request.prompt_token_ids) if prompt_tokens is None else prompt_tokens
     return Finish(
         reason=reason,
-        usage=Usage(prompt, completion_tokens, cached_tokens),
+        usage=Usage(prompt, completion_tokens, cached_tokens, draft_tokens, accepted_draft_tokens),
         timings=timings,
         seed=request.sampling.seed,
         stop_sequence=stop_sequence,

@@ -124,6 +124,23 @@ class OutputParams:
     top_logprobs: int = 0
 
 
+class SpeculationMode(enum.StrEnum):
+    """Where proposed tokens come from (see backend.llamacpp.speculation); the output is the same either way."""
+
+    OFF = "off"
+    NGRAM = "ngram"
+    """Continue the longest recent n-gram of the prompt and output that occurred before."""
+    DRAFT_MODEL = "draft_model"
+    """A second, smaller model proposes (exllamav2 with a draft_model)."""
+
+
+@dataclass(frozen=True)
+class SpeculationParams:
+    mode: SpeculationMode = SpeculationMode.OFF
+    max_draft_tokens: int = 16
+    """Most proposed tokens checked in one step."""
+
+
 @dataclass(frozen=True)
 class Scheduling:
     """Who a request is for and how urgent it is, as the service decided (see backend.fairness)."""
@@ -148,6 +165,7 @@ class GenerationRequest:
     stopping: StopParams = StopParams()
     output: OutputParams = OutputParams()
     constraint: CompiledConstraint | None = None
+    speculation: SpeculationParams = SpeculationParams()
     arrival_time: float = field(default_factory=time.monotonic)
     deadline: float | None = None
     """The caller's deadline (time.monotonic()); a request still queued then never starts."""
@@ -196,6 +214,10 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    draft_tokens: int = 0
+    """Proposed tokens checked (speculative decoding)."""
+    accepted_draft_tokens: int = 0
+    """Of those, the ones the model's own sampling agreed with: output that took no step of its own."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +259,8 @@ class TokenEvent:
     """The engine step that produced it."""
     mask_s: float = 0.0
     """Constraint mask time spent on it."""
+    accepted_drafts: int = 0
+    """Of its tokens, the proposed ones that were accepted (speculative decoding)."""
 
 
 class ErrorKind(enum.Enum):

@@ -68,13 +68,15 @@ class Completion:
     text: str
 
 
-def start_llama_server(binary: str, model: pathlib.Path, context: int, slots: int, threads: int) -> LlamaServer:
+def start_llama_server(
+    binary: str, model: pathlib.Path, context: int, slots: int, threads: int, extra: list[str] = ()
+) -> LlamaServer:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen(
         [binary, "-m", str(model), "-c", str(context * slots), "-np", str(slots), "-t", str(threads),
-         "--port", str(port), "--host", "127.0.0.1", "--no-webui"],
+         "--port", str(port), "--host", "127.0.0.1", "--no-webui", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 120

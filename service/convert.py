@@ -6,7 +6,7 @@ from typing import Callable, Mapping
 
 from backend.engine import ModelInfo
 from backend.fairness import CallerTally
-from backend.types import Finish, FinishReason, GeneratedToken, TokenEvent
+from backend.types import Finish, FinishReason, GeneratedToken, SpeculationMode, SpeculationParams, TokenEvent
 from tokenspout.v1 import generation_pb2 as pb
 
 _FINISH_REASONS = {reason: pb.FinishReason.Value(f"FINISH_REASON_{reason.name}") for reason in FinishReason}
@@ -41,6 +41,8 @@ def finish_pb(finish: Finish) -> pb.Finish:
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             cached_tokens=usage.cached_tokens,
+            draft_tokens=usage.draft_tokens,
+            accepted_draft_tokens=usage.accepted_draft_tokens,
         ),
         timings=pb.Timings(
             queue_ms=timings.queue_s * 1000,
@@ -82,6 +84,17 @@ def stream_response(
     return message
 
 
+SPECULATION_MODES = {
+    SpeculationMode.OFF: pb.SPECULATION_MODE_OFF,
+    SpeculationMode.NGRAM: pb.SPECULATION_MODE_NGRAM,
+    SpeculationMode.DRAFT_MODEL: pb.SPECULATION_MODE_DRAFT_MODEL,
+}
+
+
+def speculation_pb(params: SpeculationParams) -> pb.Speculation:
+    return pb.Speculation(mode=SPECULATION_MODES[params.mode], max_draft_tokens=params.max_draft_tokens)
+
+
 def model_info(info: ModelInfo, limits) -> pb.GetModelInfoResponse:
     return pb.GetModelInfoResponse(
         model_id=info.model_id,
@@ -93,6 +106,8 @@ def model_info(info: ModelInfo, limits) -> pb.GetModelInfoResponse:
         constraint_kinds=info.constraint_kinds,
         has_chat_template=info.has_chat_template,
         quantization=info.quantization,
+        speculation_modes=[SPECULATION_MODES[mode] for mode in info.speculation_modes],
+        default_speculation=speculation_pb(info.default_speculation),
         limits=pb.Limits(
             max_batch_size=info.max_batch_size,
             max_new_tokens=info.context_length,

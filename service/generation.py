@@ -148,6 +148,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             preempted_total=stats.preempted_total,
             preempted_sequences=stats.preempted_sequences,
             recomputed_tokens_total=stats.recomputed_tokens_total,
+            draft_tokens_total=stats.draft_tokens_total,
+            accepted_draft_tokens_total=stats.accepted_draft_tokens_total,
             callers=convert.caller_statuses(stats.callers, self._shares.refused, self._callers.weight),
         )
 

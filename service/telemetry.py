@@ -116,6 +116,15 @@ class Telemetry:
             self.meter.create_observable_gauge(
                 name, unit=unit, callbacks=[lambda options, read=read: [Observation(read(stats()))]]
             )
+        # Speculative decoding: proposed tokens checked, and accepted (their ratio is the acceptance rate).
+        totals = {
+            "tokenspout.server.draft_tokens": lambda s: s.draft_tokens_total,
+            "tokenspout.server.accepted_draft_tokens": lambda s: s.accepted_draft_tokens_total,
+        }
+        for name, read in totals.items():
+            self.meter.create_observable_counter(
+                name, unit="{token}", callbacks=[lambda options, read=read: [Observation(read(stats()))]]
+            )
         per_caller = {
             "tokenspout.server.caller.running_sequences": ("{sequence}", lambda t: t.running),
             "tokenspout.server.caller.queued_requests": ("{request}", lambda t: t.queued + t.preempted),

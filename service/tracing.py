@@ -89,6 +89,7 @@ class RequestTrace:
             "tokenspout.batch.last_token_position": max(first, self._position - 1),
             "tokenspout.batch.engine_steps": len({event.step for event in events}),
             "tokenspout.batch.constraint_mask_ms": sum(event.mask_s for event in events) * 1000,
+            "tokenspout.batch.accepted_draft_tokens": sum(event.accepted_drafts for event in events),
         }
         finish = events[-1].finish
         if finish is not None:  # the last batch also carries how the request ended
@@ -125,6 +126,8 @@ class RequestTrace:
             "gen_ai.response.time_to_first_chunk": timings.time_to_first_token_s,
             "tokenspout.queue_ms": timings.queue_s * 1000,
             "tokenspout.batches": self._batches,
+            "tokenspout.usage.draft_tokens": usage.draft_tokens,
+            "tokenspout.usage.accepted_draft_tokens": usage.accepted_draft_tokens,
         }
         if finish.constraint_satisfied is not None:
             attributes["tokenspout.constraint.satisfied"] = finish.constraint_satisfied

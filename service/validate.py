@@ -17,14 +17,17 @@ from backend.chat import ChatTemplateError
 from backend.constraints import ConstraintSpec
 from backend.engine import ChatMessage, Engine
 from backend.tokens import common_prefix
+from backend.config import MAX_DRAFT_TOKENS
 from backend.types import (
     DEFAULT_DRY_BREAKERS, DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams,
-    StopParams, XtcParams,
+    SpeculationParams, StopParams, XtcParams,
 )
+from service.convert import SPECULATION_MODES
 from service.errors import FieldViolation, invalid_argument, not_found_model, out_of_range, unimplemented
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
+_SPECULATION_MODES = {number: mode for mode, number in SPECULATION_MODES.items()}
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
@@ -84,6 +87,7 @@ class RequestValidator:
         sampling = self._sampling(request.sampling, violations)
         stopping = self._stopping(request.stopping, violations)
         output = self._output(request.output, violations)
+        speculation = self._speculation(request.speculation, violations)
         if request.WhichOneof("input") is None:
             violations.append(FieldViolation("prompt", "set prompt or chat"))
         elif request.HasField("prompt") and not request.prompt:
@@ -96,7 +100,7 @@ class RequestValidator:
                     violations.append(FieldViolation(f"sampling.{name}", "cannot be used with a constraint"))
         if violations:
             raise invalid_argument(violations)
-        self._refuse_unsupported(sampling)
+        self._refuse_unsupported(sampling, speculation)
         prompt = self.prompt_tokens(request)
         problem = self._engine.budget_problem(len(prompt), stopping.max_new_tokens)
         if problem:
@@ -107,6 +111,7 @@ class RequestValidator:
             sampling=sampling,
             stopping=stopping,
             output=output,
+            speculation=speculation,
             last_message_start=self._last_message_start(request, prompt),
         ), constraint
 
@@ -256,12 +261,27 @@ class RequestValidator:
             if not 0 < len(value) <= longest
         ]
 
-    def _refuse_unsupported(self, sampling: SamplingParams) -> None:
-        """Raises UNIMPLEMENTED, naming every one, when the request turns on samplers this engine lacks."""
+    def _refuse_unsupported(self, sampling: SamplingParams, speculation: SpeculationParams) -> None:
+        """Raises UNIMPLEMENTED, naming every one, when the request turns on what this engine lacks."""
         missing = sorted(sampling.in_effect() - set(self._info.samplers))
         description = "this engine has no such sampler; GetModelInfo.samplers lists the ones it has"
-        if missing:
-            raise unimplemented([FieldViolation(f"sampling.{name}", description) for name in missing])
+        violations = [FieldViolation(f"sampling.{name}", description) for name in missing]
+        if speculation.mode not in self._info.speculation_modes:
+            modes = ", ".join(mode.value for mode in self._info.speculation_modes)
+            violations.append(FieldViolation("speculation.mode", f"this engine serves only {modes} here"))
+        if not self._info.draft_tokens_per_request and speculation != self._info.default_speculation:
+            violations.append(FieldViolation("speculation.max_draft_tokens", "set by the server alone on this engine"))
+        if violations:
+            raise unimplemented(violations)
+
+    def _speculation(self, s: pb.Speculation, violations: list[FieldViolation]) -> SpeculationParams:
+        default = self._info.default_speculation
+        if s.max_draft_tokens > MAX_DRAFT_TOKENS:
+            violations.append(FieldViolation("speculation.max_draft_tokens", f"at most {MAX_DRAFT_TOKENS}"))
+        mode = _SPECULATION_MODES.get(s.mode)
+        if mode is None and s.mode != pb.SPECULATION_MODE_UNSPECIFIED:
+            violations.append(FieldViolation("speculation.mode", "unknown mode"))
+        return SpeculationParams(mode or default.mode, s.max_draft_tokens or default.max_draft_tokens)
 
     def _stopping(self, s: pb.StoppingCriteria, violations: list[FieldViolation]) -> StopParams:
         check = _RangeChecker("stopping", s, violations)

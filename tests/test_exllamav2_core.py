@@ -9,6 +9,7 @@ that emits nothing, an exception from iterate, the page table behind the cache f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import grpc
@@ -552,3 +553,34 @@ def test_closing_stops_the_generators_threads(setup):
     core.close()
     with pytest.raises(RuntimeError, match="after shutdown"):
         generators[0].sampling_pool.submit(int)
+
+
+def test_the_generators_draft_counts_are_the_requests_usage_and_the_servers_totals(setup):
+    core, generators = setup
+    finished: list = []
+    core.add(request("a"), collect(finished))
+    generators[0].script = [
+        [{"job": None, "stage": "started", "eos": False, "serial": 1, "identifier": "a"}],
+        [{**eos("a", "max_new_tokens", 1), "accepted_draft_tokens": 5, "rejected_draft_tokens": 3}],
+    ]
+    core.step()
+    core.step()
+    usage = finished[-1].finish.usage
+    assert (usage.draft_tokens, usage.accepted_draft_tokens) == (8, 5)
+    assert (core.stats.draft_tokens_total, core.stats.accepted_draft_tokens_total) == (8, 5)
+
+
+def test_a_request_may_not_change_how_the_exllamav2_generator_drafts():
+    from backend.types import SpeculationMode, SpeculationParams
+
+    engine = PagedEngine()
+    drafts = SpeculationParams(SpeculationMode.NGRAM, 4)
+    engine.info = dataclasses.replace(engine.info, speculation_modes=(SpeculationMode.NGRAM,),
+                                      default_speculation=drafts, draft_tokens_per_request=False)
+    validator = RequestValidator(engine)
+    assert validator.generation_request(pb.GenerateStreamRequest(prompt="a b"))[0].speculation == drafts
+    for asked in (pb.Speculation(mode=pb.SPECULATION_MODE_OFF), pb.Speculation(max_draft_tokens=2)):
+        with pytest.raises(ServiceError) as refused:
+            validator.generation_request(pb.GenerateStreamRequest(prompt="a b", speculation=asked))
+        assert refused.value.code == grpc.StatusCode.UNIMPLEMENTED
+        assert {v.field for v in refused.value.violations} & {"speculation.mode", "speculation.max_draft_tokens"}

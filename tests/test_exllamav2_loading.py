@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config import EngineConfig
-from backend.exllamav2.sizes import generator_fields, generator_sizes
+from backend.config import EngineConfig, SpeculationSetting
+from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
+from backend.types import SpeculationMode, SpeculationParams
 from backend.exllamav2.loading import load_model_and_cache, unavailable_message
 from exllamav2_fakes import GENERATOR_PARAMETERS, FakeLibrary
 
@@ -48,9 +49,34 @@ def test_the_cache_is_a_whole_number_of_pages():
     assert sizes(max_seq_len=1000, cache_tokens=3000).cache_tokens == 3072
 
 
-def test_the_generator_gets_only_keywords_0_3_2_has():
+@pytest.mark.parametrize("mode", list(SpeculationMode))
+def test_the_generator_gets_only_keywords_0_3_2_has(mode):
     # ExLlamaV2DynamicGenerator takes **kwargs and ignores the ones it does not know.
-    assert set(generator_fields(sizes())) | {"model", "cache", "tokenizer"} <= GENERATOR_PARAMETERS
+    fields = generator_fields(sizes(), SpeculationParams(mode, 4))
+    draft_model = {"draft_model", "draft_cache"} if mode is SpeculationMode.DRAFT_MODEL else set()
+    assert set(fields) | {"model", "cache", "tokenizer"} | draft_model <= GENERATOR_PARAMETERS
+
+
+@pytest.mark.parametrize("setting, draft_model, expected", [
+    ("auto", False, (SpeculationMode.OFF, None)),
+    ("off", False, (SpeculationMode.OFF, None)),
+    ("ngram", False, (SpeculationMode.NGRAM, True)),
+    ("auto", True, (SpeculationMode.DRAFT_MODEL, False)),
+])
+def test_the_generator_drafts_as_the_server_says(setting, draft_model, expected):
+    config = EngineConfig(speculation=SpeculationSetting(setting), max_draft_tokens=16)
+    drafts = speculation(config, draft_model)
+    fields = generator_fields(sizes(), drafts)
+    assert (drafts.mode, fields.get("use_ngram_draft")) == expected
+    # It checks at most max_q_size (8) tokens of a job a step, drafts included: more would assert.
+    assert fields.get("num_draft_tokens", 8) <= 8 and (drafts.mode is SpeculationMode.OFF) == ("num_draft_tokens" not in fields)
+
+
+def test_a_draft_model_excludes_ngram_drafting():
+    from backend.config import ExLlamaV2Settings
+
+    with pytest.raises(ValueError, match="draft_model and speculation = ngram"):
+        EngineConfig(speculation=SpeculationSetting.NGRAM, exllamav2=ExLlamaV2Settings(draft_model="/models/small"))
 
 
 @pytest.mark.parametrize("gpu_split", [(), (20.0,), (20.0, 20.0)])

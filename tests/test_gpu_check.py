@@ -25,7 +25,7 @@ from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 STAGES = [
     "preflight", "wheels", "imports", "extension", "jit_build", "tiny_model", "model_check",
-    "serve_fp16", "serve_gptq", "convert_exl2", "serve_exl2",
+    "serve_fp16", "serve_gptq", "convert_exl2", "serve_exl2", "speculation",
 ]
 
 
@@ -158,6 +158,9 @@ def test_the_summary_reports_missing_and_cut_short_variant_reports(tmp_path):
     assert report.failed([["tiny_model", "SKIP", "0", "no time left in the 540s budget"]], [])
     text = "\n".join(report.variant_lines(variants))
     assert "no readable report" in text and "10.0" in text
+    drafted = {"variant": "speculation-exl2", "checks": [{"check": "speculation", "ok": True}],
+               "speculation": {"ratio_1": 1.5, "ratio_4": 0.9, "draft_tokens": 40, "accepted_draft_tokens": 30}}
+    assert "1.50x at 1 stream, 0.90x at 4; 30 of 40 drafts accepted" in "\n".join(report.variant_lines([drafted]))
 
 
 def run_gpu_check(tmp_path, **env) -> tuple[int, str, dict[str, list[str]]]:

@@ -199,7 +199,10 @@ class ExLlamaV2Core:
                     self.policy.tallies.of(entry).generated_tokens_total += len(event.tokens)
                 if event.finish is not None:
                     self._forget(entry)
-                    self.counters.cached_prompt_tokens_total += event.finish.usage.cached_tokens
+                    usage = event.finish.usage
+                    self.counters.cached_prompt_tokens_total += usage.cached_tokens
+                    self.counters.draft_tokens_total += usage.draft_tokens
+                    self.counters.accepted_draft_tokens_total += usage.accepted_draft_tokens
         self._admit()
         self._publish()
         return self._take_outputs()

@@ -19,12 +19,12 @@ from backend.chat import ChatTemplate
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
 from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineUnavailable, ModelInfo
-from backend.exllamav2.sizes import generator_fields, generator_sizes
+from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
 from backend.exllamav2.jobs import budget_problem, job_fields
 from backend.exllamav2.loading import load_model_and_cache, unavailable_message
-from backend.exllamav2.model_files import adds_bos, end_token_ids, unloadable_weights, weight_format
+from backend.exllamav2.model_files import adds_bos, end_token_ids, find_model_dir, unloadable_weights, weight_format
 from backend.exllamav2.settings import (
     SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields, token_bias_values,
 )
@@ -65,6 +65,21 @@ class ExLlamaV2Engine(WorkerEngine):
         self.paged = sizes.paged
         own = config.exllamav2
         self.model, self.cache = load_model_and_cache(exllamav2, xconfig, own.cache_type, sizes.cache_tokens, own.gpu_split)
+        draft = {}
+        if own.draft_model:  # its cache must have the main one's size (dynamic.py:345-351)
+            draft_config = exllamav2.ExLlamaV2Config(str(find_model_dir(own.draft_model, "draft_model")))
+            draft_config.arch_compat_overrides()
+            if draft_config.vocab_size != xconfig.vocab_size:
+                raise EngineUnavailable(
+                    f"draft_model: its vocabulary has {draft_config.vocab_size} tokens, the model's {xconfig.vocab_size}"
+                )
+            draft_config.max_seq_len, draft_config.max_input_len = sizes.max_seq_len, sizes.chunk
+            draft_config.max_attention_size = sizes.chunk**2
+            draft_model, draft_cache = load_model_and_cache(
+                exllamav2, draft_config, own.cache_type, sizes.cache_tokens, own.gpu_split
+            )
+            draft = {"draft_model": draft_model, "draft_cache": draft_cache}
+        drafts = speculation(config, bool(draft))
         self.tokenizer = exllamav2.ExLlamaV2Tokenizer(xconfig, lazy_init=False)
         self.max_seq_len = sizes.max_seq_len
         self.cache_tokens = sizes.cache_tokens
@@ -92,6 +107,9 @@ class ExLlamaV2Engine(WorkerEngine):
             samplers=SUPPORTED_SAMPLERS,
             constraint_kinds=CONSTRAINT_KINDS,
             quantization=weight_format(model_dir),
+            speculation_modes=(drafts.mode,),
+            default_speculation=drafts,
+            draft_tokens_per_request=False,
         )
         filter_type = filter_class()
         pieces_with_special = self.tokenizer.get_id_to_piece_list(True)
@@ -102,7 +120,7 @@ class ExLlamaV2Engine(WorkerEngine):
 
         def make_generator():
             return ExLlamaV2DynamicGenerator(
-                model=self.model, cache=self.cache, tokenizer=self.tokenizer, **generator_fields(sizes)
+                model=self.model, cache=self.cache, tokenizer=self.tokenizer, **draft, **generator_fields(sizes, drafts)
             )
 
         def make_job(request: GenerationRequest):

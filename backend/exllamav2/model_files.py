@@ -6,6 +6,20 @@ import json
 import pathlib
 import struct
 
+from backend.models import ModelError
+
+
+def find_model_dir(path: str, setting: str) -> pathlib.Path:
+    """The exllamav2 model directory a setting names. Raises ModelError when it lacks what exllamav2 reads."""
+    directory = pathlib.Path(path).expanduser()
+    missing = [name for name in ("config.json", "tokenizer.json") if not (directory / name).is_file()]
+    if missing:  # exllamav2 reads only tokenizer.json; SentencePiece-only models are not supported
+        raise ModelError(
+            f"{setting}: exllamav2 needs a model directory with config.json and tokenizer.json; "
+            f"{directory} lacks {', '.join(missing)}"
+        )
+    return directory
+
 
 def _config(model_dir: pathlib.Path, name: str) -> dict:
     path = model_dir / name

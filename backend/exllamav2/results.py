@@ -87,6 +87,9 @@ class JobResults:
             self.generated,
             self._timings(result),
             cached_tokens=result.get("cached_tokens", 0),
+            # With drafting on, the generator counts each job's checked draft tokens (dynamic.py:2074-2075).
+            draft_tokens=result.get("accepted_draft_tokens", 0) + result.get("rejected_draft_tokens", 0),
+            accepted_draft_tokens=result.get("accepted_draft_tokens", 0),
             prompt_tokens=result.get("prompt_tokens", len(self._request.prompt_token_ids)),
             stop_sequence=stop_sequence,
             stop_token_id=stop_token_id,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend.config import EngineConfig
+from backend.types import SpeculationMode, SpeculationParams
 
 PAGE_SIZE = 256  # the dynamic generator's page: cache sizes and prefill chunks are multiples of it
 MAX_CHUNK_TOKENS = 2048
@@ -61,13 +62,26 @@ def generator_sizes(
     return GeneratorSizes(max_seq_len, chunk, batch, cache_tokens, paged)
 
 
-def generator_fields(sizes: GeneratorSizes) -> dict[str, object]:
-    """Keyword arguments for ExLlamaV2DynamicGenerator beside model, cache and tokenizer (it takes
-    **kwargs and ignores the ones it does not know, so each is checked against 0.3.2's in the tests)."""
-    return {
+def speculation(config: EngineConfig, has_draft_model: bool) -> SpeculationParams:
+    """What the generator drafts, for every job alike: the draft model when there is one, else n-gram
+    drafting only when the server asks for it (see SpeculationSetting.AUTO). It checks at most
+    max_q_size tokens of a job in one forward pass, drafts included (dynamic.py:338-341)."""
+    mode = SpeculationMode.DRAFT_MODEL if has_draft_model else config.speculation_mode(SpeculationMode.OFF)
+    return SpeculationParams(mode, min(config.max_draft_tokens, _MAX_Q_SIZE))
+
+
+def generator_fields(sizes: GeneratorSizes, drafts: SpeculationParams) -> dict[str, object]:
+    """Keyword arguments for ExLlamaV2DynamicGenerator beside model, cache, tokenizer and a draft
+    model's model and cache (it takes **kwargs and ignores the ones it does not know, so each is
+    checked against 0.3.2's in the tests)."""
+    fields: dict[str, object] = {
         "max_batch_size": sizes.batch,
         "max_seq_len": sizes.max_seq_len,
         "max_chunk_size": sizes.chunk,
         "paged": sizes.paged,
         "filter_background_eval": True,
     }
+    if drafts.mode is not SpeculationMode.OFF:
+        fields["num_draft_tokens"] = drafts.max_draft_tokens
+        fields["use_ngram_draft"] = drafts.mode is SpeculationMode.NGRAM
+    return fields

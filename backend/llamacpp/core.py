@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import llama_cpp
 
@@ -33,11 +34,20 @@ from backend.llamacpp.sampling import Sampler, TokenPicker
 from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.slots import Slots
+from backend.llamacpp.speculation import passes_for
 from backend.sequence import ConstraintFailed
 from backend.types import ErrorEvent, ErrorKind, Event, FinishReason, GenerationRequest, TokenEvent
 from backend.worker import Output
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _ToSample:
+    sequence: Sequence
+    rows: list[int]
+    """The batch rows with logits: after its last known token, then after each proposed one."""
+    proposed: tuple[int, ...]
 
 
 class LlamaCppCore:
@@ -62,7 +72,8 @@ class LlamaCppCore:
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
         self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache)
         self.scheduler = Scheduler(
-            config.max_batch_size, own.batch_tokens, own.max_pause_s, FairnessPolicy(config), self.slots.comeback_cost
+            config.max_batch_size, own.batch_tokens, own.max_pause_s, self.context_length, FairnessPolicy(config),
+            self.slots.comeback_cost,
         )
         self.batch = Batch(own.batch_tokens)
         self.picker = TokenPicker(model, slots, own.compute_threads)
@@ -180,32 +191,40 @@ class LlamaCppCore:
         to_sample = []
         for feed in feeds:
             seq = feed.sequence
-            tokens = seq.tokens[seq.cached : seq.cached + feed.count]
+            tokens = [*seq.tokens[seq.cached : seq.cached + feed.count], *feed.proposed]
             complete = seq.cached + feed.count == len(seq.tokens)  # sample only once every known token is in
-            rows = self.batch.add(seq.slot, seq.cached, tokens, logit_rows=1 if complete else 0)
-            seq.cached += feed.count
+            rows = self.batch.add(seq.slot, seq.cached, tokens, logit_rows=1 + len(feed.proposed) if complete else 0)
+            seq.cached += feed.count  # the proposed tokens' cells count once accepted
             if rows:
-                to_sample.append((seq, rows[-1]))
+                to_sample.append(_ToSample(seq, rows, feed.proposed))
+        start = time.perf_counter()
         rc = self.batch.decode(self.ctx)
         if rc != 0:
             for feed in feeds:
                 self._fail(feed.sequence, f"llama_decode failed with status {rc}")
             return
-        self.picker.fill_masks([(seq.output.constraint, seq.slot) for seq, _ in to_sample if seq.output.constraint])
-        for seq, row in to_sample:
+        if not feeds[0].prefill:
+            rows = [feed.count + len(feed.proposed) for feed in feeds]
+            self.scheduler.costs.record(passes_for(rows), sum(rows), time.perf_counter() - start)
+        constrained = [entry.sequence for entry in to_sample if entry.sequence.output.constraint is not None]
+        self.picker.fill_masks([(seq.output.constraint, seq.slot) for seq in constrained])
+        for entry in to_sample:
+            seq = entry.sequence
             try:
-                self._sample(seq, row)
+                self._sample(entry)
             except ConstraintFailed as exc:  # the caller's constraint, not the engine, failed
                 self._fail(seq, str(exc), ErrorKind.CONSTRAINT_FAILED)
             except Exception as exc:  # one sequence's fault must not end the others
                 log.exception("sampling failed for %s", seq.id)
                 self._fail(seq, f"sampling failed: {exc}")
 
-    def _sample(self, seq: Sequence, row: int) -> None:
-        output = seq.output
+    def _sample(self, entry: _ToSample) -> None:
+        seq, output = entry.sequence, entry.sequence.output
         output.step = self.steps
-        token = self.picker.pick(self.ctx, row, seq.slot, seq.sampler, output)
-        self._take(seq, token.token_id, output.on_token(token, self._is_eos(token.token_id)))
+        accepted = self._check_proposals(entry)
+        if entry.proposed:
+            self.counters.draft_tokens_total += len(entry.proposed)
+            self.counters.accepted_draft_tokens_total += accepted
         if not output.finished and output.constraint is not None:
             for forced in output.constraint.forced_tokens(self._max_forced):  # no choice left: skip sampling
                 seq.sampler.accept(forced)
@@ -216,6 +235,29 @@ class LlamaCppCore:
             self._release(seq)
         elif len(seq.tokens) >= self.context_length:  # prompt + output now fill the context
             self._end(seq, FinishReason.CONTEXT_LIMIT)
+
+    def _check_proposals(self, entry: _ToSample) -> int:
+        """Samples row after row, accepting each proposed token while it is what sampling picks there
+        (the token picked at the first row that disagrees, or after the last, is output too); the cells
+        of proposals not accepted are dropped. Returns how many proposals were accepted."""
+        seq, output, proposed = entry.sequence, entry.sequence.output, entry.proposed
+        output.draft_tokens += len(proposed)
+        accepted = 0
+        try:
+            for i, row in enumerate(entry.rows):
+                if i and output.constraint is not None:  # its matcher has taken the row before's token
+                    self.picker.fill_masks([(output.constraint, seq.slot)])
+                token = self.picker.pick(self.ctx, row, seq.slot, seq.sampler, output)
+                is_proposal = i < len(proposed) and token.token_id == proposed[i]
+                self._take(seq, token.token_id, output.on_token(token, self._is_eos(token.token_id), is_proposal))
+                if output.finished or not is_proposal:
+                    break
+                accepted += 1
+        finally:
+            if proposed:
+                self.slots.keep_cells(seq, seq.cached + accepted)
+                seq.draft.checked(len(proposed), accepted)
+        return accepted
 
     def _take(self, seq: Sequence, token: int, event: Event) -> None:
         seq.tokens.append(token)

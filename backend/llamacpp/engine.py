@@ -11,6 +11,7 @@ from backend.engine import CONSTRAINT_KINDS, ChatMessage, ModelInfo
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
+from backend.types import SpeculationMode, SpeculationParams
 from backend.worker import EngineWorker, WorkerEngine
 
 
@@ -30,6 +31,8 @@ class LlamaCppEngine(WorkerEngine):
             samplers=SUPPORTED_SAMPLERS,
             constraint_kinds=CONSTRAINT_KINDS,
             quantization=self.model.quantization,
+            speculation_modes=(SpeculationMode.OFF, SpeculationMode.NGRAM),
+            default_speculation=SpeculationParams(config.speculation_mode(SpeculationMode.NGRAM), config.max_draft_tokens),
         )
         self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
         self._worker = EngineWorker(self.core, name="llama.cpp-engine")

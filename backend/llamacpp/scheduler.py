@@ -8,16 +8,16 @@ them out (the slots place cells, the batch feeds rows).
   least, a preempted sequence of a caller before its new requests. When every
   batch place is taken, the sequence paused longest (its caller is not reading)
   gives up its slot, or one paused a third of its steps of a time slice or more
-  (its caller reads a little now and then); else, under the fair policy, one of lower priority, or of a
-  caller over its share that has run a time slice. A preempted sequence keeps its
+  (its caller reads a little now and then); else, under the fair policy, one
+  of lower priority, or of a caller over its share that has run a time slice. A preempted sequence keeps its
   tokens and sampler (its cells stay as a cached prefix where a free slot holds
   them) and comes back, its caller reading, when its turn comes again.
 - Shedding: a request still waiting when the engine holds more than its capacity.
 - Expiry: requests past their deadline or time limit, requests not started within
   their queue timeout, and sequences whose caller has read nothing for max_pause_s.
 - The step's work: the next group of rows of the most urgent prompt waiting
-  longest for one, each group a llama_decode of its own (its layout says how rows group, so
-  its numbers never depend on what else runs), unless decoding sequences have
+  longest for one, each group a llama_decode of its own (its layout says how
+  rows group, so its numbers never depend on what else runs), unless decoding sequences have
   waited batch_tokens prompt rows already; else the next token of every
   decoding sequence. A CPU prefills a token at the same cost batched or not
   (docs/benchmarks.md), so a burst of arrivals gets first tokens one after
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from backend.fairness import FairnessPolicy, caller_of
 from backend.llamacpp.sequence import Sequence
+from backend.llamacpp.speculation import Candidate, DecodeCosts, plan_drafts, proposal
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,13 @@ class Admission:
 
 @dataclass(frozen=True)
 class Feed:
-    """Tokens of one sequence for this step's decode: `tokens[cached : cached + count]`."""
+    """Tokens of one sequence for this step's decode: `tokens[cached : cached + count]`, then the
+    `proposed` tokens to check (see backend.llamacpp.speculation)."""
 
     sequence: Sequence
     count: int
+    proposed: tuple[int, ...] = ()
+    prefill: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class Expired:
 
 class Scheduler:
     def __init__(
-        self, max_batch_size: int, batch_tokens: int, max_pause_s: float, policy: FairnessPolicy,
+        self, max_batch_size: int, batch_tokens: int, max_pause_s: float, context_length: int, policy: FairnessPolicy,
         comeback_cost: Callable[[Sequence], int],
     ) -> None:
         self.max_batch_size = max_batch_size
@@ -69,6 +73,7 @@ class Scheduler:
         self._comeback_cost = comeback_cost
         """Tokens a sequence would compute again if preempted now (the slots know what they keep)."""
         self.batch_tokens = batch_tokens
+        self.context_length = context_length
         self.max_pause_s = max_pause_s
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[str, Sequence] = {}
@@ -77,6 +82,8 @@ class Scheduler:
         self._turns = itertools.count()
         self._queue_turns = itertools.count()
         self._prompt_rows_since_decode = 0
+        self.costs = DecodeCosts()
+        """What decoding rows costs on this machine, as the core measures it."""
 
     def add(self, seq: Sequence) -> list[Sequence]:
         """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
@@ -111,10 +118,11 @@ class Scheduler:
             self.policy.left(holding)
 
     def account(self, feeds: list[Feed], step: int) -> None:
-        """Charges each caller for this step: the rows computed for it, and a slot held while paused; and notes
+        """Charges each caller for this step: the rows computed for it (proposed ones too), and a slot held while
+        paused; and notes
         who reads slowly: paused a third of its steps since it entered the batch, over a time slice at least."""
         for feed in feeds:
-            self.policy.charge(feed.sequence, feed.count)
+            self.policy.charge(feed.sequence, feed.count + len(feed.proposed))
         for seq in self.running.values():
             if seq.paused:
                 self.policy.charge(seq, 1)
@@ -201,24 +209,31 @@ class Scheduler:
         if waited and waited + rows > self.batch_tokens and any(s.decodes for s in self.running.values()):
             return None  # decoding sequences have waited long enough
         seq.prefill_turn = next(self._turns)
-        return Feed(seq, rows)
+        return Feed(seq, rows, prefill=True)
 
     def _decoding_feeds(self) -> list[Feed]:
-        """The known tokens of every decoding sequence, in slot order.
+        """The known tokens of every decoding sequence (its last token and any its grammar forced), and
+        the proposed tokens worth checking, in slot order.
 
         Tokens in ascending sequence order: llama.cpp's per-sequence cache takes a much slower path
         (measured: 1.7x per step at 8 sequences) when a batch lists sequences out of order.
-        With a cache per sequence, llama.cpp splits a batch into equal-length pieces per sequence,
-        so several tokens of one sequence beside others would cost extra forward passes: tokens
-        forced by a grammar go all at once only when a sequence runs alone.
         """
-        per_sequence = self.batch_tokens if len(self.running) == 1 else 1
-        feeds = []
-        for seq in sorted(self.running.values(), key=lambda seq: seq.slot):
-            if seq.decodes:
-                replaying = seq.cached < seq.replay_until - 1  # fed again one a step, as first computed
-                feeds.append(Feed(seq, 1 if replaying else min(per_sequence, len(seq.tokens) - seq.cached)))
-        return feeds
+        decoding = [seq for seq in sorted(self.running.values(), key=lambda seq: seq.slot) if seq.decodes]
+        rows_each = self.batch_tokens // max(1, len(decoding))  # every sequence's rows fit one batch
+        candidates = []
+        for seq in decoding:
+            replaying = seq.cached < seq.replay_until - 1  # fed again one a step, as first computed
+            known = 1 if replaying else min(rows_each, len(seq.tokens) - seq.cached)
+            complete = seq.cached + known == len(seq.tokens)
+            room = min(rows_each - known, self.context_length - len(seq.tokens), seq.output.tokens_left - 1)
+            speculates = seq.draft is not None and complete and room > 0
+            proposed = proposal(seq.tokens, seq.draft, seq.output.constraint, room) if speculates else []
+            candidates.append(Candidate(known, proposed, seq.draft))
+        checked = plan_drafts(candidates, self.costs)
+        for candidate, n in zip(candidates, checked):
+            if candidate.draft is not None and not n:
+                candidate.draft.checked(0, 0)  # a step without a check
+        return [Feed(seq, c.known_rows, tuple(c.proposed[:n])) for seq, c, n in zip(decoding, candidates, checked)]
 
     def resumed(self, seq: Sequence) -> None:
         """Its caller reads again. Preempted while not reading, it queues from now on: a slow reader coming

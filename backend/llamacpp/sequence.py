@@ -11,8 +11,9 @@ from __future__ import annotations
 from backend.engine import EventSink
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.sampling import Sampler
+from backend.llamacpp.speculation import DraftState
 from backend.sequence import SequenceOutput
-from backend.types import GenerationRequest
+from backend.types import GenerationRequest, SpeculationMode
 
 
 class Sequence:
@@ -43,6 +44,8 @@ class Sequence:
         """The prompt whose turn is lowest gets the next prefill group (round robin)."""
         self.paused_since: float | None = None
         """Its caller is not reading: it is skipped in batches, and may be preempted."""
+        speculation = request.speculation
+        self.draft = DraftState(speculation.max_draft_tokens) if speculation.mode is SpeculationMode.NGRAM else None
 
     @property
     def id(self) -> str:

@@ -75,11 +75,10 @@ class Slots:
         room = len(self._free) > self.prefixes.returning
         return RECOMPUTED_TAIL if self._prefix_cache and room and seq.cached > RECOMPUTED_TAIL else len(seq.tokens)
 
-    def roll_back(self, seq: Sequence, keep: int) -> None:
-        """Drops a sequence's cells from position `keep` on (rows fed ahead that were not accepted)."""
-        if keep < seq.cached:
-            llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, keep, -1)
-            seq.cached = keep
+    def keep_cells(self, seq: Sequence, upto: int) -> None:
+        """Keeps only the sequence's cells before position `upto`: rows it fed ahead that were not accepted go."""
+        llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, upto, -1)
+        seq.cached = upto
 
     def _pick_slot(self, source: int | None, running: Collection[Sequence]) -> int:
         """A free slot that keeps the live sequences contiguous (a hole between them, else one beside

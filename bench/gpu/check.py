@@ -38,7 +38,7 @@ import grpc  # noqa: E402
 import jsonschema  # noqa: E402
 
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS  # noqa: E402
-from common import greedy_request, timed_stream  # noqa: E402
+from common import greedy_request, timed_request, timed_stream  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
 from helpers import stream, text_of  # noqa: E402
 from model_check import PROMPT, SAFE_MARGIN, STEPS, greedy_with_margins  # noqa: E402
@@ -493,6 +493,50 @@ def serve_and_check(args, report: Report) -> None:
     report.save()
 
 
+def speculation_rates(args, report: Report) -> None:
+    """exllamav2's own n-gram drafting against none, one server each in turn: the same greedy tokens,
+    draft tokens counted in Usage, and decode tokens/s at 1 and 4 concurrent streams (copying text,
+    where drafting pays most)."""
+    deadline = time.monotonic() + args.time_limit
+    copy = ("Repeat after me, exactly: " + PROMPT) * 2
+    outputs, rates = {}, {}
+    for setting in ("off", "ngram"):
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"tokenspout-gpu-{setting}-"))
+        flags = ("--engine", "exllamav2", "--model", str(args.model), "--context-length", str(CONTEXT),
+                 "--max-batch-size", str(BATCH), "--speculation", setting, "--max-draft-tokens", "4")
+        server = report.step(f"server start ({setting})", start_server, tmp, *flags,
+                             timeout_s=max(10.0, min(SERVER_START_S, deadline - time.monotonic() - 30)))
+        if server is None:
+            report.add_check({"check": f"speculation {setting}", "ok": False, "skipped": False,
+                              "detail": report.data["errors"][-1]})
+            return
+        try:
+            with grpc.insecure_channel(server.address) as channel:
+                stub = pb_grpc.GenerationServiceStub(channel)
+                _, rate, last = timed_request(stub, greedy_request(copy, 128))
+                outputs[setting] = (text_of(stream(stub, greedy_request(copy, 128))), last.finish.usage)
+                with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                    start = time.perf_counter()
+                    list(pool.map(lambda _: list(stub.GenerateStream(greedy_request(copy, 128), timeout=300)), range(4)))
+                    rates[setting] = (rate, 4 * 128 / (time.perf_counter() - start))
+        finally:
+            stop_or_kill(server)
+    same = outputs["off"][0] == outputs["ngram"][0]
+    usage = outputs["ngram"][1]
+    report.data["speculation"] = {
+        "tok_s_off": rates["off"], "tok_s_ngram": rates["ngram"],
+        "ratio_1": rates["ngram"][0] / rates["off"][0], "ratio_4": rates["ngram"][1] / rates["off"][1],
+        "draft_tokens": usage.draft_tokens, "accepted_draft_tokens": usage.accepted_draft_tokens,
+    }
+    detail = (f"ngram/off decode {report.data['speculation']['ratio_1']:.2f}x at 1 stream, "
+              f"{report.data['speculation']['ratio_4']:.2f}x at 4; drafts {usage.accepted_draft_tokens}/"
+              f"{usage.draft_tokens} accepted; greedy output {'the same' if same else 'DIFFERENT'}")
+    report.add_check({"check": "speculation", "ok": same and usage.draft_tokens > 0, "skipped": False,
+                      "detail": detail})
+    print(f"  {detail}", flush=True)
+    report.save()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=pathlib.Path, help="an EXL2, GPTQ or FP16 model directory")
@@ -501,13 +545,15 @@ def main() -> int:
     parser.add_argument("--reference-hf", action="store_true", help="also compare greedy tokens with transformers")
     parser.add_argument("--time-limit", type=float, default=600, help="seconds for all of it, the server start too")
     parser.add_argument("--address", help="check a running server instead (no direct baseline)")
+    parser.add_argument("--speculation", action="store_true",
+                        help="only compare exllamav2's n-gram drafting with none (two servers in turn)")
     args = parser.parse_args()
     if args.address:
         with grpc.insecure_channel(args.address) as channel:
             results = Checks(pb_grpc.GenerationServiceStub(channel), expect_exllamav2=False).run_all()
         return 0 if all(r["ok"] for r in results) else 1
     report = Report(args.name, args.json)
-    report.step("serve and check", serve_and_check, args, report)
+    report.step("serve and check", speculation_rates if args.speculation else serve_and_check, args, report)
     data = report.data
     return 0 if data["checks"] and all(c["ok"] for c in data["checks"]) and not data["errors"] else 1
 

@@ -52,6 +52,13 @@ def variant_lines(reports: list[dict]) -> list[str]:
             f"{report.get('variant', '?'):<8} {str(report.get('engine', '-'))[:34]:<34} {f'{passed}/{len(checks)}':<7}"
             f" {shown[0]:>10} {shown[1]:>13} {shown[2]:>6}"
         )
+        speculation = report.get("speculation")
+        if speculation:
+            lines.append(
+                f"  n-gram drafting / none: {speculation.get('ratio_1', 0):.2f}x at 1 stream, "
+                f"{speculation.get('ratio_4', 0):.2f}x at 4; {speculation.get('accepted_draft_tokens')} of "
+                f"{speculation.get('draft_tokens')} drafts accepted"
+            )
         for check in checks:
             if not check.get("ok"):
                 lines.append(f"  FAIL {check.get('check')}: {str(check.get('detail', ''))[:160]}")

@@ -17,6 +17,8 @@
 #   serve_gptq    the same for GPTQ
 #   convert_exl2  EXL2 with exllamav2's converter
 #   serve_exl2    the same for EXL2, only if the converter wrote the files
+#   speculation   the EXL2 model (FP16 if there is none) served with exllamav2's n-gram drafting and
+#                 without: the same greedy output, drafts counted, decode tokens/s at 1 and 4 streams
 # $OUT (default bench/results/gpu) gets run.log (everything printed, as it happens), preflight.txt,
 # summary.txt and gpu-report.tar.gz (every file written), the last two refreshed after each stage
 # and once more on exit, so a run cut off from outside still leaves them.
@@ -117,6 +119,12 @@ serve() {  # serve VARIANT SECONDS [check.py flags]
 stage_serve_fp16() { serve fp16 "$STAGE_LIMIT" --reference-hf; }
 stage_serve_gptq() { serve gptq "$STAGE_LIMIT"; }
 stage_serve_exl2() { serve exl2 "$STAGE_LIMIT"; }
+stage_speculation() {
+    local variant=fp16
+    [ -f "$WORK/model/exl2/config.json" ] && variant=exl2
+    "$PYTHON" bench/gpu/check.py --model "$WORK/model/$variant" --name "speculation-$variant" --speculation \
+        --json "$REPORT/check-speculation.json" --time-limit "$STAGE_LIMIT"
+}
 
 stage_convert_exl2() {
     # The converter exits 0 on some errors: its output directory is the proof.
@@ -126,7 +134,7 @@ stage_convert_exl2() {
         { echo "the converter wrote no EXL2 model"; return 1; }
 }
 export -f stage_preflight stage_wheels stage_imports stage_extension stage_jit_build stage_tiny_model stage_model_check serve \
-    stage_serve_fp16 stage_serve_gptq stage_serve_exl2 stage_convert_exl2
+    stage_serve_fp16 stage_serve_gptq stage_serve_exl2 stage_convert_exl2 stage_speculation
 
 # ---- running, recording, packing ----
 
@@ -224,4 +232,5 @@ stage serve_fp16 180 gpu imports extension tiny_model
 stage serve_gptq 150 gpu imports extension tiny_model
 stage convert_exl2 150 gpu extension tiny_model
 stage serve_exl2 150 gpu imports convert_exl2
+stage speculation 120 gpu imports extension tiny_model
 exit 0  # finish() sets the status from the report, not from whether the last stage ran

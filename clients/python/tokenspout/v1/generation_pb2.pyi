@@ -7,6 +7,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SpeculationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPECULATION_MODE_UNSPECIFIED: _ClassVar[SpeculationMode]
+    SPECULATION_MODE_OFF: _ClassVar[SpeculationMode]
+    SPECULATION_MODE_NGRAM: _ClassVar[SpeculationMode]
+    SPECULATION_MODE_DRAFT_MODEL: _ClassVar[SpeculationMode]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -18,6 +25,10 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_CONTEXT_LIMIT: _ClassVar[FinishReason]
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_CONSTRAINT_COMPLETE: _ClassVar[FinishReason]
+SPECULATION_MODE_UNSPECIFIED: SpeculationMode
+SPECULATION_MODE_OFF: SpeculationMode
+SPECULATION_MODE_NGRAM: SpeculationMode
+SPECULATION_MODE_DRAFT_MODEL: SpeculationMode
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_EOS_TOKEN: FinishReason
 FINISH_REASON_STOP_SEQUENCE: FinishReason
@@ -29,7 +40,7 @@ FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_CONSTRAINT_COMPLETE: FinishReason
 
 class GenerateStreamRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "chat", "sampling", "stopping", "constraint", "output", "priority", "queue_timeout_ms")
+    __slots__ = ("request_id", "model", "prompt", "chat", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +49,7 @@ class GenerateStreamRequest(_message.Message):
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
@@ -48,12 +60,13 @@ class GenerateStreamRequest(_message.Message):
     stopping: StoppingCriteria
     constraint: Constraint
     output: OutputOptions
+    speculation: Speculation
     priority: int
     queue_timeout_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "chat", "sampling", "stopping", "constraint", "output", "priority", "queue_timeout_ms")
+    __slots__ = ("request_id", "model", "prompt", "chat", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +75,7 @@ class GenerateRequest(_message.Message):
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
@@ -72,9 +86,18 @@ class GenerateRequest(_message.Message):
     stopping: StoppingCriteria
     constraint: Constraint
     output: OutputOptions
+    speculation: Speculation
     priority: int
     queue_timeout_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class Speculation(_message.Message):
+    __slots__ = ("mode", "max_draft_tokens")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    mode: SpeculationMode
+    max_draft_tokens: int
+    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., max_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class Chat(_message.Message):
     __slots__ = ("messages", "add_generation_prompt")
@@ -316,14 +339,18 @@ class Finish(_message.Message):
     def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., constraint_satisfied: _Optional[bool] = ..., constraint_message: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "draft_tokens", "accepted_draft_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    draft_tokens: int
+    accepted_draft_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "time_to_first_token_ms", "prefill_ms", "decode_ms", "total_ms", "tokens_per_second", "constraint_compile_ms", "constraint_mask_ms")
@@ -404,7 +431,7 @@ class GetServerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerStatusResponse(_message.Message):
-    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers")
+    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers", "draft_tokens_total", "accepted_draft_tokens_total")
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -429,6 +456,8 @@ class GetServerStatusResponse(_message.Message):
     PREEMPTED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     CALLERS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     queued_requests: int
     paused_sequences: int
@@ -453,7 +482,9 @@ class GetServerStatusResponse(_message.Message):
     preempted_sequences: int
     recomputed_tokens_total: int
     callers: _containers.RepeatedCompositeFieldContainer[CallerStatus]
-    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ...) -> None: ...
+    draft_tokens_total: int
+    accepted_draft_tokens_total: int
+    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ...) -> None: ...
 
 class CallerStatus(_message.Message):
     __slots__ = ("caller", "running_sequences", "queued_requests", "preempted_sequences", "prompt_tokens_total", "generated_tokens_total", "preempted_total", "refused_total", "shed_total", "queue_timeouts_total", "weight")
@@ -488,7 +519,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization")
+    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -499,6 +530,8 @@ class GetModelInfoResponse(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_MODES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     engine: str
     context_length: int
@@ -509,7 +542,9 @@ class GetModelInfoResponse(_message.Message):
     limits: Limits
     has_chat_template: bool
     quantization: str
-    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ...) -> None: ...
+    speculation_modes: _containers.RepeatedScalarFieldContainer[SpeculationMode]
+    default_speculation: Speculation
+    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ...) -> None: ...
 
 class SpecialTokens(_message.Message):
     __slots__ = ("bos_token_id", "eos_token_ids", "pad_token_id")

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tokenspout/v1/generation.proto.
  */
 export const file_tokenspout_v1_generation: GenFile = /*@__PURE__*/
-  fileDesc("Ch50b2tlbnNwb3V0L3YxL2dlbmVyYXRpb24ucHJvdG8SDXRva2Vuc3BvdXQudjEi5wIKFUdlbmVyYXRlU3RyZWFtUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIvCghzYW1wbGluZxgFIAEoCzIdLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMSMQoIc3RvcHBpbmcYBiABKAsyHy50b2tlbnNwb3V0LnYxLlN0b3BwaW5nQ3JpdGVyaWESLQoKY29uc3RyYWludBgHIAEoCzIZLnRva2Vuc3BvdXQudjEuQ29uc3RyYWludBIsCgZvdXRwdXQYCCABKAsyHC50b2tlbnNwb3V0LnYxLk91dHB1dE9wdGlvbnMSEAoIcHJpb3JpdHkYCiABKAUSGAoQcXVldWVfdGltZW91dF9tcxgLIAEoDUIHCgVpbnB1dCLhAgoPR2VuZXJhdGVSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSEAoGcHJvbXB0GAMgASgJSAASIwoEY2hhdBgEIAEoCzITLnRva2Vuc3BvdXQudjEuQ2hhdEgAEi8KCHNhbXBsaW5nGAUgASgLMh0udG9rZW5zcG91dC52MS5TYW1wbGluZ1BhcmFtcxIxCghzdG9wcGluZxgGIAEoCzIfLnRva2Vuc3BvdXQudjEuU3RvcHBpbmdDcml0ZXJpYRItCgpjb25zdHJhaW50GAcgASgLMhkudG9rZW5zcG91dC52MS5Db25zdHJhaW50EiwKBm91dHB1dBgIIAEoCzIcLnRva2Vuc3BvdXQudjEuT3V0cHV0T3B0aW9ucxIQCghwcmlvcml0eRgKIAEoBRIYChBxdWV1ZV90aW1lb3V0X21zGAsgASgNQgcKBWlucHV0InIKBENoYXQSLAoIbWVzc2FnZXMYASADKAsyGi50b2tlbnNwb3V0LnYxLkNoYXRNZXNzYWdlEiIKFWFkZF9nZW5lcmF0aW9uX3Byb21wdBgCIAEoCEgAiAEBQhgKFl9hZGRfZ2VuZXJhdGlvbl9wcm9tcHQiLAoLQ2hhdE1lc3NhZ2USDAoEcm9sZRgBIAEoCRIPCgdjb250ZW50GAIgASgJItUGCg5TYW1wbGluZ1BhcmFtcxIYCgt0ZW1wZXJhdHVyZRgBIAEoAkgAiAEBEhIKBXRvcF9rGAIgASgNSAGIAQESEgoFdG9wX3AYAyABKAJIAogBARISCgVtaW5fcBgEIAEoAkgDiAEBEhYKCXR5cGljYWxfcBgFIAEoAkgEiAEBEh8KEnJlcGV0aXRpb25fcGVuYWx0eRgGIAEoAkgFiAEBEh0KEHByZXNlbmNlX3BlbmFsdHkYByABKAJIBogBARIeChFmcmVxdWVuY3lfcGVuYWx0eRgIIAEoAkgHiAEBEhEKBHNlZWQYCSABKARICIgBARJACgpsb2dpdF9iaWFzGAogAygLMiwudG9rZW5zcG91dC52MS5TYW1wbGluZ1BhcmFtcy5Mb2dpdEJpYXNFbnRyeRIbCg5wZW5hbHR5X2xhc3RfbhgLIAEoDUgJiAEBEiYKA2RyeRgMIAEoCzIZLnRva2Vuc3BvdXQudjEuRHJ5U2FtcGxlchImCgN4dGMYDSABKAsyGS50b2tlbnNwb3V0LnYxLlh0Y1NhbXBsZXISMAoIbWlyb3N0YXQYDiABKAsyHi50b2tlbnNwb3V0LnYxLk1pcm9zdGF0U2FtcGxlchISCgV0b3BfYRgPIAEoAkgKiAEBEhAKA3RmcxgQIAEoAkgLiAEBEhEKBHNrZXcYESABKAJIDIgBARIdChBzbW9vdGhpbmdfZmFjdG9yGBIgASgCSA2IAQESFgoOYmFubmVkX3N0cmluZ3MYEyADKAkSFQoNdG9rZW5faGVhbGluZxgUIAEoCBowCg5Mb2dpdEJpYXNFbnRyeRILCgNrZXkYASABKAUSDQoFdmFsdWUYAiABKAI6AjgBQg4KDF90ZW1wZXJhdHVyZUIICgZfdG9wX2tCCAoGX3RvcF9wQggKBl9taW5fcEIMCgpfdHlwaWNhbF9wQhUKE19yZXBldGl0aW9uX3BlbmFsdHlCEwoRX3ByZXNlbmNlX3BlbmFsdHlCFAoSX2ZyZXF1ZW5jeV9wZW5hbHR5QgcKBV9zZWVkQhEKD19wZW5hbHR5X2xhc3RfbkIICgZfdG9wX2FCBgoEX3Rmc0IHCgVfc2tld0ITChFfc21vb3RoaW5nX2ZhY3RvciLLAQoKRHJ5U2FtcGxlchIXCgptdWx0aXBsaWVyGAEgASgCSACIAQESEQoEYmFzZRgCIAEoAkgBiAEBEhsKDmFsbG93ZWRfbGVuZ3RoGAMgASgNSAKIAQESGwoOcGVuYWx0eV9sYXN0X24YBCABKA1IA4gBARIZChFzZXF1ZW5jZV9icmVha2VycxgFIAMoCUINCgtfbXVsdGlwbGllckIHCgVfYmFzZUIRCg9fYWxsb3dlZF9sZW5ndGhCEQoPX3BlbmFsdHlfbGFzdF9uIlwKClh0Y1NhbXBsZXISGAoLcHJvYmFiaWxpdHkYASABKAJIAIgBARIWCgl0aHJlc2hvbGQYAiABKAJIAYgBAUIOCgxfcHJvYmFiaWxpdHlCDAoKX3RocmVzaG9sZCJFCg9NaXJvc3RhdFNhbXBsZXISEAoDdGF1GAEgASgCSACIAQESEAoDZXRhGAIgASgCSAGIAQFCBgoEX3RhdUIGCgRfZXRhIosCChBTdG9wcGluZ0NyaXRlcmlhEhsKDm1heF9uZXdfdG9rZW5zGAEgASgNSACIAQESGwoObWluX25ld190b2tlbnMYAiABKA1IAYgBARIWCg5zdG9wX3NlcXVlbmNlcxgDIAMoCRIWCg5zdG9wX3Rva2VuX2lkcxgEIAMoBRIiChVpbmNsdWRlX3N0b3Bfc2VxdWVuY2UYBSABKAhIAogBARISCgppZ25vcmVfZW9zGAYgASgIEhUKDXRpbWVfbGltaXRfbXMYByABKA1CEQoPX21heF9uZXdfdG9rZW5zQhEKD19taW5fbmV3X3Rva2Vuc0IYChZfaW5jbHVkZV9zdG9wX3NlcXVlbmNlIv0BCgpDb25zdHJhaW50EhUKC2pzb25fc2NoZW1hGAEgASgJSAASFQoLanNvbl9vYmplY3QYAiABKAhIABIPCgVyZWdleBgDIAEoCUgAEhEKB2dyYW1tYXIYBCABKAlIABIoCgZjaG9pY2UYBSABKAsyFi50b2tlbnNwb3V0LnYxLkNob2ljZXNIABITCgZzdHJpY3QYBiABKAhIAYgBARIbChN3aGl0ZXNwYWNlX2ZsZXhpYmxlGAcgASgIEhsKDm1heF93aGl0ZXNwYWNlGAggASgNSAKIAQFCBgoEa2luZEIJCgdfc3RyaWN0QhEKD19tYXhfd2hpdGVzcGFjZSIZCgdDaG9pY2VzEg4KBnZhbHVlcxgBIAMoCSLSAQoNT3V0cHV0T3B0aW9ucxIeChZtYXhfdG9rZW5zX3Blcl9tZXNzYWdlGAEgASgNEhgKEHJldHVybl90b2tlbl9pZHMYAiABKAgSFwoPcmV0dXJuX2xvZ3Byb2JzGAMgASgIEhQKDHRvcF9sb2dwcm9icxgEIAEoDRIdChVoZWFydGJlYXRfaW50ZXJ2YWxfbXMYBSABKA0SHgoWbWluX3Rva2Vuc19wZXJfbWVzc2FnZRgGIAEoDRIZChFmbHVzaF9pbnRlcnZhbF9tcxgHIAEoDSLKAQoWR2VuZXJhdGVTdHJlYW1SZXNwb25zZRISCgpyZXF1ZXN0X2lkGAEgASgJEgwKBHRleHQYAiABKAkSJAoGdG9rZW5zGAMgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIYChBnZW5lcmF0ZWRfdG9rZW5zGAQgASgNEhQKDGlucHV0X3Rva2VucxgFIAEoDRIlCgZmaW5pc2gYBiABKAsyFS50b2tlbnNwb3V0LnYxLkZpbmlzaBIRCgloZWFydGJlYXQYByABKAgixAEKEEdlbmVyYXRlUmVzcG9uc2USEgoKcmVxdWVzdF9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEiQKBnRva2VucxgDIAMoCzIULnRva2Vuc3BvdXQudjEuVG9rZW4SGAoQZ2VuZXJhdGVkX3Rva2VucxgEIAEoDRIUCgxpbnB1dF90b2tlbnMYBSABKA0SJQoGZmluaXNoGAYgASgLMhUudG9rZW5zcG91dC52MS5GaW5pc2gSEQoJaGVhcnRiZWF0GAcgASgIIoMBCgVUb2tlbhIKCgJpZBgBIAEoBRIMCgR0ZXh0GAIgASgJEg0KBWJ5dGVzGAMgASgMEhQKB2xvZ3Byb2IYBCABKAJIAIgBARIvCgx0b3BfbG9ncHJvYnMYBSADKAsyGS50b2tlbnNwb3V0LnYxLlRvcExvZ3Byb2JCCgoIX2xvZ3Byb2IiNwoKVG9wTG9ncHJvYhIKCgJpZBgBIAEoBRIMCgR0ZXh0GAIgASgJEg8KB2xvZ3Byb2IYAyABKAIiqwIKBkZpbmlzaBIrCgZyZWFzb24YASABKA4yGy50b2tlbnNwb3V0LnYxLkZpbmlzaFJlYXNvbhIXCg1zdG9wX3NlcXVlbmNlGAIgASgJSAASFwoNc3RvcF90b2tlbl9pZBgDIAEoBUgAEgwKBHNlZWQYBCABKAQSIwoFdXNhZ2UYBSABKAsyFC50b2tlbnNwb3V0LnYxLlVzYWdlEicKB3RpbWluZ3MYBiABKAsyFi50b2tlbnNwb3V0LnYxLlRpbWluZ3MSIQoUY29uc3RyYWludF9zYXRpc2ZpZWQYByABKAhIAYgBARIaChJjb25zdHJhaW50X21lc3NhZ2UYCCABKAlCDgoMbWF0Y2hlZF9zdG9wQhcKFV9jb25zdHJhaW50X3NhdGlzZmllZCJQCgVVc2FnZRIVCg1wcm9tcHRfdG9rZW5zGAEgASgNEhkKEWNvbXBsZXRpb25fdG9rZW5zGAIgASgNEhUKDWNhY2hlZF90b2tlbnMYAyABKA0iygEKB1RpbWluZ3MSEAoIcXVldWVfbXMYASABKAESHgoWdGltZV90b19maXJzdF90b2tlbl9tcxgCIAEoARISCgpwcmVmaWxsX21zGAMgASgBEhEKCWRlY29kZV9tcxgEIAEoARIQCgh0b3RhbF9tcxgFIAEoARIZChF0b2tlbnNfcGVyX3NlY29uZBgGIAEoARIdChVjb25zdHJhaW50X2NvbXBpbGVfbXMYByABKAESGgoSY29uc3RyYWludF9tYXNrX21zGAggASgBIlgKGENvbXBpbGVDb25zdHJhaW50UmVxdWVzdBINCgVtb2RlbBgBIAEoCRItCgpjb25zdHJhaW50GAIgASgLMhkudG9rZW5zcG91dC52MS5Db25zdHJhaW50IlEKGUNvbXBpbGVDb25zdHJhaW50UmVzcG9uc2USEgoKY29tcGlsZV9tcxgBIAEoARIOCgZjYWNoZWQYAiABKAgSEAoId2FybmluZ3MYAyADKAkilgEKD1Rva2VuaXplUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIOCgR0ZXh0GAIgASgJSAASIwoEY2hhdBgDIAEoCzITLnRva2Vuc3BvdXQudjEuQ2hhdEgAEh8KEmFkZF9zcGVjaWFsX3Rva2VucxgEIAEoCEgBiAEBQgcKBWlucHV0QhUKE19hZGRfc3BlY2lhbF90b2tlbnMiRAoQVG9rZW5pemVSZXNwb25zZRIRCgl0b2tlbl9pZHMYASADKAUSDgoGcGllY2VzGAIgAygMEg0KBWNvdW50GAMgASgNIiQKDUNhbmNlbFJlcXVlc3QSEwoLcmVxdWVzdF9pZHMYASADKAkiNgoOQ2FuY2VsUmVzcG9uc2USEQoJY2FuY2VsbGVkGAEgAygJEhEKCW5vdF9mb3VuZBgCIAMoCSIYChZHZXRTZXJ2ZXJTdGF0dXNSZXF1ZXN0IsMFChdHZXRTZXJ2ZXJTdGF0dXNSZXNwb25zZRIZChFydW5uaW5nX3NlcXVlbmNlcxgBIAEoDRIXCg9xdWV1ZWRfcmVxdWVzdHMYAiABKA0SGAoQcGF1c2VkX3NlcXVlbmNlcxgDIAEoDRIZChFjYWNoZV90b2tlbnNfdXNlZBgEIAEoDRIZChFjYWNoZV90b2tlbnNfZnJlZRgFIAEoDRIWCg5tYXhfYmF0Y2hfc2l6ZRgGIAEoDRIbChNtYXhfcXVldWVkX3JlcXVlc3RzGAcgASgNEhQKDGVuZ2luZV9zdGVwcxgIIAEoBBIXCg9jYW5jZWxsZWRfdG90YWwYCSABKAQSIQoZbGFzdF9jYW5jZWxfbGF0ZW5jeV9zdGVwcxgKIAEoDRIeChZsYXN0X2NhbmNlbF9sYXRlbmN5X21zGAsgASgBEiAKGG1heF9jYW5jZWxfbGF0ZW5jeV9zdGVwcxgMIAEoDRIWCg5yZWplY3RlZF90b3RhbBgNIAEoBBIQCghkcmFpbmluZxgOIAEoCBIVCg1zdGFydGVkX3RvdGFsGA8gASgEEhcKD2NhY2hlZF9wcmVmaXhlcxgQIAEoDRIcChRjYWNoZWRfcHJlZml4X3Rva2VucxgRIAEoBBIbChNwcm9tcHRfdG9rZW5zX3RvdGFsGBIgASgEEiIKGmNhY2hlZF9wcm9tcHRfdG9rZW5zX3RvdGFsGBMgASgEEh0KFXByZWZpeF9jYWNoZV9oaXRfcmF0ZRgUIAEoARIXCg9wcmVlbXB0ZWRfdG90YWwYFSABKAQSGwoTcHJlZW1wdGVkX3NlcXVlbmNlcxgWIAEoDRIfChdyZWNvbXB1dGVkX3Rva2Vuc190b3RhbBgXIAEoBBIsCgdjYWxsZXJzGBggAygLMhsudG9rZW5zcG91dC52MS5DYWxsZXJTdGF0dXMingIKDENhbGxlclN0YXR1cxIOCgZjYWxsZXIYASABKAkSGQoRcnVubmluZ19zZXF1ZW5jZXMYAiABKA0SFwoPcXVldWVkX3JlcXVlc3RzGAMgASgNEhsKE3ByZWVtcHRlZF9zZXF1ZW5jZXMYBCABKA0SGwoTcHJvbXB0X3Rva2Vuc190b3RhbBgFIAEoBBIeChZnZW5lcmF0ZWRfdG9rZW5zX3RvdGFsGAYgASgEEhcKD3ByZWVtcHRlZF90b3RhbBgHIAEoBBIVCg1yZWZ1c2VkX3RvdGFsGAggASgEEhIKCnNoZWRfdG90YWwYCSABKAQSHAoUcXVldWVfdGltZW91dHNfdG90YWwYCiABKAQSDgoGd2VpZ2h0GAsgASgBIiQKE0dldE1vZGVsSW5mb1JlcXVlc3QSDQoFbW9kZWwYASABKAkingIKFEdldE1vZGVsSW5mb1Jlc3BvbnNlEhAKCG1vZGVsX2lkGAEgASgJEg4KBmVuZ2luZRgCIAEoCRIWCg5jb250ZXh0X2xlbmd0aBgDIAEoDRISCgp2b2NhYl9zaXplGAQgASgNEjQKDnNwZWNpYWxfdG9rZW5zGAUgASgLMhwudG9rZW5zcG91dC52MS5TcGVjaWFsVG9rZW5zEhAKCHNhbXBsZXJzGAYgAygJEhgKEGNvbnN0cmFpbnRfa2luZHMYByADKAkSJQoGbGltaXRzGAggASgLMhUudG9rZW5zcG91dC52MS5MaW1pdHMSGQoRaGFzX2NoYXRfdGVtcGxhdGUYCSABKAgSFAoMcXVhbnRpemF0aW9uGAogASgJIn4KDVNwZWNpYWxUb2tlbnMSGQoMYm9zX3Rva2VuX2lkGAEgASgFSACIAQESFQoNZW9zX3Rva2VuX2lkcxgCIAMoBRIZCgxwYWRfdG9rZW5faWQYAyABKAVIAYgBAUIPCg1fYm9zX3Rva2VuX2lkQg8KDV9wYWRfdG9rZW5faWQisAEKBkxpbWl0cxIWCg5tYXhfYmF0Y2hfc2l6ZRgBIAEoDRIWCg5tYXhfbmV3X3Rva2VucxgCIAEoDRIaChJtYXhfc3RvcF9zZXF1ZW5jZXMYAyABKA0SIAoYbWF4X3N0b3Bfc2VxdWVuY2VfbGVuZ3RoGAQgASgNEhgKEG1heF90b3BfbG9ncHJvYnMYBSABKA0SHgoWbWF4X2xvZ2l0X2JpYXNfZW50cmllcxgGIAEoDSqqAgoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIbChdGSU5JU0hfUkVBU09OX0VPU19UT0tFThABEh8KG0ZJTklTSF9SRUFTT05fU1RPUF9TRVFVRU5DRRACEhwKGEZJTklTSF9SRUFTT05fU1RPUF9UT0tFThADEhwKGEZJTklTSF9SRUFTT05fTUFYX1RPS0VOUxAEEhwKGEZJTklTSF9SRUFTT05fVElNRV9MSU1JVBAFEh8KG0ZJTklTSF9SRUFTT05fQ09OVEVYVF9MSU1JVBAGEhsKF0ZJTklTSF9SRUFTT05fQ0FOQ0VMTEVEEAcSJQohRklOSVNIX1JFQVNPTl9DT05TVFJBSU5UX0NPTVBMRVRFEAgy+AQKEUdlbmVyYXRpb25TZXJ2aWNlEl8KDkdlbmVyYXRlU3RyZWFtEiQudG9rZW5zcG91dC52MS5HZW5lcmF0ZVN0cmVhbVJlcXVlc3QaJS50b2tlbnNwb3V0LnYxLkdlbmVyYXRlU3RyZWFtUmVzcG9uc2UwARJLCghHZW5lcmF0ZRIeLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVSZXF1ZXN0Gh8udG9rZW5zcG91dC52MS5HZW5lcmF0ZVJlc3BvbnNlEksKCFRva2VuaXplEh4udG9rZW5zcG91dC52MS5Ub2tlbml6ZVJlcXVlc3QaHy50b2tlbnNwb3V0LnYxLlRva2VuaXplUmVzcG9uc2USVwoMR2V0TW9kZWxJbmZvEiIudG9rZW5zcG91dC52MS5HZXRNb2RlbEluZm9SZXF1ZXN0GiMudG9rZW5zcG91dC52MS5HZXRNb2RlbEluZm9SZXNwb25zZRJmChFDb21waWxlQ29uc3RyYWludBInLnRva2Vuc3BvdXQudjEuQ29tcGlsZUNvbnN0cmFpbnRSZXF1ZXN0GigudG9rZW5zcG91dC52MS5Db21waWxlQ29uc3RyYWludFJlc3BvbnNlEkUKBkNhbmNlbBIcLnRva2Vuc3BvdXQudjEuQ2FuY2VsUmVxdWVzdBodLnRva2Vuc3BvdXQudjEuQ2FuY2VsUmVzcG9uc2USYAoPR2V0U2VydmVyU3RhdHVzEiUudG9rZW5zcG91dC52MS5HZXRTZXJ2ZXJTdGF0dXNSZXF1ZXN0GiYudG9rZW5zcG91dC52MS5HZXRTZXJ2ZXJTdGF0dXNSZXNwb25zZUKhAQoRZGV2LnRva2Vuc3BvdXQudjFCD0dlbmVyYXRpb25Qcm90b1ABWkJnaXRodWIuY29tL3Rva2Vuc3BvdXQvdG9rZW5zcG91dC9nZW4vZ28vdG9rZW5zcG91dC92MTt0b2tlbnNwb3V0djGiAgNUU1iqAg1Ub2tlbnNwb3V0LlYxygINVG9rZW5zcG91dFxWMeoCDlRva2Vuc3BvdXQ6OlYxYgZwcm90bzM");
+  fileDesc("Ch50b2tlbnNwb3V0L3YxL2dlbmVyYXRpb24ucHJvdG8SDXRva2Vuc3BvdXQudjEimAMKFUdlbmVyYXRlU3RyZWFtUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIvCghzYW1wbGluZxgFIAEoCzIdLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMSMQoIc3RvcHBpbmcYBiABKAsyHy50b2tlbnNwb3V0LnYxLlN0b3BwaW5nQ3JpdGVyaWESLQoKY29uc3RyYWludBgHIAEoCzIZLnRva2Vuc3BvdXQudjEuQ29uc3RyYWludBIsCgZvdXRwdXQYCCABKAsyHC50b2tlbnNwb3V0LnYxLk91dHB1dE9wdGlvbnMSLwoLc3BlY3VsYXRpb24YCSABKAsyGi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uEhAKCHByaW9yaXR5GAogASgFEhgKEHF1ZXVlX3RpbWVvdXRfbXMYCyABKA1CBwoFaW5wdXQikgMKD0dlbmVyYXRlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIvCghzYW1wbGluZxgFIAEoCzIdLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMSMQoIc3RvcHBpbmcYBiABKAsyHy50b2tlbnNwb3V0LnYxLlN0b3BwaW5nQ3JpdGVyaWESLQoKY29uc3RyYWludBgHIAEoCzIZLnRva2Vuc3BvdXQudjEuQ29uc3RyYWludBIsCgZvdXRwdXQYCCABKAsyHC50b2tlbnNwb3V0LnYxLk91dHB1dE9wdGlvbnMSLwoLc3BlY3VsYXRpb24YCSABKAsyGi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uEhAKCHByaW9yaXR5GAogASgFEhgKEHF1ZXVlX3RpbWVvdXRfbXMYCyABKA1CBwoFaW5wdXQiVQoLU3BlY3VsYXRpb24SLAoEbW9kZRgBIAEoDjIeLnRva2Vuc3BvdXQudjEuU3BlY3VsYXRpb25Nb2RlEhgKEG1heF9kcmFmdF90b2tlbnMYAiABKA0icgoEQ2hhdBIsCghtZXNzYWdlcxgBIAMoCzIaLnRva2Vuc3BvdXQudjEuQ2hhdE1lc3NhZ2USIgoVYWRkX2dlbmVyYXRpb25fcHJvbXB0GAIgASgISACIAQFCGAoWX2FkZF9nZW5lcmF0aW9uX3Byb21wdCIsCgtDaGF0TWVzc2FnZRIMCgRyb2xlGAEgASgJEg8KB2NvbnRlbnQYAiABKAki1QYKDlNhbXBsaW5nUGFyYW1zEhgKC3RlbXBlcmF0dXJlGAEgASgCSACIAQESEgoFdG9wX2sYAiABKA1IAYgBARISCgV0b3BfcBgDIAEoAkgCiAEBEhIKBW1pbl9wGAQgASgCSAOIAQESFgoJdHlwaWNhbF9wGAUgASgCSASIAQESHwoScmVwZXRpdGlvbl9wZW5hbHR5GAYgASgCSAWIAQESHQoQcHJlc2VuY2VfcGVuYWx0eRgHIAEoAkgGiAEBEh4KEWZyZXF1ZW5jeV9wZW5hbHR5GAggASgCSAeIAQESEQoEc2VlZBgJIAEoBEgIiAEBEkAKCmxvZ2l0X2JpYXMYCiADKAsyLC50b2tlbnNwb3V0LnYxLlNhbXBsaW5nUGFyYW1zLkxvZ2l0Qmlhc0VudHJ5EhsKDnBlbmFsdHlfbGFzdF9uGAsgASgNSAmIAQESJgoDZHJ5GAwgASgLMhkudG9rZW5zcG91dC52MS5EcnlTYW1wbGVyEiYKA3h0YxgNIAEoCzIZLnRva2Vuc3BvdXQudjEuWHRjU2FtcGxlchIwCghtaXJvc3RhdBgOIAEoCzIeLnRva2Vuc3BvdXQudjEuTWlyb3N0YXRTYW1wbGVyEhIKBXRvcF9hGA8gASgCSAqIAQESEAoDdGZzGBAgASgCSAuIAQESEQoEc2tldxgRIAEoAkgMiAEBEh0KEHNtb290aGluZ19mYWN0b3IYEiABKAJIDYgBARIWCg5iYW5uZWRfc3RyaW5ncxgTIAMoCRIVCg10b2tlbl9oZWFsaW5nGBQgASgIGjAKDkxvZ2l0Qmlhc0VudHJ5EgsKA2tleRgBIAEoBRINCgV2YWx1ZRgCIAEoAjoCOAFCDgoMX3RlbXBlcmF0dXJlQggKBl90b3Bfa0IICgZfdG9wX3BCCAoGX21pbl9wQgwKCl90eXBpY2FsX3BCFQoTX3JlcGV0aXRpb25fcGVuYWx0eUITChFfcHJlc2VuY2VfcGVuYWx0eUIUChJfZnJlcXVlbmN5X3BlbmFsdHlCBwoFX3NlZWRCEQoPX3BlbmFsdHlfbGFzdF9uQggKBl90b3BfYUIGCgRfdGZzQgcKBV9za2V3QhMKEV9zbW9vdGhpbmdfZmFjdG9yIssBCgpEcnlTYW1wbGVyEhcKCm11bHRpcGxpZXIYASABKAJIAIgBARIRCgRiYXNlGAIgASgCSAGIAQESGwoOYWxsb3dlZF9sZW5ndGgYAyABKA1IAogBARIbCg5wZW5hbHR5X2xhc3RfbhgEIAEoDUgDiAEBEhkKEXNlcXVlbmNlX2JyZWFrZXJzGAUgAygJQg0KC19tdWx0aXBsaWVyQgcKBV9iYXNlQhEKD19hbGxvd2VkX2xlbmd0aEIRCg9fcGVuYWx0eV9sYXN0X24iXAoKWHRjU2FtcGxlchIYCgtwcm9iYWJpbGl0eRgBIAEoAkgAiAEBEhYKCXRocmVzaG9sZBgCIAEoAkgBiAEBQg4KDF9wcm9iYWJpbGl0eUIMCgpfdGhyZXNob2xkIkUKD01pcm9zdGF0U2FtcGxlchIQCgN0YXUYASABKAJIAIgBARIQCgNldGEYAiABKAJIAYgBAUIGCgRfdGF1QgYKBF9ldGEiiwIKEFN0b3BwaW5nQ3JpdGVyaWESGwoObWF4X25ld190b2tlbnMYASABKA1IAIgBARIbCg5taW5fbmV3X3Rva2VucxgCIAEoDUgBiAEBEhYKDnN0b3Bfc2VxdWVuY2VzGAMgAygJEhYKDnN0b3BfdG9rZW5faWRzGAQgAygFEiIKFWluY2x1ZGVfc3RvcF9zZXF1ZW5jZRgFIAEoCEgCiAEBEhIKCmlnbm9yZV9lb3MYBiABKAgSFQoNdGltZV9saW1pdF9tcxgHIAEoDUIRCg9fbWF4X25ld190b2tlbnNCEQoPX21pbl9uZXdfdG9rZW5zQhgKFl9pbmNsdWRlX3N0b3Bfc2VxdWVuY2Ui/QEKCkNvbnN0cmFpbnQSFQoLanNvbl9zY2hlbWEYASABKAlIABIVCgtqc29uX29iamVjdBgCIAEoCEgAEg8KBXJlZ2V4GAMgASgJSAASEQoHZ3JhbW1hchgEIAEoCUgAEigKBmNob2ljZRgFIAEoCzIWLnRva2Vuc3BvdXQudjEuQ2hvaWNlc0gAEhMKBnN0cmljdBgGIAEoCEgBiAEBEhsKE3doaXRlc3BhY2VfZmxleGlibGUYByABKAgSGwoObWF4X3doaXRlc3BhY2UYCCABKA1IAogBAUIGCgRraW5kQgkKB19zdHJpY3RCEQoPX21heF93aGl0ZXNwYWNlIhkKB0Nob2ljZXMSDgoGdmFsdWVzGAEgAygJItIBCg1PdXRwdXRPcHRpb25zEh4KFm1heF90b2tlbnNfcGVyX21lc3NhZ2UYASABKA0SGAoQcmV0dXJuX3Rva2VuX2lkcxgCIAEoCBIXCg9yZXR1cm5fbG9ncHJvYnMYAyABKAgSFAoMdG9wX2xvZ3Byb2JzGAQgASgNEh0KFWhlYXJ0YmVhdF9pbnRlcnZhbF9tcxgFIAEoDRIeChZtaW5fdG9rZW5zX3Blcl9tZXNzYWdlGAYgASgNEhkKEWZsdXNoX2ludGVydmFsX21zGAcgASgNIsoBChZHZW5lcmF0ZVN0cmVhbVJlc3BvbnNlEhIKCnJlcXVlc3RfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIkCgZ0b2tlbnMYAyADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEhgKEGdlbmVyYXRlZF90b2tlbnMYBCABKA0SFAoMaW5wdXRfdG9rZW5zGAUgASgNEiUKBmZpbmlzaBgGIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoEhEKCWhlYXJ0YmVhdBgHIAEoCCLEAQoQR2VuZXJhdGVSZXNwb25zZRISCgpyZXF1ZXN0X2lkGAEgASgJEgwKBHRleHQYAiABKAkSJAoGdG9rZW5zGAMgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIYChBnZW5lcmF0ZWRfdG9rZW5zGAQgASgNEhQKDGlucHV0X3Rva2VucxgFIAEoDRIlCgZmaW5pc2gYBiABKAsyFS50b2tlbnNwb3V0LnYxLkZpbmlzaBIRCgloZWFydGJlYXQYByABKAgigwEKBVRva2VuEgoKAmlkGAEgASgFEgwKBHRleHQYAiABKAkSDQoFYnl0ZXMYAyABKAwSFAoHbG9ncHJvYhgEIAEoAkgAiAEBEi8KDHRvcF9sb2dwcm9icxgFIAMoCzIZLnRva2Vuc3BvdXQudjEuVG9wTG9ncHJvYkIKCghfbG9ncHJvYiI3CgpUb3BMb2dwcm9iEgoKAmlkGAEgASgFEgwKBHRleHQYAiABKAkSDwoHbG9ncHJvYhgDIAEoAiKrAgoGRmluaXNoEisKBnJlYXNvbhgBIAEoDjIbLnRva2Vuc3BvdXQudjEuRmluaXNoUmVhc29uEhcKDXN0b3Bfc2VxdWVuY2UYAiABKAlIABIXCg1zdG9wX3Rva2VuX2lkGAMgASgFSAASDAoEc2VlZBgEIAEoBBIjCgV1c2FnZRgFIAEoCzIULnRva2Vuc3BvdXQudjEuVXNhZ2USJwoHdGltaW5ncxgGIAEoCzIWLnRva2Vuc3BvdXQudjEuVGltaW5ncxIhChRjb25zdHJhaW50X3NhdGlzZmllZBgHIAEoCEgBiAEBEhoKEmNvbnN0cmFpbnRfbWVzc2FnZRgIIAEoCUIOCgxtYXRjaGVkX3N0b3BCFwoVX2NvbnN0cmFpbnRfc2F0aXNmaWVkIoUBCgVVc2FnZRIVCg1wcm9tcHRfdG9rZW5zGAEgASgNEhkKEWNvbXBsZXRpb25fdG9rZW5zGAIgASgNEhUKDWNhY2hlZF90b2tlbnMYAyABKA0SFAoMZHJhZnRfdG9rZW5zGAQgASgNEh0KFWFjY2VwdGVkX2RyYWZ0X3Rva2VucxgFIAEoDSLKAQoHVGltaW5ncxIQCghxdWV1ZV9tcxgBIAEoARIeChZ0aW1lX3RvX2ZpcnN0X3Rva2VuX21zGAIgASgBEhIKCnByZWZpbGxfbXMYAyABKAESEQoJZGVjb2RlX21zGAQgASgBEhAKCHRvdGFsX21zGAUgASgBEhkKEXRva2Vuc19wZXJfc2Vjb25kGAYgASgBEh0KFWNvbnN0cmFpbnRfY29tcGlsZV9tcxgHIAEoARIaChJjb25zdHJhaW50X21hc2tfbXMYCCABKAEiWAoYQ29tcGlsZUNvbnN0cmFpbnRSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEi0KCmNvbnN0cmFpbnQYAiABKAsyGS50b2tlbnNwb3V0LnYxLkNvbnN0cmFpbnQiUQoZQ29tcGlsZUNvbnN0cmFpbnRSZXNwb25zZRISCgpjb21waWxlX21zGAEgASgBEg4KBmNhY2hlZBgCIAEoCBIQCgh3YXJuaW5ncxgDIAMoCSKWAQoPVG9rZW5pemVSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEg4KBHRleHQYAiABKAlIABIjCgRjaGF0GAMgASgLMhMudG9rZW5zcG91dC52MS5DaGF0SAASHwoSYWRkX3NwZWNpYWxfdG9rZW5zGAQgASgISAGIAQFCBwoFaW5wdXRCFQoTX2FkZF9zcGVjaWFsX3Rva2VucyJEChBUb2tlbml6ZVJlc3BvbnNlEhEKCXRva2VuX2lkcxgBIAMoBRIOCgZwaWVjZXMYAiADKAwSDQoFY291bnQYAyABKA0iJAoNQ2FuY2VsUmVxdWVzdBITCgtyZXF1ZXN0X2lkcxgBIAMoCSI2Cg5DYW5jZWxSZXNwb25zZRIRCgljYW5jZWxsZWQYASADKAkSEQoJbm90X2ZvdW5kGAIgAygJIhgKFkdldFNlcnZlclN0YXR1c1JlcXVlc3QihAYKF0dldFNlcnZlclN0YXR1c1Jlc3BvbnNlEhkKEXJ1bm5pbmdfc2VxdWVuY2VzGAEgASgNEhcKD3F1ZXVlZF9yZXF1ZXN0cxgCIAEoDRIYChBwYXVzZWRfc2VxdWVuY2VzGAMgASgNEhkKEWNhY2hlX3Rva2Vuc191c2VkGAQgASgNEhkKEWNhY2hlX3Rva2Vuc19mcmVlGAUgASgNEhYKDm1heF9iYXRjaF9zaXplGAYgASgNEhsKE21heF9xdWV1ZWRfcmVxdWVzdHMYByABKA0SFAoMZW5naW5lX3N0ZXBzGAggASgEEhcKD2NhbmNlbGxlZF90b3RhbBgJIAEoBBIhChlsYXN0X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAogASgNEh4KFmxhc3RfY2FuY2VsX2xhdGVuY3lfbXMYCyABKAESIAoYbWF4X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAwgASgNEhYKDnJlamVjdGVkX3RvdGFsGA0gASgEEhAKCGRyYWluaW5nGA4gASgIEhUKDXN0YXJ0ZWRfdG90YWwYDyABKAQSFwoPY2FjaGVkX3ByZWZpeGVzGBAgASgNEhwKFGNhY2hlZF9wcmVmaXhfdG9rZW5zGBEgASgEEhsKE3Byb21wdF90b2tlbnNfdG90YWwYEiABKAQSIgoaY2FjaGVkX3Byb21wdF90b2tlbnNfdG90YWwYEyABKAQSHQoVcHJlZml4X2NhY2hlX2hpdF9yYXRlGBQgASgBEhcKD3ByZWVtcHRlZF90b3RhbBgVIAEoBBIbChNwcmVlbXB0ZWRfc2VxdWVuY2VzGBYgASgNEh8KF3JlY29tcHV0ZWRfdG9rZW5zX3RvdGFsGBcgASgEEiwKB2NhbGxlcnMYGCADKAsyGy50b2tlbnNwb3V0LnYxLkNhbGxlclN0YXR1cxIaChJkcmFmdF90b2tlbnNfdG90YWwYGSABKAQSIwobYWNjZXB0ZWRfZHJhZnRfdG9rZW5zX3RvdGFsGBogASgEIp4CCgxDYWxsZXJTdGF0dXMSDgoGY2FsbGVyGAEgASgJEhkKEXJ1bm5pbmdfc2VxdWVuY2VzGAIgASgNEhcKD3F1ZXVlZF9yZXF1ZXN0cxgDIAEoDRIbChNwcmVlbXB0ZWRfc2VxdWVuY2VzGAQgASgNEhsKE3Byb21wdF90b2tlbnNfdG90YWwYBSABKAQSHgoWZ2VuZXJhdGVkX3Rva2Vuc190b3RhbBgGIAEoBBIXCg9wcmVlbXB0ZWRfdG90YWwYByABKAQSFQoNcmVmdXNlZF90b3RhbBgIIAEoBBISCgpzaGVkX3RvdGFsGAkgASgEEhwKFHF1ZXVlX3RpbWVvdXRzX3RvdGFsGAogASgEEg4KBndlaWdodBgLIAEoASIkChNHZXRNb2RlbEluZm9SZXF1ZXN0Eg0KBW1vZGVsGAEgASgJIpIDChRHZXRNb2RlbEluZm9SZXNwb25zZRIQCghtb2RlbF9pZBgBIAEoCRIOCgZlbmdpbmUYAiABKAkSFgoOY29udGV4dF9sZW5ndGgYAyABKA0SEgoKdm9jYWJfc2l6ZRgEIAEoDRI0Cg5zcGVjaWFsX3Rva2VucxgFIAEoCzIcLnRva2Vuc3BvdXQudjEuU3BlY2lhbFRva2VucxIQCghzYW1wbGVycxgGIAMoCRIYChBjb25zdHJhaW50X2tpbmRzGAcgAygJEiUKBmxpbWl0cxgIIAEoCzIVLnRva2Vuc3BvdXQudjEuTGltaXRzEhkKEWhhc19jaGF0X3RlbXBsYXRlGAkgASgIEhQKDHF1YW50aXphdGlvbhgKIAEoCRI5ChFzcGVjdWxhdGlvbl9tb2RlcxgLIAMoDjIeLnRva2Vuc3BvdXQudjEuU3BlY3VsYXRpb25Nb2RlEjcKE2RlZmF1bHRfc3BlY3VsYXRpb24YDCABKAsyGi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uIn4KDVNwZWNpYWxUb2tlbnMSGQoMYm9zX3Rva2VuX2lkGAEgASgFSACIAQESFQoNZW9zX3Rva2VuX2lkcxgCIAMoBRIZCgxwYWRfdG9rZW5faWQYAyABKAVIAYgBAUIPCg1fYm9zX3Rva2VuX2lkQg8KDV9wYWRfdG9rZW5faWQisAEKBkxpbWl0cxIWCg5tYXhfYmF0Y2hfc2l6ZRgBIAEoDRIWCg5tYXhfbmV3X3Rva2VucxgCIAEoDRIaChJtYXhfc3RvcF9zZXF1ZW5jZXMYAyABKA0SIAoYbWF4X3N0b3Bfc2VxdWVuY2VfbGVuZ3RoGAQgASgNEhgKEG1heF90b3BfbG9ncHJvYnMYBSABKA0SHgoWbWF4X2xvZ2l0X2JpYXNfZW50cmllcxgGIAEoDSqLAQoPU3BlY3VsYXRpb25Nb2RlEiAKHFNQRUNVTEFUSU9OX01PREVfVU5TUEVDSUZJRUQQABIYChRTUEVDVUxBVElPTl9NT0RFX09GRhABEhoKFlNQRUNVTEFUSU9OX01PREVfTkdSQU0QAhIgChxTUEVDVUxBVElPTl9NT0RFX0RSQUZUX01PREVMEAMqqgIKDEZpbmlzaFJlYXNvbhIdChlGSU5JU0hfUkVBU09OX1VOU1BFQ0lGSUVEEAASGwoXRklOSVNIX1JFQVNPTl9FT1NfVE9LRU4QARIfChtGSU5JU0hfUkVBU09OX1NUT1BfU0VRVUVOQ0UQAhIcChhGSU5JU0hfUkVBU09OX1NUT1BfVE9LRU4QAxIcChhGSU5JU0hfUkVBU09OX01BWF9UT0tFTlMQBBIcChhGSU5JU0hfUkVBU09OX1RJTUVfTElNSVQQBRIfChtGSU5JU0hfUkVBU09OX0NPTlRFWFRfTElNSVQQBhIbChdGSU5JU0hfUkVBU09OX0NBTkNFTExFRBAHEiUKIUZJTklTSF9SRUFTT05fQ09OU1RSQUlOVF9DT01QTEVURRAIMvgEChFHZW5lcmF0aW9uU2VydmljZRJfCg5HZW5lcmF0ZVN0cmVhbRIkLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVTdHJlYW1SZXF1ZXN0GiUudG9rZW5zcG91dC52MS5HZW5lcmF0ZVN0cmVhbVJlc3BvbnNlMAESSwoIR2VuZXJhdGUSHi50b2tlbnNwb3V0LnYxLkdlbmVyYXRlUmVxdWVzdBofLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVSZXNwb25zZRJLCghUb2tlbml6ZRIeLnRva2Vuc3BvdXQudjEuVG9rZW5pemVSZXF1ZXN0Gh8udG9rZW5zcG91dC52MS5Ub2tlbml6ZVJlc3BvbnNlElcKDEdldE1vZGVsSW5mbxIiLnRva2Vuc3BvdXQudjEuR2V0TW9kZWxJbmZvUmVxdWVzdBojLnRva2Vuc3BvdXQudjEuR2V0TW9kZWxJbmZvUmVzcG9uc2USZgoRQ29tcGlsZUNvbnN0cmFpbnQSJy50b2tlbnNwb3V0LnYxLkNvbXBpbGVDb25zdHJhaW50UmVxdWVzdBooLnRva2Vuc3BvdXQudjEuQ29tcGlsZUNvbnN0cmFpbnRSZXNwb25zZRJFCgZDYW5jZWwSHC50b2tlbnNwb3V0LnYxLkNhbmNlbFJlcXVlc3QaHS50b2tlbnNwb3V0LnYxLkNhbmNlbFJlc3BvbnNlEmAKD0dldFNlcnZlclN0YXR1cxIlLnRva2Vuc3BvdXQudjEuR2V0U2VydmVyU3RhdHVzUmVxdWVzdBomLnRva2Vuc3BvdXQudjEuR2V0U2VydmVyU3RhdHVzUmVzcG9uc2VCoQEKEWRldi50b2tlbnNwb3V0LnYxQg9HZW5lcmF0aW9uUHJvdG9QAVpCZ2l0aHViLmNvbS90b2tlbnNwb3V0L3Rva2Vuc3BvdXQvZ2VuL2dvL3Rva2Vuc3BvdXQvdjE7dG9rZW5zcG91dHYxogIDVFNYqgINVG9rZW5zcG91dC5WMcoCDVRva2Vuc3BvdXRcVjHqAg5Ub2tlbnNwb3V0OjpWMWIGcHJvdG8z");
 
 /**
  * A streaming generation request. GenerateRequest carries the same fields
@@ -73,6 +73,13 @@ export type GenerateStreamRequest = Message<"tokenspout.v1.GenerateStreamRequest
    * @generated from field: tokenspout.v1.OutputOptions output = 8;
    */
   output?: OutputOptions | undefined;
+
+  /**
+   * Several tokens a step; unset means the server's default.
+   *
+   * @generated from field: tokenspout.v1.Speculation speculation = 9;
+   */
+  speculation?: Speculation | undefined;
 
   /**
    * Higher is more urgent; default 0. Waiting requests start in priority
@@ -158,6 +165,13 @@ export type GenerateRequest = Message<"tokenspout.v1.GenerateRequest"> & {
   output?: OutputOptions | undefined;
 
   /**
+   * Several tokens a step; unset means the server's default.
+   *
+   * @generated from field: tokenspout.v1.Speculation speculation = 9;
+   */
+  speculation?: Speculation | undefined;
+
+  /**
    * @generated from field: int32 priority = 10;
    */
   priority: number;
@@ -174,6 +188,37 @@ export type GenerateRequest = Message<"tokenspout.v1.GenerateRequest"> & {
  */
 export const GenerateRequestSchema: GenMessage<GenerateRequest> = /*@__PURE__*/
   messageDesc(file_tokenspout_v1_generation, 1);
+
+/**
+ * Speculative decoding: besides its next token, a sequence feeds tokens proposed
+ * ahead of sampling, and keeps each one while it is exactly what its own
+ * sampling (every sampler, the logit bias and the constraint) picks at that
+ * place, so the output is the one plain decoding gives. Whether checking pays
+ * is decided each step from what rows cost on the machine and how many
+ * proposals the sequence has had accepted; Usage reports both counts.
+ *
+ * @generated from message tokenspout.v1.Speculation
+ */
+export type Speculation = Message<"tokenspout.v1.Speculation"> & {
+  /**
+   * @generated from field: tokenspout.v1.SpeculationMode mode = 1;
+   */
+  mode: SpeculationMode;
+
+  /**
+   * Most proposed tokens checked in one step; 0 means the server's default.
+   *
+   * @generated from field: uint32 max_draft_tokens = 2;
+   */
+  maxDraftTokens: number;
+};
+
+/**
+ * Describes the message tokenspout.v1.Speculation.
+ * Use `create(SpeculationSchema)` to create a new message.
+ */
+export const SpeculationSchema: GenMessage<Speculation> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 2);
 
 /**
  * @generated from message tokenspout.v1.Chat
@@ -197,7 +242,7 @@ export type Chat = Message<"tokenspout.v1.Chat"> & {
  * Use `create(ChatSchema)` to create a new message.
  */
 export const ChatSchema: GenMessage<Chat> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 2);
+  messageDesc(file_tokenspout_v1_generation, 3);
 
 /**
  * @generated from message tokenspout.v1.ChatMessage
@@ -221,7 +266,7 @@ export type ChatMessage = Message<"tokenspout.v1.ChatMessage"> & {
  * Use `create(ChatMessageSchema)` to create a new message.
  */
 export const ChatMessageSchema: GenMessage<ChatMessage> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 3);
+  messageDesc(file_tokenspout_v1_generation, 4);
 
 /**
  * Sampling settings. Unset means the server default; 0 is a real value.
@@ -383,7 +428,7 @@ export type SamplingParams = Message<"tokenspout.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 4);
+  messageDesc(file_tokenspout_v1_generation, 5);
 
 /**
  * DRY ("don't repeat yourself"): a token that would extend a sequence already
@@ -438,7 +483,7 @@ export type DrySampler = Message<"tokenspout.v1.DrySampler"> & {
  * Use `create(DrySamplerSchema)` to create a new message.
  */
 export const DrySamplerSchema: GenMessage<DrySampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 5);
+  messageDesc(file_tokenspout_v1_generation, 6);
 
 /**
  * XTC: with `probability`, removes every token whose probability is at least
@@ -469,7 +514,7 @@ export type XtcSampler = Message<"tokenspout.v1.XtcSampler"> & {
  * Use `create(XtcSamplerSchema)` to create a new message.
  */
 export const XtcSamplerSchema: GenMessage<XtcSampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 6);
+  messageDesc(file_tokenspout_v1_generation, 7);
 
 /**
  * @generated from message tokenspout.v1.MirostatSampler
@@ -495,7 +540,7 @@ export type MirostatSampler = Message<"tokenspout.v1.MirostatSampler"> & {
  * Use `create(MirostatSamplerSchema)` to create a new message.
  */
 export const MirostatSamplerSchema: GenMessage<MirostatSampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 7);
+  messageDesc(file_tokenspout_v1_generation, 8);
 
 /**
  * @generated from message tokenspout.v1.StoppingCriteria
@@ -556,7 +601,7 @@ export type StoppingCriteria = Message<"tokenspout.v1.StoppingCriteria"> & {
  * Use `create(StoppingCriteriaSchema)` to create a new message.
  */
 export const StoppingCriteriaSchema: GenMessage<StoppingCriteria> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 8);
+  messageDesc(file_tokenspout_v1_generation, 9);
 
 /**
  * Constrains the output to a language, enforced token by token (llguidance):
@@ -645,7 +690,7 @@ export type Constraint = Message<"tokenspout.v1.Constraint"> & {
  * Use `create(ConstraintSchema)` to create a new message.
  */
 export const ConstraintSchema: GenMessage<Constraint> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 9);
+  messageDesc(file_tokenspout_v1_generation, 10);
 
 /**
  * @generated from message tokenspout.v1.Choices
@@ -662,7 +707,7 @@ export type Choices = Message<"tokenspout.v1.Choices"> & {
  * Use `create(ChoicesSchema)` to create a new message.
  */
 export const ChoicesSchema: GenMessage<Choices> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 10);
+  messageDesc(file_tokenspout_v1_generation, 11);
 
 /**
  * @generated from message tokenspout.v1.OutputOptions
@@ -728,7 +773,7 @@ export type OutputOptions = Message<"tokenspout.v1.OutputOptions"> & {
  * Use `create(OutputOptionsSchema)` to create a new message.
  */
 export const OutputOptionsSchema: GenMessage<OutputOptions> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 11);
+  messageDesc(file_tokenspout_v1_generation, 12);
 
 /**
  * @generated from message tokenspout.v1.GenerateStreamResponse
@@ -787,7 +832,7 @@ export type GenerateStreamResponse = Message<"tokenspout.v1.GenerateStreamRespon
  * Use `create(GenerateStreamResponseSchema)` to create a new message.
  */
 export const GenerateStreamResponseSchema: GenMessage<GenerateStreamResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 12);
+  messageDesc(file_tokenspout_v1_generation, 13);
 
 /**
  * @generated from message tokenspout.v1.GenerateResponse
@@ -836,7 +881,7 @@ export type GenerateResponse = Message<"tokenspout.v1.GenerateResponse"> & {
  * Use `create(GenerateResponseSchema)` to create a new message.
  */
 export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 13);
+  messageDesc(file_tokenspout_v1_generation, 14);
 
 /**
  * @generated from message tokenspout.v1.Token
@@ -875,7 +920,7 @@ export type Token = Message<"tokenspout.v1.Token"> & {
  * Use `create(TokenSchema)` to create a new message.
  */
 export const TokenSchema: GenMessage<Token> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 14);
+  messageDesc(file_tokenspout_v1_generation, 15);
 
 /**
  * @generated from message tokenspout.v1.TopLogprob
@@ -902,7 +947,7 @@ export type TopLogprob = Message<"tokenspout.v1.TopLogprob"> & {
  * Use `create(TopLogprobSchema)` to create a new message.
  */
 export const TopLogprobSchema: GenMessage<TopLogprob> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 15);
+  messageDesc(file_tokenspout_v1_generation, 16);
 
 /**
  * @generated from message tokenspout.v1.Finish
@@ -969,7 +1014,7 @@ export type Finish = Message<"tokenspout.v1.Finish"> & {
  * Use `create(FinishSchema)` to create a new message.
  */
 export const FinishSchema: GenMessage<Finish> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 16);
+  messageDesc(file_tokenspout_v1_generation, 17);
 
 /**
  * @generated from message tokenspout.v1.Usage
@@ -991,6 +1036,20 @@ export type Usage = Message<"tokenspout.v1.Usage"> & {
    * @generated from field: uint32 cached_tokens = 3;
    */
   cachedTokens: number;
+
+  /**
+   * Proposed tokens checked (see Speculation) ...
+   *
+   * @generated from field: uint32 draft_tokens = 4;
+   */
+  draftTokens: number;
+
+  /**
+   * ... and, of those, the ones accepted: output that took no step of its own.
+   *
+   * @generated from field: uint32 accepted_draft_tokens = 5;
+   */
+  acceptedDraftTokens: number;
 };
 
 /**
@@ -998,7 +1057,7 @@ export type Usage = Message<"tokenspout.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 17);
+  messageDesc(file_tokenspout_v1_generation, 18);
 
 /**
  * @generated from message tokenspout.v1.Timings
@@ -1066,7 +1125,7 @@ export type Timings = Message<"tokenspout.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 18);
+  messageDesc(file_tokenspout_v1_generation, 19);
 
 /**
  * @generated from message tokenspout.v1.CompileConstraintRequest
@@ -1088,7 +1147,7 @@ export type CompileConstraintRequest = Message<"tokenspout.v1.CompileConstraintR
  * Use `create(CompileConstraintRequestSchema)` to create a new message.
  */
 export const CompileConstraintRequestSchema: GenMessage<CompileConstraintRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 19);
+  messageDesc(file_tokenspout_v1_generation, 20);
 
 /**
  * @generated from message tokenspout.v1.CompileConstraintResponse
@@ -1119,7 +1178,7 @@ export type CompileConstraintResponse = Message<"tokenspout.v1.CompileConstraint
  * Use `create(CompileConstraintResponseSchema)` to create a new message.
  */
 export const CompileConstraintResponseSchema: GenMessage<CompileConstraintResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 20);
+  messageDesc(file_tokenspout_v1_generation, 21);
 
 /**
  * @generated from message tokenspout.v1.TokenizeRequest
@@ -1160,7 +1219,7 @@ export type TokenizeRequest = Message<"tokenspout.v1.TokenizeRequest"> & {
  * Use `create(TokenizeRequestSchema)` to create a new message.
  */
 export const TokenizeRequestSchema: GenMessage<TokenizeRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 21);
+  messageDesc(file_tokenspout_v1_generation, 22);
 
 /**
  * @generated from message tokenspout.v1.TokenizeResponse
@@ -1189,7 +1248,7 @@ export type TokenizeResponse = Message<"tokenspout.v1.TokenizeResponse"> & {
  * Use `create(TokenizeResponseSchema)` to create a new message.
  */
 export const TokenizeResponseSchema: GenMessage<TokenizeResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 22);
+  messageDesc(file_tokenspout_v1_generation, 23);
 
 /**
  * @generated from message tokenspout.v1.CancelRequest
@@ -1206,7 +1265,7 @@ export type CancelRequest = Message<"tokenspout.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 23);
+  messageDesc(file_tokenspout_v1_generation, 24);
 
 /**
  * @generated from message tokenspout.v1.CancelResponse
@@ -1232,7 +1291,7 @@ export type CancelResponse = Message<"tokenspout.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 24);
+  messageDesc(file_tokenspout_v1_generation, 25);
 
 /**
  * @generated from message tokenspout.v1.GetServerStatusRequest
@@ -1245,7 +1304,7 @@ export type GetServerStatusRequest = Message<"tokenspout.v1.GetServerStatusReque
  * Use `create(GetServerStatusRequestSchema)` to create a new message.
  */
 export const GetServerStatusRequestSchema: GenMessage<GetServerStatusRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 25);
+  messageDesc(file_tokenspout_v1_generation, 26);
 
 /**
  * @generated from message tokenspout.v1.GetServerStatusResponse
@@ -1408,6 +1467,18 @@ export type GetServerStatusResponse = Message<"tokenspout.v1.GetServerStatusResp
    * @generated from field: repeated tokenspout.v1.CallerStatus callers = 24;
    */
   callers: CallerStatus[];
+
+  /**
+   * Proposed tokens checked, and accepted, since the start (see Speculation).
+   *
+   * @generated from field: uint64 draft_tokens_total = 25;
+   */
+  draftTokensTotal: bigint;
+
+  /**
+   * @generated from field: uint64 accepted_draft_tokens_total = 26;
+   */
+  acceptedDraftTokensTotal: bigint;
 };
 
 /**
@@ -1415,7 +1486,7 @@ export type GetServerStatusResponse = Message<"tokenspout.v1.GetServerStatusResp
  * Use `create(GetServerStatusResponseSchema)` to create a new message.
  */
 export const GetServerStatusResponseSchema: GenMessage<GetServerStatusResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 26);
+  messageDesc(file_tokenspout_v1_generation, 27);
 
 /**
  * One caller's share of the server, by its fairness key: the API key's name,
@@ -1499,7 +1570,7 @@ export type CallerStatus = Message<"tokenspout.v1.CallerStatus"> & {
  * Use `create(CallerStatusSchema)` to create a new message.
  */
 export const CallerStatusSchema: GenMessage<CallerStatus> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 27);
+  messageDesc(file_tokenspout_v1_generation, 28);
 
 /**
  * @generated from message tokenspout.v1.GetModelInfoRequest
@@ -1516,7 +1587,7 @@ export type GetModelInfoRequest = Message<"tokenspout.v1.GetModelInfoRequest"> &
  * Use `create(GetModelInfoRequestSchema)` to create a new message.
  */
 export const GetModelInfoRequestSchema: GenMessage<GetModelInfoRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 28);
+  messageDesc(file_tokenspout_v1_generation, 29);
 
 /**
  * @generated from message tokenspout.v1.GetModelInfoResponse
@@ -1584,6 +1655,18 @@ export type GetModelInfoResponse = Message<"tokenspout.v1.GetModelInfoResponse">
    * @generated from field: string quantization = 10;
    */
   quantization: string;
+
+  /**
+   * The speculation modes a request may ask for, and what an unset one gets.
+   *
+   * @generated from field: repeated tokenspout.v1.SpeculationMode speculation_modes = 11;
+   */
+  speculationModes: SpeculationMode[];
+
+  /**
+   * @generated from field: tokenspout.v1.Speculation default_speculation = 12;
+   */
+  defaultSpeculation?: Speculation | undefined;
 };
 
 /**
@@ -1591,7 +1674,7 @@ export type GetModelInfoResponse = Message<"tokenspout.v1.GetModelInfoResponse">
  * Use `create(GetModelInfoResponseSchema)` to create a new message.
  */
 export const GetModelInfoResponseSchema: GenMessage<GetModelInfoResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 29);
+  messageDesc(file_tokenspout_v1_generation, 30);
 
 /**
  * @generated from message tokenspout.v1.SpecialTokens
@@ -1618,7 +1701,7 @@ export type SpecialTokens = Message<"tokenspout.v1.SpecialTokens"> & {
  * Use `create(SpecialTokensSchema)` to create a new message.
  */
 export const SpecialTokensSchema: GenMessage<SpecialTokens> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 30);
+  messageDesc(file_tokenspout_v1_generation, 31);
 
 /**
  * @generated from message tokenspout.v1.Limits
@@ -1662,7 +1745,47 @@ export type Limits = Message<"tokenspout.v1.Limits"> & {
  * Use `create(LimitsSchema)` to create a new message.
  */
 export const LimitsSchema: GenMessage<Limits> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 31);
+  messageDesc(file_tokenspout_v1_generation, 32);
+
+/**
+ * @generated from enum tokenspout.v1.SpeculationMode
+ */
+export enum SpeculationMode {
+  /**
+   * The server's default (GetModelInfoResponse.default_speculation).
+   *
+   * @generated from enum value: SPECULATION_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * One token a step (tokens a constraint forces still go at once).
+   *
+   * @generated from enum value: SPECULATION_MODE_OFF = 1;
+   */
+  OFF = 1,
+
+  /**
+   * Proposals continue the longest recent n-gram of the prompt and output
+   * that occurred before: copying, quoting and editing run ahead.
+   *
+   * @generated from enum value: SPECULATION_MODE_NGRAM = 2;
+   */
+  NGRAM = 2,
+
+  /**
+   * A second, smaller model proposes (exllamav2, with the server's draft_model).
+   *
+   * @generated from enum value: SPECULATION_MODE_DRAFT_MODEL = 3;
+   */
+  DRAFT_MODEL = 3,
+}
+
+/**
+ * Describes the enum tokenspout.v1.SpeculationMode.
+ */
+export const SpeculationModeSchema: GenEnum<SpeculationMode> = /*@__PURE__*/
+  enumDesc(file_tokenspout_v1_generation, 0);
 
 /**
  * @generated from enum tokenspout.v1.FinishReason
@@ -1734,7 +1857,7 @@ export enum FinishReason {
  * Describes the enum tokenspout.v1.FinishReason.
  */
 export const FinishReasonSchema: GenEnum<FinishReason> = /*@__PURE__*/
-  enumDesc(file_tokenspout_v1_generation, 0);
+  enumDesc(file_tokenspout_v1_generation, 1);
 
 /**
  * GenerationService streams tokens from one loaded model as they are generated.

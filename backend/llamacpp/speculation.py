@@ -1,0 +1,175 @@
+"""Several tokens a step: which tokens to propose, and how many are worth checking.
+
+A decoding sequence feeds its last sampled token and the tokens its constraint
+forced (output already, never checked), then up to k proposed tokens; the
+decode gives logits after every row, and the core samples each row in turn
+with the sequence's own chain, accepting a proposal while it equals the token
+sampled before it. A proposal is deterministic, so the output's distribution
+is exactly that of plain decoding (and llama.cpp computes a row of a small
+group bit for bit as it computes one alone: docs/benchmarks.md).
+
+Proposals come from n-gram lookup in the sequence's own prompt and output: the
+longest recent n-gram (MATCH_LENGTHS) that occurred before is continued by what
+followed it then, as llama.cpp's ngram modes do. A constrained sequence's
+proposal is cut where its grammar would reject it.
+
+Whether checking pays depends on the machine and the batch: every extra row
+costs compute, and llama.cpp splits a batch into equal pieces per sequence, so
+sequences feeding different row counts cost extra forward passes. DecodeCosts
+fits each decode's time as `passes * pass_s + rows * row_s` from the decodes
+so far, and the planner picks, each step, the draft length that gives the most
+tokens per second by that estimate and each sequence's acceptance so far
+(none at all when no length beats plain decoding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Tokens
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backend.constraints import ConstraintState
+
+MATCH_LENGTHS = (4, 3, 2)
+"""n-gram lengths matched, longest first."""
+DRAFT_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+"""Common draft lengths the planner weighs each step (up to the request's max_draft_tokens)."""
+_ACCEPTANCE_PRIOR = (2.0, 1.0)
+"""Pseudo-counts of accepted and rejected proposals: an untried sequence is expected to accept 2 in 3,
+enough for the planner to try it where checking is cheap."""
+_ACCEPTANCE_MEMORY = 0.9
+"""What a check taught weighs this much less after each proposed token checked later ..."""
+_IDLE_MEMORY = 0.98
+"""... and after each step without a check, so a sequence that stopped paying is tried again."""
+_MIN_GAIN = 1.02
+"""Checking must promise this much more than plain decoding: the estimates are noisy."""
+_COST_MEMORY = 0.98
+_COST_PRIOR_WEIGHT = 1.0
+"""The cost model's prior (a pass and a row cost the same) weighs as much as this many decodes."""
+
+
+class NgramIndex:
+    """Where each n-gram of a sequence's tokens last ended, kept up to date as tokens are appended."""
+
+    def __init__(self) -> None:
+        self._ends: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this position are in _ends
+
+    def propose(self, tokens: Tokens[int], limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the longest earlier occurrence of the tokens' last n-gram."""
+        self._index(tokens, len(tokens) - 1)  # not the suffix itself: it would find only itself
+        for n in MATCH_LENGTHS:
+            if len(tokens) > n:
+                end = self._ends.get(tuple(tokens[-n:]))
+                if end is not None:
+                    return list(tokens[end : end + limit])
+        return []
+
+    def _index(self, tokens: Tokens[int], upto: int) -> None:
+        for end in range(self._indexed + 1, upto + 1):
+            for n in MATCH_LENGTHS:
+                if end >= n:
+                    self._ends[tuple(tokens[end - n : end])] = end
+        self._indexed = max(self._indexed, upto)
+
+
+@dataclass
+class DraftState:
+    """One sequence's speculation: its n-gram index and how well its proposals have fared."""
+
+    max_draft_tokens: int
+    index: NgramIndex = field(default_factory=NgramIndex)
+    accepted_weight: float = 0.0
+    rejected_weight: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        """The chance that a proposal is accepted when every one before it was (a geometric model)."""
+        accepted, rejected = _ACCEPTANCE_PRIOR
+        return (self.accepted_weight + accepted) / (self.accepted_weight + self.rejected_weight + accepted + rejected)
+
+    def expected_accepted(self, k: int) -> float:
+        a = self.acceptance
+        return sum(a**i for i in range(1, k + 1))
+
+    def checked(self, proposed: int, accepted: int) -> None:
+        """`accepted` of `proposed` tokens were; 0 proposed is a step without a check."""
+        self.drafted += proposed
+        self.accepted += accepted
+        memory = _ACCEPTANCE_MEMORY**proposed if proposed else _IDLE_MEMORY
+        self.accepted_weight = self.accepted_weight * memory + accepted
+        self.rejected_weight = self.rejected_weight * memory + (accepted < proposed)
+
+
+def proposal(tokens: Tokens[int], draft: DraftState, constraint: ConstraintState | None, limit: int) -> list[int]:
+    """What a sequence proposes to check this step: n-gram continuation, cut to what its grammar allows."""
+    proposed = draft.index.propose(tokens, min(limit, draft.max_draft_tokens))
+    if proposed and constraint is not None:
+        proposed = proposed[: constraint.matcher.validate_tokens(proposed)]
+    return proposed
+
+
+class DecodeCosts:
+    """A decode's time as `passes * pass_s + rows * row_s`, fitted by least squares to the decodes so
+    far (recent ones weigh more) and to a prior, from the first decode, that a pass and a row cost the same."""
+
+    def __init__(self) -> None:
+        self._moments = np.zeros((2, 2))  # sums of x x^T and of x * seconds, x = (passes, rows)
+        self._targets = np.zeros(2)
+        self._prior: np.ndarray | None = None
+        self.pass_s = self.row_s = 0.0
+
+    @property
+    def known(self) -> bool:
+        return self._prior is not None
+
+    def record(self, passes: int, rows: int, seconds: float) -> None:
+        if self._prior is None:
+            self._prior = np.full(2, seconds / (passes + rows))
+        x = np.array([passes, rows], dtype=float)
+        self._moments = _COST_MEMORY * self._moments + np.outer(x, x)
+        self._targets = _COST_MEMORY * self._targets + x * seconds
+        regularized = self._moments + _COST_PRIOR_WEIGHT * np.eye(2)
+        fitted = np.linalg.solve(regularized, self._targets + _COST_PRIOR_WEIGHT * self._prior)
+        self.pass_s, self.row_s = (max(float(v), 0.0) for v in fitted)
+
+    def estimate(self, passes: int, rows: int) -> float:
+        return passes * self.pass_s + rows * self.row_s
+
+
+def passes_for(rows_per_sequence: Tokens[int]) -> int:
+    """Forward passes llama.cpp makes for a batch of these per-sequence row counts: it splits a batch
+    into pieces taking the same number of rows from every sequence still in it."""
+    return len(set(rows_per_sequence))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    known_rows: int
+    """Rows the sequence feeds anyway: its last token and any forced ones."""
+    proposed: list[int]
+    draft: DraftState | None
+
+
+def plan_drafts(candidates: list[Candidate], costs: DecodeCosts) -> list[int]:
+    """How many proposed tokens each candidate checks this step: the common draft length (each
+    candidate capped at what it has) that gives the most expected tokens per second, or none."""
+    known = [c.known_rows for c in candidates]
+    if not costs.known or not any(c.proposed for c in candidates):
+        return [0] * len(candidates)
+    plain_time = costs.estimate(passes_for(known), sum(known))
+    best, best_rate = [0] * len(candidates), _MIN_GAIN * len(candidates) / plain_time
+    longest = max(len(c.proposed) for c in candidates)
+    for k in DRAFT_LENGTHS:
+        if k > longest:
+            break
+        checked = [min(k, len(c.proposed)) for c in candidates]
+        rows = [r + n for r, n in zip(known, checked)]
+        tokens = len(candidates) + sum(c.draft.expected_accepted(n) for c, n in zip(candidates, checked) if n)
+        rate = tokens / costs.estimate(passes_for(rows), sum(rows))
+        if rate > best_rate:
+            best, best_rate = checked, rate
+    return best

@@ -1,0 +1,266 @@
+"""Speculative decoding on the real model: proposed tokens checked in the same decode as everything else
+change nothing but the number of steps. Most checks here make the planner check every proposal (wrapped
+from outside, as a test's policy), so the mechanism is exercised whatever the machine's costs say."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import grpc
+import pytest
+
+from backend.constraints import ConstraintCompiler, ConstraintSpec
+from backend.engine import ChatMessage
+from backend.llamacpp import scheduler as scheduler_module
+from backend.llamacpp.speculation import Candidate, DecodeCosts, DraftState, NgramIndex, plan_drafts
+from backend.types import (
+    FinishReason, GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams, TokenEvent,
+)
+from helpers import greedy, rpc_error, stream, text_of
+from test_engine_core import Recorder, make_core
+from test_prefix_cache import check_cells
+from tokenspout.v1 import generation_pb2 as pb
+
+PASSAGE = (
+    "The river rose through the night, and by morning the low fields were a grey sheet of water. Farmers moved "
+    "their animals to the ridge, while the ferryman tied his boat to the old oak and waited for the rain to stop."
+)
+NGRAM = SpeculationParams(SpeculationMode.NGRAM, 16)
+OFF = SpeculationParams(SpeculationMode.OFF, 16)
+
+
+@pytest.fixture
+def check_every_proposal(monkeypatch):
+    """The planner checks every proposal it is offered, whatever checking costs here."""
+    monkeypatch.setattr(scheduler_module, "plan_drafts", lambda candidates, costs: [len(c.proposed) for c in candidates])
+
+
+def copy_prompt(model, passage: str = PASSAGE) -> tuple[int, ...]:
+    return tuple(model.render_chat([ChatMessage("user", f"Copy this passage exactly, word for word:\n\n{passage}")]))
+
+
+def request(model, request_id: str, speculation: SpeculationParams, max_new_tokens: int = 60, **fields):
+    sampling = fields.pop("sampling", SamplingParams(temperature=0.0))
+    stopping = fields.pop("stopping", StopParams(max_new_tokens=max_new_tokens, ignore_eos=True))
+    prompt = fields.pop("prompt", copy_prompt(model))
+    return GenerationRequest(request_id, prompt, sampling, stopping, speculation=speculation, **fields)
+
+
+def run(core, *requests: GenerationRequest) -> dict[str, Recorder]:
+    recs = {r.request_id: Recorder(core) for r in requests}
+    for r in requests:
+        core.add(r, recs[r.request_id])
+    for _ in range(2000):
+        if not core.has_work():
+            return recs
+        core.step()
+        check_cells(core)
+    raise AssertionError("the core did not finish")
+
+
+def token_ids(rec: Recorder) -> list[int]:
+    return [t.token_id for _, event in rec.events if isinstance(event, TokenEvent) for t in event.tokens]
+
+
+def text(rec: Recorder) -> str:
+    return "".join(event.text for _, event in rec.events if isinstance(event, TokenEvent))
+
+
+def both_ways(model, make_request, check_every_proposal=None, **core_settings):
+    """(off, on): the same request without and with speculation, each on a fresh core."""
+    results = []
+    for speculation in (OFF, NGRAM):
+        core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128, **core_settings)
+        try:
+            results.append((run(core, make_request(speculation))["r"], core.stats))
+        finally:
+            core.close()
+    return results
+
+
+def test_the_ngram_index_proposes_what_followed_the_longest_earlier_match():
+    index = NgramIndex()
+    tokens = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]
+    assert index.propose(tokens, 4) == [4, 5, 9, 9]
+    tokens.append(7)  # 2, 3, 7 never occurred: nothing to continue
+    assert index.propose(tokens, 4) == []
+    assert index.propose([5, 6], 4) == []  # too short to match
+
+
+def test_the_planner_checks_only_where_it_pays():
+    costs = DecodeCosts()
+    for _ in range(30):  # a pass costs 8 ms and a row 2 ms here
+        costs.record(1, 1, 0.010)
+        costs.record(1, 5, 0.018)
+    eager, reluctant = DraftState(16, accepted_weight=50.0), DraftState(16, rejected_weight=50.0)
+    assert plan_drafts([Candidate(1, [7] * 8, eager)], costs) == [8]
+    assert plan_drafts([Candidate(1, [7] * 8, reluctant)], costs) == [0]
+    assert plan_drafts([Candidate(1, [], eager)], costs) == [0]
+    expensive = DecodeCosts()
+    for _ in range(30):  # a row costs as much as a whole step: checking never pays
+        expensive.record(1, 1, 0.010)
+        expensive.record(1, 5, 0.050)
+    assert plan_drafts([Candidate(1, [7] * 8, eager)], expensive) == [0]
+
+
+def test_greedy_output_is_the_same_and_takes_fewer_steps(model, check_every_proposal):
+    (off, off_stats), (on, on_stats) = both_ways(model, lambda s: request(model, "r", s))
+    assert token_ids(on) == token_ids(off) and len(token_ids(on)) == 60
+    assert on_stats.accepted_draft_tokens_total > 20 and on.finish.usage.accepted_draft_tokens > 20
+    assert on.finish.usage.draft_tokens == on_stats.draft_tokens_total >= on.finish.usage.accepted_draft_tokens
+    assert on_stats.steps < off_stats.steps - 20
+    assert off.finish.usage.draft_tokens == 0
+    accepted_events = [e for _, e in on.events if isinstance(e, TokenEvent) and e.accepted_drafts]
+    assert len(accepted_events) == on.finish.usage.accepted_draft_tokens
+    assert len({e.step for e in accepted_events}) < len(accepted_events)  # several tokens in one step
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=0.0, repetition_penalty=1.1, penalty_last_n=16),
+    SamplingParams(temperature=0.0, frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=16),
+    SamplingParams(temperature=0.0, dry=dataclasses.replace(SamplingParams().dry, multiplier=0.8)),
+    SamplingParams(temperature=0.8, top_k=20, seed=11),
+], ids=["repetition", "frequency-presence", "dry", "sampled"])
+def test_samplers_that_look_back_see_every_accepted_token(model, check_every_proposal, sampling):
+    (off, _), (on, stats) = both_ways(model, lambda s: request(model, "r", s, sampling=sampling))
+    assert token_ids(on) == token_ids(off)
+    assert stats.draft_tokens_total > 0
+
+
+def test_logit_bias_holds_on_accepted_tokens(model, check_every_proposal):
+    banned = model.tokenize(" fields", add_special=False)[0]
+    sampling = SamplingParams(temperature=0.0, logit_bias={banned: -100.0})
+    (off, _), (on, stats) = both_ways(model, lambda s: request(model, "r", s, sampling=sampling))
+    assert token_ids(on) == token_ids(off) and banned not in token_ids(on)
+    assert stats.accepted_draft_tokens_total > 0
+
+
+def test_a_stop_sequence_inside_an_accepted_run_never_leaks(model, check_every_proposal):
+    stopping = StopParams(max_new_tokens=80, ignore_eos=True, stop_sequences=("grey sheet",))
+    (off, _), (on, stats) = both_ways(model, lambda s: request(model, "r", s, stopping=stopping))
+    assert on.finish.reason is FinishReason.STOP_SEQUENCE and text(on) == text(off)
+    assert "grey" not in text(on) and text(on).endswith("were a ")
+    assert stats.accepted_draft_tokens_total > 0
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 7, 23])
+def test_max_new_tokens_is_never_exceeded(model, check_every_proposal, max_new_tokens):
+    (off, _), (on, _) = both_ways(model, lambda s: request(model, "r", s, max_new_tokens=max_new_tokens))
+    assert len(token_ids(on)) == on.finish.usage.completion_tokens == max_new_tokens
+    assert token_ids(on) == token_ids(off)
+
+
+def constrained_request(model, request_id: str, speculation: SpeculationParams) -> GenerationRequest:
+    schema = ('{"type": "object", "properties": {"passage": {"type": "string"}, "words": {"type": "integer"}}, '
+              '"required": ["passage", "words"], "additionalProperties": false}')
+    compiled = ConstraintCompiler(model.constraint_tokenizer()).compile(ConstraintSpec("json_schema", schema))
+    prompt = tuple(model.render_chat([ChatMessage("user", f'As JSON with "passage" and "words": {PASSAGE}')]))
+    return request(model, request_id, speculation, prompt=prompt, stopping=StopParams(max_new_tokens=120),
+                   constraint=compiled)
+
+
+def test_a_constraint_holds_on_accepted_tokens(model, check_every_proposal):
+    (off, _), (on, stats) = both_ways(model, lambda s: constrained_request(model, "r", s))
+    assert token_ids(on) == token_ids(off) and on.finish.reason is FinishReason.CONSTRAINT_COMPLETE
+    assert on.finish.constraint_satisfied and stats.draft_tokens_total > 0
+
+
+def test_forced_tokens_go_at_once_beside_other_sequences_too(model):
+    """A grammar's forced tokens are fed in the step after the sample whatever else runs, so a constrained
+    sequence takes as many steps beside another as alone."""
+    spans = []
+    for beside in (False, True):
+        core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128)
+        try:
+            others = [request(model, "other", OFF, max_new_tokens=200)] if beside else []
+            recs = run(core, *others, constrained_request(model, "r", OFF))
+            steps = [step for step, e in recs["r"].events if isinstance(e, TokenEvent) and e.tokens]
+            spans.append((steps[-1] - steps[0], token_ids(recs["r"])))
+        finally:
+            core.close()
+    (alone_span, alone_tokens), (beside_span, beside_tokens) = spans
+    assert beside_tokens == alone_tokens and beside_span == alone_span
+
+
+def test_cancelling_a_speculating_sequence_frees_every_cell(model, check_every_proposal):
+    core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128)
+    try:
+        rec = Recorder(core)
+        core.add(request(model, "r", NGRAM, max_new_tokens=200), rec)
+        while core.stats.accepted_draft_tokens_total < 10:
+            core.step()
+            check_cells(core)
+        core.cancel("r")
+        check_cells(core)
+        assert rec.finish.reason is FinishReason.CANCELLED and core.stats.cache_tokens_used == 0
+    finally:
+        core.close()
+
+
+def test_a_preempted_speculating_sequence_comes_back_with_the_same_output(model, check_every_proposal):
+    solo, preempted = (make_core(model, context_length=512, max_batch_size=1, batch_tokens=128) for _ in range(2))
+    try:
+        expected = token_ids(run(solo, request(model, "r", NGRAM, max_new_tokens=80))["r"])
+        a, b = Recorder(preempted), Recorder(preempted)
+        preempted.add(request(model, "r", NGRAM, max_new_tokens=80), a)
+        while preempted.stats.accepted_draft_tokens_total < 5:
+            preempted.step()
+        preempted.pause("r")
+        preempted.add(request(model, "b", NGRAM, max_new_tokens=8), b)
+        while not b.events or b.finish is None:
+            preempted.step()
+            check_cells(preempted)
+        assert preempted.stats.preempted_total == 1
+        preempted.resume("r")
+        while preempted.has_work():
+            preempted.step()
+            check_cells(preempted)
+        assert token_ids(a) == expected
+    finally:
+        solo.close()
+        preempted.close()
+
+
+def test_prefix_reuse_after_speculation_gives_the_same_output(model, check_every_proposal):
+    core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128)
+    try:
+        first = run(core, request(model, "first", NGRAM))["first"]
+        again = run(core, request(model, "again", NGRAM))["again"]
+        assert again.finish.usage.cached_tokens > 16 and token_ids(again) == token_ids(first)
+    finally:
+        core.close()
+
+
+# -- through gRPC, on the shared server (the planner decides there: the output is the same either way)
+
+
+def test_the_request_option_and_its_usage_through_grpc(stub):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert set(info.speculation_modes) == {pb.SPECULATION_MODE_OFF, pb.SPECULATION_MODE_NGRAM}
+    assert info.default_speculation.max_draft_tokens > 0
+    chat = pb.Chat(messages=[pb.ChatMessage(role="user", content=f"Copy this passage exactly:\n\n{PASSAGE}")])
+    outputs = {}
+    for mode in (pb.SPECULATION_MODE_OFF, pb.SPECULATION_MODE_NGRAM):
+        request = greedy("", max_new_tokens=48, ignore_eos=True)
+        request.ClearField("prompt")
+        request.chat.CopyFrom(chat)
+        request.speculation.mode = mode
+        messages = stream(stub, request)
+        outputs[mode] = text_of(messages)
+        usage = messages[-1].finish.usage
+        assert usage.completion_tokens == 48 and usage.accepted_draft_tokens <= usage.draft_tokens
+        if mode == pb.SPECULATION_MODE_OFF:
+            assert usage.draft_tokens == 0
+    assert outputs[pb.SPECULATION_MODE_OFF] == outputs[pb.SPECULATION_MODE_NGRAM]
+
+
+def test_bad_speculation_options_are_invalid_argument(stub):
+    request = greedy("Hello")
+    request.speculation.max_draft_tokens = 1000
+    request.speculation.mode = 7
+    error = rpc_error(lambda: stream(stub, request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    from helpers import bad_request_fields
+
+    assert {"speculation.max_draft_tokens", "speculation.mode"} <= set(bad_request_fields(error))
