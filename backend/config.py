@@ -49,6 +49,32 @@ def _require(rules: list[tuple[bool, str]]) -> None:
             raise ValueError(message)
 
 
+class SchedulingPolicy(enum.StrEnum):
+    FAIR = "fair"
+    """Callers share the engine by weighted token counts; priority first; time-slicing (backend.fairness)."""
+    FIFO = "fifo"
+    """First come, first served, whoever the caller (the baseline bench/fairness.py measures against)."""
+
+
+@dataclass(frozen=True)
+class FairnessSettings:
+    scheduling: SchedulingPolicy = SchedulingPolicy.FAIR
+    time_slice_steps: int = 16
+    """Steps a sequence runs at least before it may be preempted for another caller's share."""
+    max_running_per_caller: int = 0
+    """Sequences one caller may have in the batch at once (0: max_batch_size)."""
+
+    def __post_init__(self) -> None:
+        _require([
+            (self.time_slice_steps < 1, "time_slice_steps must be at least 1"),
+            (self.max_running_per_caller < 0, "max_running_per_caller must not be negative"),
+        ])
+
+    @property
+    def fair(self) -> bool:
+        return self.scheduling is SchedulingPolicy.FAIR
+
+
 @dataclass(frozen=True)
 class LlamaCppSettings:
     threads: int = 0
@@ -92,7 +118,7 @@ class ExLlamaV2Settings:
         ])
 
 
-_SECTIONS = {"llamacpp": LlamaCppSettings, "exllamav2": ExLlamaV2Settings}
+_SECTIONS = {"llamacpp": LlamaCppSettings, "exllamav2": ExLlamaV2Settings, "fairness": FairnessSettings}
 
 
 @dataclass(frozen=True)
@@ -110,6 +136,9 @@ class EngineConfig:
     """What a request that does not choose gets; the output is the same either way."""
     max_draft_tokens: int = 16
     """Most proposed tokens checked in one step, for a request that does not say."""
+    max_queued_requests: int = 16
+    """Requests that may wait beyond max_batch_size; more are refused with RESOURCE_EXHAUSTED."""
+    fairness: FairnessSettings = field(default_factory=FairnessSettings)
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
     exllamav2: ExLlamaV2Settings = field(default_factory=ExLlamaV2Settings)
     constraint: ConstraintLimits = field(default_factory=ConstraintLimits, metadata={"prefix": "constraint_"})
@@ -118,11 +147,21 @@ class EngineConfig:
         _require([
             (self.context_length < 16, "context_length must be at least 16"),
             (self.max_batch_size < 1, "max_batch_size must be at least 1"),
+            (self.max_queued_requests < 0, "max_queued_requests must not be negative"),
             (self.llamacpp.batch_tokens < self.max_batch_size, "batch_tokens must be at least max_batch_size"),
             (not 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS, f"max_draft_tokens must be 1 to {MAX_DRAFT_TOKENS}"),
             (bool(self.exllamav2.draft_model) and self.speculation is SpeculationSetting.NGRAM,
              "draft_model and speculation = ngram exclude each other (exllamav2 drafts one way)"),
         ])
+
+    @property
+    def capacity(self) -> int:
+        """Requests the engine holds at most: a batch place or a queue place each."""
+        return self.max_batch_size + self.max_queued_requests
+
+    @property
+    def max_running_per_caller(self) -> int:
+        return self.fairness.max_running_per_caller or self.max_batch_size
 
     def speculation_mode(self, auto: SpeculationMode) -> SpeculationMode:
         """The server's mode, `auto` standing for the engine's own choice."""

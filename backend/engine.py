@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from backend.constraints import ConstraintCompiler
+from backend.fairness import CallerTally
 from backend.types import Event, GenerationRequest, SpeculationMode, SpeculationParams
 
 EventSink = Callable[[Event], None]
@@ -81,7 +82,7 @@ class EngineStats:
     cached_prompt_tokens_total: int = 0
     """Of those, the ones taken from the prefix cache instead of being computed."""
     preempted_total: int = 0
-    """Paused sequences that gave up their slot to a waiting request."""
+    """Sequences that gave up their slot to a waiting request (paused ones, or for priority or a fair share)."""
     preempted_sequences: int = 0
     recomputed_tokens_total: int = 0
     """Tokens computed again when preempted sequences came back (what preemption cost)."""
@@ -89,6 +90,8 @@ class EngineStats:
     """Proposed tokens checked (speculative decoding) ..."""
     accepted_draft_tokens_total: int = 0
     """... and the ones accepted: output that took no step of its own."""
+    callers: tuple[CallerTally, ...] = ()
+    """Per caller (fairness key): running, queued and preempted now, and totals (backend.fairness)."""
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -142,6 +142,20 @@ class SpeculationParams:
 
 
 @dataclass(frozen=True)
+class Scheduling:
+    """Who a request is for and how urgent it is, as the service decided (see backend.fairness)."""
+
+    caller: str = ""
+    """The fairness key: requests with the same key share one caller's share of the engine."""
+    weight: float = 1.0
+    """The caller's share relative to others (2.0: twice the tokens of a caller of weight 1)."""
+    priority: int = 0
+    """Higher is more urgent; negative is sheddable (refused, shed and preempted first)."""
+    queue_timeout_s: float | None = None
+    """A request not started this long after arrival ends with QUEUE_TIMEOUT."""
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """A validated request: the engine may assume every field is in range."""
 
@@ -158,6 +172,13 @@ class GenerationRequest:
     last_message_start: int = 0
     """Where a chat's last message begins in prompt_token_ids (0: not known): what later requests
     of the same conversation or app most likely share; an engine may keep it reusable."""
+    scheduling: Scheduling = Scheduling()
+
+    @property
+    def queue_deadline(self) -> float | None:
+        """When a request still waiting to start gives up (queue_timeout_s after arrival)."""
+        timeout = self.scheduling.queue_timeout_s
+        return None if timeout is None else self.arrival_time + timeout
 
     @property
     def end_by(self) -> float | None:
@@ -251,6 +272,10 @@ class ErrorKind(enum.Enum):
     """The caller's constraint could not be enforced any further (llguidance's limits): its input, not a fault."""
     PAUSED_TOO_LONG = "paused_too_long"
     """The caller read nothing for max_pause_s, so its sequence was ended to free its place."""
+    SHED = "shed"
+    """It was still waiting when the engine was over capacity, and the least entitled waiting request."""
+    QUEUE_TIMEOUT = "queue_timeout"
+    """It did not start within its queue_timeout_ms."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from backend.config import EngineConfig
+from service.callers import ANY_CALLER, CallerWeight, parse_weights
 from service.keys import ApiKey, parse_keys
 
 ENV_PREFIX = "TOKENSPOUT_"
@@ -50,8 +51,16 @@ class LogLevel(enum.StrEnum):
 class ServeConfig:
     listen: str = "127.0.0.1:50051"
     engine: EngineConfig = field(default_factory=EngineConfig)
-    max_queued_requests: int = 16
-    """Requests that may wait beyond max_batch_size; more are refused with RESOURCE_EXHAUSTED."""
+    max_queued_per_caller: int = 0
+    """Requests one caller may have waiting beyond max_running_per_caller (0: max_queued_requests)."""
+    caller_weights: tuple[CallerWeight, ...] = ()
+    """`name=weight` per fairness key (comma-separated, or a TOML list): its share relative to others (default 1)."""
+    priority_callers: tuple[str, ...] = (ANY_CALLER,)
+    """The callers (identities) that may send a priority above 0; "*" is everyone, empty is no one."""
+    fairness_header: str = ""
+    """A header the proxy in front sets to name the tenant (x-gateway-inference-fairness-id); empty: off."""
+    caller_metric_labels: int = 20
+    """Callers that get their own label on per-caller metrics (the first seen); the rest share "_other"."""
     stream_buffer_events: int = 64
     """Token events buffered for a caller that reads slowly before its sequence is paused."""
     grace_period_s: float = 30.0
@@ -84,8 +93,9 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         rules = [
-            (self.max_queued_requests < 0, "max_queued_requests must not be negative"),
             (self.stream_buffer_events < 2, "stream_buffer_events must be at least 2"),
+            (self.max_queued_per_caller < 0 or self.caller_metric_labels < 0,
+             "max_queued_per_caller and caller_metric_labels must not be negative"),
             (self.grace_period_s < 0, "grace_period_s must not be negative"),
             (min(self.max_input_bytes, self.compile_threads, self.max_concurrent_compiles) < 1
              or self.compile_timeout_s <= 0,
@@ -101,6 +111,12 @@ class ServeConfig:
         for broken, message in rules:
             if broken:
                 raise ValueError(message)
+
+    @property
+    def per_caller_limit(self) -> int:
+        """Requests one caller may hold, running or queued."""
+        engine = self.engine
+        return engine.max_running_per_caller + (self.max_queued_per_caller or engine.max_queued_requests)
 
     @property
     def authenticates(self) -> bool:
@@ -190,6 +206,10 @@ def _coerce(setting: Setting, value: Any) -> Any:
         return tuple(parse_keys(value.replace(",", "\n"), name))
     if kind == tuple[float, ...]:
         return _numbers(name, value)
+    if kind == tuple[str, ...]:
+        return _strings(name, value)
+    if kind == tuple[CallerWeight, ...]:
+        return parse_weights(_strings(name, value), name)
     try:
         if isinstance(value, str):
             if kind is bool:
@@ -204,6 +224,15 @@ def _coerce(setting: Setting, value: Any) -> Any:
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}" if kind is bool else f"{name}: expected {_KIND_NAMES[kind]}, got {value!r}") from exc
     raise ValueError(f"{name}: expected {_KIND_NAMES[kind]}, got {value!r}")
+
+
+def _strings(name: str, value: Any) -> tuple[str, ...]:
+    """Comma-separated text ("a,b"), or a TOML list of strings."""
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise ValueError(f"{name}: expected comma-separated text or a list of strings, got {value!r}")
 
 
 def _numbers(name: str, value: Any) -> tuple[float, ...]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Callable, Mapping
+
 from backend.engine import ModelInfo
+from backend.fairness import CallerTally
 from backend.types import Finish, FinishReason, GeneratedToken, SpeculationMode, SpeculationParams, TokenEvent
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -127,3 +130,31 @@ def unary_response(messages: list[pb.GenerateStreamResponse]) -> pb.GenerateResp
     )
     response.tokens.extend(token for m in messages for token in m.tokens)
     return response
+
+
+def caller_statuses(
+    tallies: tuple[CallerTally, ...], refused: Mapping[str, int], weight_of: Callable[[str], float]
+) -> list[pb.CallerStatus]:
+    """The engine's per-caller figures with the refusals at the door, callers only refused last."""
+    statuses = [
+        pb.CallerStatus(
+            caller=t.caller,
+            running_sequences=t.running,
+            queued_requests=t.queued,
+            preempted_sequences=t.preempted,
+            prompt_tokens_total=t.prompt_tokens_total,
+            generated_tokens_total=t.generated_tokens_total,
+            preempted_total=t.preempted_total,
+            refused_total=refused.get(t.caller, 0),
+            shed_total=t.shed_total,
+            queue_timeouts_total=t.queue_timeouts_total,
+            weight=t.weight,
+        )
+        for t in tallies
+    ]
+    known = {t.caller for t in tallies}
+    statuses.extend(
+        pb.CallerStatus(caller=key, refused_total=count, weight=weight_of(key))
+        for key, count in refused.items() if key not in known
+    )
+    return statuses

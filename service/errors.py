@@ -197,6 +197,41 @@ def overloaded(in_flight: int, capacity: int, retry_after_s: float = 1.0) -> Ser
     )
 
 
+def caller_over_limit(held: int, limit: int) -> ServiceError:
+    """One caller holds as many requests as it may (max_running_per_caller + max_queued_per_caller)."""
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "CALLER_OVER_LIMIT",
+        f"you have {held} requests running or queued here, the most one caller may ({limit}); retry later",
+        retry_after_s=1.0,
+    )
+
+
+def shed(request_id: str, message: str) -> ServiceError:
+    """A queued request gave its place to a caller under its share, or to a more urgent request."""
+    return ServiceError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "SHED", f"request {request_id}: {message}", retry_after_s=1.0,
+        metadata={"request_id": request_id},
+    )
+
+
+def queue_timeout(request_id: str, message: str) -> ServiceError:
+    """Not started within its queue_timeout_ms: another replica may start it at once."""
+    return ServiceError(
+        grpc.StatusCode.UNAVAILABLE, "QUEUE_TIMEOUT", f"request {request_id}: {message}", retry_after_s=0.0,
+        metadata={"request_id": request_id},
+    )
+
+
+def priority_not_allowed(priority: int) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.PERMISSION_DENIED,
+        "PRIORITY_NOT_ALLOWED",
+        f"priority {priority} is above 0, which this server's priority_callers setting does not allow you",
+        [FieldViolation("priority", "above 0 is for the callers priority_callers names")],
+    )
+
+
 def too_many_compiles(running: int) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -268,6 +303,8 @@ _ENGINE_ERRORS = {
     ErrorKind.ENGINE_FAILURE: internal,
     ErrorKind.CONSTRAINT_FAILED: constraint_failed,
     ErrorKind.PAUSED_TOO_LONG: paused_too_long,
+    ErrorKind.SHED: shed,
+    ErrorKind.QUEUE_TIMEOUT: queue_timeout,
 }
 
 

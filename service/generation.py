@@ -22,14 +22,17 @@ from opentelemetry import trace
 
 from backend.constraints.validation import json_output_problem
 from backend.engine import Engine
-from backend.types import ErrorEvent, FinishReason, GenerationRequest
+from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, Scheduling
 from service import auth, convert
+from service.callers import Callers
 from service.compiles import CompileGate
 from service.config import ServeConfig
 from service.errors import (
-    CURRENT_REQUEST_ID, FieldViolation, already_exists, deadline_exceeded, from_engine, invalid_argument, overloaded,
+    CURRENT_REQUEST_ID, FieldViolation, ServiceError, already_exists, deadline_exceeded, from_engine, invalid_argument,
+    unimplemented,
 )
 from service.lifecycle import Lifecycle, Phase
+from service.shares import Shares
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
 from service.tracing import RequestTrace
@@ -43,6 +46,7 @@ log = logging.getLogger(__name__)
 _INLINE_TOKENIZE_BYTES = 16_384
 _TOKENIZE_SLICE = 8_192
 
+_REFUSALS = (ErrorKind.SHED, ErrorKind.QUEUE_TIMEOUT)
 T = TypeVar("T")
 Message = TypeVar("Message", pb.GenerateStreamRequest, pb.TokenizeRequest)
 
@@ -61,7 +65,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self._telemetry = telemetry or Telemetry(enabled=False)
         self._validator = validator
         self._config = config
-        self._capacity = engine.info.max_batch_size + config.max_queued_requests
+        engine_config = config.engine
+        self._fair = engine_config.fairness.fair
+        self._shares = Shares(engine.info.max_batch_size + engine_config.max_queued_requests, config.per_caller_limit,
+                              self._fair)
+        self._callers = Callers(config.caller_weights, config.priority_callers, config.fairness_header)
         self._active: dict[tuple[str, str], RequestStream] = {}
         """Running requests by (caller identity, request id): callers see only their own."""
         self._compiles = CompileGate(
@@ -82,8 +90,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def GenerateStream(
         self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
-        with self._slot():
-            generation = await self._validate(request, context)
+        with self._slot(request, context) as scheduling:
+            generation = await self._validate(request, context, scheduling)
             async with contextlib.aclosing(self._stream(request, generation)) as messages:
                 async for message in messages:
                     await _write(context, message)
@@ -95,8 +103,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         stream_request = pb.GenerateStreamRequest.FromString(request.SerializeToString())
         stream_request.output.max_tokens_per_message = 0
         stream_request.output.heartbeat_interval_ms = 0
-        with self._slot():
-            generation = await self._validate(stream_request, context)
+        with self._slot(stream_request, context) as scheduling:
+            generation = await self._validate(stream_request, context, scheduling)
             messages = [m async for m in self._stream(stream_request, generation, streaming=False)]
         return convert.unary_response(messages)
 
@@ -123,7 +131,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             cache_tokens_used=stats.cache_tokens_used,
             cache_tokens_free=stats.cache_tokens_total - stats.cache_tokens_used,
             max_batch_size=self._engine.info.max_batch_size,
-            max_queued_requests=self._config.max_queued_requests,
+            max_queued_requests=self._config.engine.max_queued_requests,
             engine_steps=stats.steps,
             cancelled_total=stats.cancelled_total,
             last_cancel_latency_steps=stats.last_cancel_latency_steps,
@@ -142,6 +150,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             recomputed_tokens_total=stats.recomputed_tokens_total,
             draft_tokens_total=stats.draft_tokens_total,
             accepted_draft_tokens_total=stats.accepted_draft_tokens_total,
+            callers=convert.caller_statuses(stats.callers, self._shares.refused, self._callers.weight),
         )
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
@@ -181,26 +190,41 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         )
 
     @contextlib.contextmanager
-    def _slot(self) -> Iterator[None]:
-        """Admission control: a place in the batch or the bounded queue, or an immediate refusal."""
+    def _slot(self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext) -> Iterator[Scheduling]:
+        """Admission control: a place in the batch or the bounded queue within the caller's share and limit,
+        or an immediate refusal (see service.shares); yields who the request is for."""
         if self._lifecycle.refusal is not None:
             raise self._lifecycle.refusal
-        in_flight = self._lifecycle.in_flight
-        if in_flight >= self._capacity:
+        identity = auth.caller()
+        key = self._callers.key(identity, context.invocation_metadata() or ())
+        if request.priority and not self._fair:
+            raise unimplemented([FieldViolation("priority", "this server schedules first come, first served "
+                                                "(scheduling = fifo): leave priority at 0")])
+        self._callers.check_priority(identity, request.priority)
+        weight = self._callers.weight(key)
+        try:
+            self._shares.check(key, weight, request.priority)
+        except ServiceError as refusal:
             self.rejected_total += 1
             if self._telemetry.enabled:
-                self._telemetry.rejected.add(1)
-            raise overloaded(in_flight, self._capacity)
-        with self._lifecycle.call():
-            yield
+                self._telemetry.count_rejection(key, refusal.reason)
+            raise
+        with self._shares.hold(key, weight, request.priority), self._lifecycle.call():
+            yield Scheduling(key, weight, request.priority)
 
-    async def _validate(self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext) -> GenerationRequest:
-        """See RequestValidator; adds the caller's deadline, and its x-request-id when it gave no request_id."""
+    async def _validate(
+        self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext, scheduling: Scheduling
+    ) -> GenerationRequest:
+        """See RequestValidator; adds who it is for, the caller's deadline, and its x-request-id when it gave no
+        request_id."""
         if not request.request_id:
             metadata = dict(context.invocation_metadata() or ())
             request.request_id = metadata.get("x-request-id", "")[: self._validator.limits.max_request_id_length]
         generation, spec = await self._off_loop_if_large(self._validator.generation_request, request)
         CURRENT_REQUEST_ID.set(generation.request_id)
+        queue_timeout_s = request.queue_timeout_ms / 1000 if request.queue_timeout_ms else None
+        scheduling = dataclasses.replace(scheduling, queue_timeout_s=queue_timeout_s)
+        generation = dataclasses.replace(generation, scheduling=scheduling)
         if spec is not None:
             generation = dataclasses.replace(generation, constraint=await self._compiles.compile(spec))
         remaining = context.time_remaining()
@@ -255,6 +279,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     if isinstance(batch, ErrorEvent):
                         finish = batch
                         error = from_engine(batch, request_id)
+                        if batch.kind in _REFUSALS:  # for load, after it was let in
+                            if batch.kind is ErrorKind.SHED:
+                                self.rejected_total += 1
+                            if self._telemetry.enabled:
+                                self._telemetry.count_rejection(generation.scheduling.caller, error.reason)
                         if tracing:
                             tracing.failed(error)
                         # The engine's own fault is an error; a caller's constraint or absence is not.

@@ -103,7 +103,7 @@ class TokenspoutServer:
         """Binds the port at once; the engine may come later, through `attach`, before `start`."""
         _check_port(config.listen)  # before anything else, so a busy port is the only line printed
         self.config = config
-        self.telemetry = telemetry = telemetry or from_environment(config.trace_content, config.prometheus_port)
+        self.telemetry = telemetry = telemetry or from_environment(config.trace_content, config.prometheus_port, config.caller_metric_labels)
         try:
             self.auth = auth.interceptor(config)
         except (OSError, ValueError) as exc:

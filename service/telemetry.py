@@ -22,6 +22,21 @@ _DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12,
 _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 _TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
 _TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864]
+OTHER_CALLERS = "_other"
+
+
+class CallerLabels:
+    """Per-caller metric labels, bounded: the first `limit` callers seen keep their own label for good (so a
+    counter never moves between labels), the rest share OTHER_CALLERS."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._named: set[str] = set()
+
+    def __call__(self, caller: str) -> str:
+        if caller not in self._named and len(self._named) < self._limit:
+            self._named.add(caller)
+        return caller if caller in self._named else OTHER_CALLERS
 
 
 class Telemetry:
@@ -31,8 +46,10 @@ class Telemetry:
         meter_provider: metrics.MeterProvider | None = None,
         record_content: bool = False,
         enabled: bool = True,
+        caller_labels: int = 20,
     ) -> None:
         self.enabled = enabled
+        self.caller_label = CallerLabels(caller_labels)
         self.record_content = record_content
         """Prompt and output text go into spans only when this opt-in flag is set."""
         self._tracer_provider = tracer_provider
@@ -61,6 +78,14 @@ class Telemetry:
         self.errors = meter.create_counter(
             "tokenspout.server.requests.errors", unit="{request}", description="Failed calls by rpc.grpc.status_code"
         )
+        self.caller_tokens = meter.create_counter(
+            "tokenspout.server.caller.tokens", unit="{token}",
+            description="Prompt and generated tokens of finished requests, per caller (gen_ai.token.type)",
+        )
+
+    def count_rejection(self, caller: str, reason: str) -> None:
+        """A request refused at the door or shed from the queue (ErrorInfo reason), per caller."""
+        self.rejected.add(1, {"tokenspout.caller": self.caller_label(caller), "tokenspout.reason": reason})
 
     def count_error(self, code: grpc.StatusCode) -> None:
         if self.enabled:
@@ -100,6 +125,22 @@ class Telemetry:
             self.meter.create_observable_counter(
                 name, unit="{token}", callbacks=[lambda options, read=read: [Observation(read(stats()))]]
             )
+        per_caller = {
+            "tokenspout.server.caller.running_sequences": ("{sequence}", lambda t: t.running),
+            "tokenspout.server.caller.queued_requests": ("{request}", lambda t: t.queued + t.preempted),
+        }
+        for name, (unit, read) in per_caller.items():
+            self.meter.create_observable_gauge(
+                name, unit=unit, callbacks=[lambda options, read=read: self._per_caller(stats(), read)]
+            )
+
+    def _per_caller(self, stats: EngineStats, read: Callable) -> list[Observation]:
+        """One observation per caller label (callers sharing OTHER_CALLERS summed)."""
+        values: dict[str, int] = {}
+        for tally in stats.callers:
+            label = self.caller_label(tally.caller)
+            values[label] = values.get(label, 0) + read(tally)
+        return [Observation(value, {"tokenspout.caller": label}) for label, value in values.items()]
 
 
 def _cache_utilisation(stats: EngineStats) -> float:
@@ -107,7 +148,7 @@ def _cache_utilisation(stats: EngineStats) -> float:
     return stats.cache_tokens_used / stats.cache_tokens_total if stats.cache_tokens_total else 0.0
 
 
-def from_environment(record_content: bool = False, prometheus_port: int = 0) -> Telemetry:
+def from_environment(record_content: bool = False, prometheus_port: int = 0, caller_labels: int = 20) -> Telemetry:
     """Exporters from the standard OTEL_* variables; off unless an endpoint (or Prometheus) is set."""
     endpoint_set = any(
         os.environ.get(name)
@@ -139,7 +180,8 @@ def from_environment(record_content: bool = False, prometheus_port: int = 0) -> 
 
         start_http_server(prometheus_port)
         readers.append(PrometheusMetricReader())
-    return Telemetry(tracer_provider, MeterProvider(metric_readers=readers, resource=resource), record_content)
+    return Telemetry(tracer_provider, MeterProvider(metric_readers=readers, resource=resource), record_content,
+                     caller_labels=caller_labels)
 
 
 def _otlp_exporters():

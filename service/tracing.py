@@ -58,6 +58,8 @@ class RequestTrace:
             "gen_ai.response.id": generation.request_id,
             "gen_ai.response.model": model_id,
             "tokenspout.request_id": generation.request_id,
+            "tokenspout.caller": generation.scheduling.caller,
+            "tokenspout.request.priority": generation.scheduling.priority,
         }
         if stopping.stop_sequences:
             attributes["gen_ai.request.stop_sequences"] = list(stopping.stop_sequences)
@@ -122,6 +124,7 @@ class RequestTrace:
             "gen_ai.usage.input_tokens": usage.prompt_tokens,
             "gen_ai.usage.output_tokens": usage.completion_tokens,
             "gen_ai.response.time_to_first_chunk": timings.time_to_first_token_s,
+            "tokenspout.queue_ms": timings.queue_s * 1000,
             "tokenspout.batches": self._batches,
             "tokenspout.usage.draft_tokens": usage.draft_tokens,
             "tokenspout.usage.accepted_draft_tokens": usage.accepted_draft_tokens,
@@ -140,6 +143,9 @@ class RequestTrace:
             self._telemetry.time_per_output_token.record(timings.decode_s / (usage.completion_tokens - 1), labels)
         self._telemetry.token_usage.record(usage.prompt_tokens, {**labels, "gen_ai.token.type": "input"})
         self._telemetry.token_usage.record(usage.completion_tokens, {**labels, "gen_ai.token.type": "output"})
+        caller = {"tokenspout.caller": self._telemetry.caller_label(self._generation.scheduling.caller)}
+        self._telemetry.caller_tokens.add(usage.prompt_tokens, {**caller, "gen_ai.token.type": "input"})
+        self._telemetry.caller_tokens.add(usage.completion_tokens, {**caller, "gen_ai.token.type": "output"})
 
     def ended_early(self, reason: str) -> None:
         """The caller cancelled, disconnected or ran out of time."""

@@ -8,6 +8,13 @@ cancelled are dropped. An exception from `iterate()` ends every running stream
 with an error and the generator is rebuilt, so the engine keeps serving. It
 publishes the same EngineStats as the llama.cpp core; the generator's own
 prefix reuse (deduplicated cache pages) shows in `usage.cached_tokens`.
+
+Admission is the shared fairness policy's (backend.fairness), as on llama.cpp: jobs
+wait here, and one is enqueued whenever the generator holds fewer than
+max_batch_size, the most urgent and the least served caller's first; requests
+past the engine's capacity are shed, and a job not started within its queue
+timeout ends. The generator cannot pause one job, so nothing is preempted here:
+a more urgent request takes the next place that frees (see the README).
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from backend.config import EngineConfig
 from backend.engine import CancelOrder, EngineCounters, EngineStats, EventSink
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.exllamav2.results import JobResults
-from backend.types import ErrorEvent, FinishReason, GenerationRequest
+from backend.fairness import FairnessPolicy, caller_of
+from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest
 from backend.worker import Output
 
 log = logging.getLogger(__name__)
@@ -33,6 +42,8 @@ class _Job:
     job: Any
     sink: EventSink
     results: JobResults
+    enqueued: bool = False
+    """In the generator (running, or waiting there for cache pages), not in our own queue."""
 
 
 JobFactory = Callable[[GenerationRequest], tuple[Any, GrammarFilterCore | None]]
@@ -48,7 +59,9 @@ class ExLlamaV2Core:
         piece: Callable[[int], bytes],
         vocab_size: int,
         cache_tokens: int,
+        config: EngineConfig = EngineConfig(),
     ) -> None:
+        """`config.max_batch_size` is the generator's (1 when it runs unpaged)."""
         self._make_generator = make_generator
         self._generator: Any = make_generator()
         self._make_job = make_job
@@ -56,6 +69,11 @@ class ExLlamaV2Core:
         self._piece = piece
         self._vocab_size = vocab_size
         self._jobs: dict[str, _Job] = {}
+        """Every job held, in our queue or in the generator."""
+        self._waiting: list[_Job] = []
+        """Not yet enqueued, in arrival order."""
+        self._max_batch_size = config.max_batch_size
+        self.policy = FairnessPolicy(config)
         self._outputs: list[Output] = []
         self.steps = 0
         self.counters = EngineCounters()
@@ -67,14 +85,46 @@ class ExLlamaV2Core:
             return [(sink, ErrorEvent("the generator failed and could not be rebuilt; see the server log"))]
         try:
             job, constraint = self._make_job(request)
-            self._generator.enqueue(job)
         except Exception as exc:  # validation should have caught it; never let it reach iterate() or this thread
             log.exception("exllamav2 refused request %s", request.request_id)
             return [(sink, ErrorEvent(f"the generator refused the job: {exc}"))]
         results = JobResults(request, self._eos_token_ids, self._piece, self._vocab_size, constraint)
-        self._jobs[request.request_id] = _Job(request, job, sink, results)
+        entry = _Job(request, job, sink, results)
+        self.policy.arrived(entry, self._waiting, self._enqueued(), {caller_of(e) for e in self._jobs.values()})
+        self._jobs[request.request_id] = entry
+        self._waiting.append(entry)
+        while len(self._jobs) > self.policy.capacity:
+            shed = self.policy.to_shed(self._waiting, list(self._jobs.values()))
+            if shed is None:
+                break
+            self.policy.tallies.of(shed).shed_total += 1
+            self._remove(shed)
+            self._outputs.append((shed.sink, ErrorEvent(
+                "the server is full and this request gave its queue place to a caller under its share or of "
+                "higher priority; retry later or elsewhere", ErrorKind.SHED)))
+        self._admit()
         self._publish()
-        return []
+        return self._take_outputs()
+
+    def _enqueued(self) -> list[_Job]:
+        return [entry for entry in self._jobs.values() if entry.enqueued]
+
+    def _admit(self) -> None:
+        """Enqueues the jobs the policy picks while the generator holds fewer than max_batch_size."""
+        while self._generator is not None and self._waiting:
+            enqueued = self._enqueued()
+            entry = self.policy.next(self._waiting, enqueued) if len(enqueued) < self._max_batch_size else None
+            if entry is None:
+                return
+            self._waiting.remove(entry)
+            try:
+                self._generator.enqueue(entry.job)
+            except Exception as exc:  # e.g. 0.3.2 asserts when the job can never fit the cache
+                log.exception("exllamav2 refused request %s", entry.request.request_id)
+                self._forget(entry)
+                self._outputs.append((entry.sink, ErrorEvent(f"the generator refused the job: {exc}")))
+                continue
+            entry.enqueued = True
 
     def cancel(self, order: CancelOrder) -> list[Output]:
         entry = self._jobs.get(order.request_id)
@@ -105,6 +155,15 @@ class ExLlamaV2Core:
         now = time.monotonic()
         for entry in [e for e in self._jobs.values() if e.results.deadline_passed(now)]:
             self._end(entry, FinishReason.TIME_LIMIT)
+        for entry in [e for e in self._jobs.values() if e.results.started_at is None]:
+            deadline = entry.request.queue_deadline
+            if deadline is not None and now >= deadline:
+                self.policy.tallies.of(entry).queue_timeouts_total += 1
+                self._remove(entry)
+                timeout_ms = entry.request.scheduling.queue_timeout_s * 1000
+                message = f"not started within its queue_timeout_ms ({timeout_ms:g} ms)"
+                self._outputs.append((entry.sink, ErrorEvent(message, ErrorKind.QUEUE_TIMEOUT)))
+        self._admit()
         self._publish()
         return self._take_outputs()
 
@@ -118,6 +177,8 @@ class ExLlamaV2Core:
             for entry in list(self._jobs.values()):
                 self._outputs.append((entry.sink, ErrorEvent(f"the generator failed: {exc}")))
             self._jobs.clear()
+            self._waiting.clear()
+            self.policy.left(set())
             self._rebuild()
             self._publish()
             return self._take_outputs()
@@ -133,18 +194,25 @@ class ExLlamaV2Core:
                 self._outputs.append((entry.sink, event))
             elif event is not None:
                 self._outputs.append((entry.sink, dataclasses.replace(event, step=self.steps)))
+                if event.tokens:
+                    self.policy.charge(entry, len(event.tokens))
+                    self.policy.tallies.of(entry).generated_tokens_total += len(event.tokens)
                 if event.finish is not None:
-                    del self._jobs[entry.request.request_id]
+                    self._forget(entry)
                     usage = event.finish.usage
                     self.counters.cached_prompt_tokens_total += usage.cached_tokens
                     self.counters.draft_tokens_total += usage.draft_tokens
                     self.counters.accepted_draft_tokens_total += usage.accepted_draft_tokens
+        self._admit()
         self._publish()
         return self._take_outputs()
 
     def _started(self, entry: _Job) -> None:
         entry.results.started_at = time.monotonic()
-        self.counters.started(len(entry.request.prompt_token_ids))
+        prompt_tokens = len(entry.request.prompt_token_ids)
+        self.counters.started(prompt_tokens)
+        self.policy.charge(entry, prompt_tokens)
+        self.policy.tallies.of(entry).prompt_tokens_total += prompt_tokens
 
     def _rebuild(self) -> bool:
         """A fresh generator; None, and False, when that fails too (the next request tries again)."""
@@ -167,8 +235,17 @@ class ExLlamaV2Core:
         return outputs
 
     def _remove(self, entry: _Job) -> None:
-        self._generator.cancel(entry.job)  # frees its pages; emits nothing
+        if entry.enqueued:
+            self._generator.cancel(entry.job)  # frees its pages; emits nothing
+        else:
+            self._waiting.remove(entry)
+        self._forget(entry)
+
+    def _forget(self, entry: _Job) -> None:
         del self._jobs[entry.request.request_id]
+        holding = {caller_of(e) for e in self._jobs.values()}
+        if caller_of(entry) not in holding:
+            self.policy.left(holding)
 
     def _end(self, entry: _Job, reason: FinishReason) -> None:
         self._remove(entry)
@@ -180,6 +257,7 @@ class ExLlamaV2Core:
         prefixes are the free pages that still hold keys and values a later prompt can reuse (0.3.2's
         unreferenced_pages lists every free page, the never-used ones too)."""
         running = [e for e in self._jobs.values() if e.results.started_at is not None]
+        queued = [e for e in self._jobs.values() if e.results.started_at is None]
         pages = getattr(self._generator, "all_pages", None) or ()
         cached = [page for page in pages if page.ref_count == 0 and page.kv_position > 0]
         page_size = getattr(self._generator, "page_size", 256)
@@ -191,6 +269,7 @@ class ExLlamaV2Core:
             cache_tokens_total=self._cache_tokens_total,
             prefix_cache_entries=len(cached),
             prefix_cache_tokens=sum(page.kv_position for page in cached),
+            callers=self.policy.tallies.snapshot(running, queued, ()),
         )
 
 

@@ -9,6 +9,7 @@ tested on CPU, against fakes that behave like exllamav2 0.3.2 and a real tokeniz
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import pathlib
@@ -142,7 +143,8 @@ class ExLlamaV2Engine(WorkerEngine):
             return job, constraint
 
         self.core = ExLlamaV2Core(
-            make_generator, make_job, self.eos_token_ids, self.token_piece, len(self.vocabulary.pieces), sizes.cache_tokens
+            make_generator, make_job, self.eos_token_ids, self.token_piece, len(self.vocabulary.pieces), sizes.cache_tokens,
+            dataclasses.replace(config, max_batch_size=sizes.batch),
         )
         self._worker = EngineWorker(self.core, name="exllamav2-engine")
 

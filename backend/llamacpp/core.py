@@ -26,6 +26,7 @@ import llama_cpp
 
 from backend.config import EngineConfig
 from backend.engine import CancelOrder, EngineCounters, EngineStats, EventSink
+from backend.fairness import FairnessPolicy
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
@@ -36,7 +37,7 @@ from backend.llamacpp.slots import Slots
 from backend.llamacpp.speculation import passes_for
 from backend.llamacpp.threads import ThreadTuner
 from backend.sequence import ConstraintFailed
-from backend.types import ErrorEvent, ErrorKind, Event, FinishReason, GenerationRequest
+from backend.types import ErrorEvent, ErrorKind, Event, FinishReason, GenerationRequest, TokenEvent
 from backend.worker import Output
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,11 @@ class LlamaCppCore:
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context")
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
-        self.scheduler = Scheduler(config.max_batch_size, own.batch_tokens, own.max_pause_s, self.context_length)
         self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache)
+        self.scheduler = Scheduler(
+            config.max_batch_size, own.batch_tokens, own.max_pause_s, self.context_length, FairnessPolicy(config),
+            self.slots.comeback_cost,
+        )
         self.batch = Batch(own.batch_tokens)
         self.picker = TokenPicker(model, slots, max(self.threads.candidates))
         self.scheduler.costs = self.threads.current_costs
@@ -90,7 +94,10 @@ class LlamaCppCore:
         sampler = Sampler(request.sampling, self.model, self.context_length)
         sampler.start(request.prompt_token_ids)
         layout = PromptLayout.of(len(request.prompt_token_ids), request.last_message_start, self.scheduler.batch_tokens)
-        self.scheduler.add(Sequence(request, sink, sampler, layout))
+        for shed in self.scheduler.add(Sequence(request, sink, sampler, layout)):
+            self.scheduler.policy.tallies.of(shed).shed_total += 1
+            self._fail(shed, "the server is full and this request gave its queue place to a caller under its share "
+                       "or of higher priority; retry later or elsewhere", ErrorKind.SHED)
         return self._done()
 
     def cancel(self, order: CancelOrder) -> list[Output]:
@@ -111,6 +118,7 @@ class LlamaCppCore:
         seq = self.scheduler.find(request_id)
         if seq is not None:
             seq.paused_since = None
+            self.scheduler.resumed(seq)
         return self._done()
 
     def has_work(self) -> bool:
@@ -132,6 +140,7 @@ class LlamaCppCore:
         self._take_prefixes()
         self.slots.compact(self.scheduler.running.values())
         feeds = self.scheduler.next_feeds()
+        self.scheduler.account(feeds, self.steps)
         if feeds:
             self._decode_and_sample(feeds)
         return self._done()
@@ -143,17 +152,27 @@ class LlamaCppCore:
         for seq in expired.paused_too_long:
             message = f"the caller read nothing for {self.scheduler.max_pause_s:g} s (max_pause_s)"
             self._fail(seq, message, ErrorKind.PAUSED_TOO_LONG)
+        for seq in expired.queue_timed_out:
+            self.scheduler.policy.tallies.of(seq).queue_timeouts_total += 1
+            message = f"not started within its queue_timeout_ms ({seq.request.scheduling.queue_timeout_s * 1000:g} ms)"
+            self._fail(seq, message, ErrorKind.QUEUE_TIMEOUT)
 
     def _admit(self) -> None:
-        for admission in self.scheduler.admit():
+        tallies = self.scheduler.policy.tallies
+        for admission in self.scheduler.admit(self.steps):
             victim, seq = admission.preempting, admission.sequence
             if victim is not None:
-                self.slots.vacate(victim)
+                self.slots.vacate(victim, returning=True)
                 self.counters.preempted_total += 1
-                log.info("preempted %s (paused, %d tokens) for a waiting request", victim.id, len(victim.tokens))
+                tallies.of(victim).preempted_total += 1
+                why = "paused" if victim.paused else f"caller {victim.request.scheduling.caller!r} over its share"
+                if victim.request.scheduling.priority < seq.request.scheduling.priority:
+                    why = f"priority {victim.request.scheduling.priority} < {seq.request.scheduling.priority}"
+                log.info("preempted %s (%s, %d tokens) for %s", victim.id, why, len(victim.tokens), seq.id)
             if seq.admissions == 1:
                 seq.output.mark_admitted()
                 self.counters.started(seq.prompt_length)
+                tallies.of(seq).prompt_tokens_total += seq.prompt_length
             shared = self.slots.place(seq, self.scheduler.running.values())
             if shared is not None:
                 self._count_prefix(seq, shared)
@@ -261,6 +280,8 @@ class LlamaCppCore:
     # -- endings and outputs -------------------------------------------------------
 
     def _emit(self, seq: Sequence, event: Event) -> None:
+        if isinstance(event, TokenEvent) and event.tokens:
+            self.scheduler.policy.tallies.of(seq).generated_tokens_total += len(event.tokens)
         self._outputs.append((seq.sink, event))
 
     def _end(self, seq: Sequence, reason: FinishReason) -> None:
@@ -275,6 +296,8 @@ class LlamaCppCore:
         self.scheduler.remove(seq)
         if seq.placed:
             self.slots.vacate(seq)
+        elif seq.admissions:  # preempted: its kept cells need not wait for it
+            self.slots.prefixes.settle(seq.id)
         seq.sampler.free()
 
     def _done(self) -> list[Output]:
@@ -291,6 +314,8 @@ class LlamaCppCore:
             cache_tokens_total=self._cache_tokens_total,
             prefix_cache_entries=len(self.slots.prefixes),
             prefix_cache_tokens=self.slots.prefixes.tokens_held,
+            callers=scheduler.policy.tallies.snapshot(scheduler.running.values(), scheduler.waiting,
+                                                      scheduler.preempted.values()),
         )
         outputs, self._outputs = self._outputs, []
         return outputs

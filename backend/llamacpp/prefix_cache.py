@@ -33,6 +33,8 @@ class CachedPrefix:
     """How many leading tokens other requests may reuse (those computed as prompt)."""
     tiled_until: int = 0
     """The layout its prompt rows were computed with (see PromptLayout)."""
+    returning: bool = False
+    """Its owner was preempted and will come back for these cells: given up last."""
 
 
 class PrefixIndex:
@@ -47,12 +49,26 @@ class PrefixIndex:
         return slot in self._entries
 
     @property
+    def returning(self) -> int:
+        """Entries whose preempted owners will come back for them."""
+        return sum(entry.returning for entry in self._entries.values())
+
+    @property
     def tokens_held(self) -> int:
         return sum(len(entry.tokens) for entry in self._entries.values())
 
-    def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, tiled_until: int) -> None:
+    def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, tiled_until: int,
+            returning: bool = False) -> None:
         self._clock += 1
-        self._entries[slot] = CachedPrefix(tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until)
+        self._entries[slot] = CachedPrefix(
+            tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning
+        )
+
+    def settle(self, owner: str) -> None:
+        """A preempted owner came back (or ended): its cells are an ordinary prefix now."""
+        for entry in self._entries.values():
+            if entry.owner == owner:
+                entry.returning = False
 
     def drop(self, slot: int) -> CachedPrefix | None:
         return self._entries.pop(slot, None)
@@ -74,8 +90,9 @@ class PrefixIndex:
                 yield slot, common, None if own else entry.tiled_until
 
     def victim(self, free_slots: Iterable[int], keep_newer_than: int | None = None) -> int | None:
-        """A free slot to overwrite: an empty one first, else the least recently used entry's
-        (only if it is older than `keep_newer_than`'s entry, when given)."""
+        """A free slot to overwrite: an empty one first, else the least recently used entry's, those of
+        preempted owners last and the shortest of them first (only if it ranks below `keep_newer_than`'s
+        entry, when given)."""
         candidates = list(free_slots)
         empty = [slot for slot in candidates if slot not in self._entries]
         if empty:
@@ -83,7 +100,13 @@ class PrefixIndex:
         held = [slot for slot in candidates if slot in self._entries]
         if not held:
             return None
-        oldest = min(held, key=lambda slot: self._entries[slot].last_used)
-        if keep_newer_than is not None and self._entries[oldest].last_used >= self._entries[keep_newer_than].last_used:
+        oldest = min(held, key=self._rank)
+        if keep_newer_than is not None and self._rank(oldest) >= self._rank(keep_newer_than):
             return None
         return oldest
+
+    def _rank(self, slot: int) -> tuple[bool, int]:
+        """Lower goes first: ordinary entries by last use, then preempted owners' by how much they would
+        recompute without them."""
+        entry = self._entries[slot]
+        return entry.returning, len(entry.tokens) if entry.returning else entry.last_used

@@ -3,15 +3,21 @@
 Pure bookkeeping, no llama.cpp call: the core asks for decisions and carries
 them out (the slots place cells, the batch feeds rows).
 
-- Admission: oldest first, a preempted sequence whose caller reads again before
-  a new request. When every batch place is taken, the sequence paused longest
-  (its caller is not reading) is preempted to make room: it gives up its slot,
-  keeps its tokens and sampler, and comes back once its caller reads again.
-- Expiry: requests past their deadline or time limit, and sequences whose
-  caller has read nothing for max_pause_s.
-- The step's work: the next group of rows of the prompt waiting longest for
-  one, each group a llama_decode of its own (its layout says how rows group, so
-  its numbers never depend on what else runs), unless decoding sequences have
+- Admission: who goes next, and whom a full batch gives up, is the fairness
+  policy's choice (backend.fairness): priority first, then the caller served
+  least, a preempted sequence of a caller before its new requests. When every
+  batch place is taken, the sequence paused longest (its caller is not reading)
+  gives up its slot, or one paused a third of its steps of a time slice or more
+  (its caller reads a little now and then); else, under the fair policy, one
+  of lower priority, or of a caller over its share that has run a time slice. A preempted sequence keeps its
+  tokens and sampler (its cells stay as a cached prefix where a free slot holds
+  them) and comes back, its caller reading, when its turn comes again.
+- Shedding: a request still waiting when the engine holds more than its capacity.
+- Expiry: requests past their deadline or time limit, requests not started within
+  their queue timeout, and sequences whose caller has read nothing for max_pause_s.
+- The step's work: the next group of rows of the most urgent prompt waiting
+  longest for one, each group a llama_decode of its own (its layout says how
+  rows group, so its numbers never depend on what else runs), unless decoding sequences have
   waited batch_tokens prompt rows already; else the next token of every
   decoding sequence. A CPU prefills a token at the same cost batched or not
   (docs/benchmarks.md), so a burst of arrivals gets first tokens one after
@@ -22,9 +28,10 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from backend.fairness import FairnessPolicy, caller_of
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.speculation import Candidate, DecodeCosts, plan_drafts, proposal
 
@@ -34,7 +41,7 @@ class Admission:
     sequence: Sequence
     """A new request, or a preempted sequence coming back."""
     preempting: Sequence | None = None
-    """The paused sequence that gives up its slot for it, if the batch is full."""
+    """The sequence that gives up its slot for it, if the batch is full."""
 
 
 @dataclass(frozen=True)
@@ -53,11 +60,18 @@ class Expired:
     never_started: list[Sequence]
     timed_out: list[Sequence]
     paused_too_long: list[Sequence]
+    queue_timed_out: list[Sequence]
 
 
 class Scheduler:
-    def __init__(self, max_batch_size: int, batch_tokens: int, max_pause_s: float, context_length: int) -> None:
+    def __init__(
+        self, max_batch_size: int, batch_tokens: int, max_pause_s: float, context_length: int, policy: FairnessPolicy,
+        comeback_cost: Callable[[Sequence], int],
+    ) -> None:
         self.max_batch_size = max_batch_size
+        self.policy = policy
+        self._comeback_cost = comeback_cost
+        """Tokens a sequence would compute again if preempted now (the slots know what they keep)."""
         self.batch_tokens = batch_tokens
         self.context_length = context_length
         self.max_pause_s = max_pause_s
@@ -66,12 +80,27 @@ class Scheduler:
         self.preempted: dict[str, Sequence] = {}
         """In preemption order: the first comes back first."""
         self._turns = itertools.count()
+        self._queue_turns = itertools.count()
         self._prompt_rows_since_decode = 0
         self.costs = DecodeCosts()
         """What decoding rows costs on this machine, as the core measures it."""
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence) -> list[Sequence]:
+        """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
+        capacity: the new one, or one that gives way to it."""
+        self.policy.arrived(seq, self.waiting, self.running.values(), self._holding())
+        seq.queue_turn = next(self._queue_turns)
         self.waiting.append(seq)
+        waiting, held = list(self.waiting), list(self.all())
+        shed = []
+        while len(held) > self.policy.capacity:
+            victim = self.policy.to_shed(waiting, held)
+            if victim is None:
+                break
+            waiting.remove(victim)
+            held.remove(victim)
+            shed.append(victim)
+        return shed
 
     def find(self, request_id: str) -> Sequence | None:
         """A request that has started (running or preempted)."""
@@ -84,10 +113,29 @@ class Scheduler:
         """Forgets a sequence, wherever it is."""
         if self.running.pop(seq.id, None) is None and self.preempted.pop(seq.id, None) is None:
             self.waiting.remove(seq)
+        holding = self._holding()
+        if caller_of(seq) not in holding:
+            self.policy.left(holding)
+
+    def account(self, feeds: list[Feed], step: int) -> None:
+        """Charges each caller for this step: the rows computed for it (proposed ones too), and a slot held while
+        paused; and notes
+        who reads slowly: paused a third of its steps since it entered the batch, over a time slice at least."""
+        for feed in feeds:
+            self.policy.charge(feed.sequence, feed.count + len(feed.proposed))
+        for seq in self.running.values():
+            if seq.paused:
+                self.policy.charge(seq, 1)
+                seq.paused_steps += 1
+            ran = step - seq.admitted_step + 1
+            seq.reads_slowly = ran >= self.policy.time_slice_steps and 3 * seq.paused_steps >= ran
 
     def has_work(self) -> bool:
-        """Whether a step would do anything: something to admit, or a running sequence not paused."""
-        return self._has_candidate() or any(not seq.paused for seq in self.running.values())
+        """Whether a step would do anything: a running sequence not paused, or something the policy would admit
+        (into a free slot, or one a paused sequence gives up)."""
+        if any(not seq.paused for seq in self.running.values()):
+            return True
+        return self.policy.next(self._candidates(), self.running.values()) is not None
 
     def holds_sequences(self) -> bool:
         return bool(self.waiting or self.running or self.preempted)
@@ -102,31 +150,41 @@ class Scheduler:
     def expired(self, now: float) -> Expired:
         started = [*self.running.values(), *self.preempted.values()]
         timed_out = [seq for seq in started if seq.output.deadline_passed(now)]
+        never_started = [seq for seq in self.waiting if seq.output.deadline_passed(now)]
         return Expired(
-            never_started=[seq for seq in self.waiting if seq.output.deadline_passed(now)],
+            never_started=never_started,
             timed_out=timed_out,
             paused_too_long=[
                 seq for seq in started
                 if seq not in timed_out and seq.paused and now - seq.paused_since >= self.max_pause_s
             ],
+            queue_timed_out=[
+                seq for seq in self.waiting
+                if seq not in never_started and seq.request.queue_deadline is not None
+                and now >= seq.request.queue_deadline
+            ],
         )
 
-    def admit(self) -> Iterator[Admission]:
-        """Starts waiting work while there is room or a paused sequence to preempt; each admission is in
-        `running` when yielded, each preempted one in `preempted` (the caller moves their cells)."""
-        while self._has_candidate():
-            victim = None
-            if len(self.running) >= self.max_batch_size:
-                victim = self._longest_paused()
-                if victim is None:
-                    return
+    def admit(self, step: int) -> Iterator[Admission]:
+        """Starts waiting work while there is room or a sequence to preempt (see backend.fairness); each
+        admission is in `running` when yielded, each preempted one in `preempted` (the caller moves their
+        cells). `step` is the engine step about to run: a sequence runs a time slice before it may give way."""
+        while True:
+            running = self.running.values()
+            for seq in self.policy.ranked(self._candidates(), running):  # the first that can start
+                needs_room = len(self.running) >= self.max_batch_size or self.policy.at_limit(seq, running)
+                victim = self._victim_for(seq, step) if needs_room else None
+                if victim is not None or not needs_room:
+                    break
+            else:
+                return
+            if victim is not None:
                 del self.running[victim.id]
                 self.preempted[victim.id] = victim
-            back = next((seq for seq in self.preempted.values() if not seq.paused), None)
-            if back is not None:
-                del self.preempted[back.id]
-            seq = back or self.waiting.popleft()
+            if self.preempted.pop(seq.id, None) is None:
+                self.waiting.remove(seq)
             seq.admissions += 1
+            seq.admitted_step, seq.paused_steps, seq.reads_slowly = step, 0, False
             seq.replay_until = len(seq.tokens)
             seq.prefill_turn = next(self._turns)
             self.running[seq.id] = seq
@@ -145,7 +203,7 @@ class Scheduler:
         ready = [seq for seq in self.running.values() if seq.ready_to_prefill]
         if not ready:
             return None
-        seq = min(ready, key=lambda s: s.prefill_turn)
+        seq = min(ready, key=lambda s: (-s.request.scheduling.priority, s.prefill_turn))  # the most urgent first
         rows = seq.layout.next_group(seq.cached, self.batch_tokens)
         waited = self._prompt_rows_since_decode
         if waited and waited + rows > self.batch_tokens and any(s.decodes for s in self.running.values()):
@@ -177,9 +235,39 @@ class Scheduler:
                 candidate.draft.checked(0, 0)  # a step without a check
         return [Feed(seq, c.known_rows, tuple(c.proposed[:n])) for seq, c, n in zip(decoding, candidates, checked)]
 
-    def _has_candidate(self) -> bool:
-        return bool(self.waiting) or any(not seq.paused for seq in self.preempted.values())
+    def resumed(self, seq: Sequence) -> None:
+        """Its caller reads again. Preempted while not reading, it queues from now on: a slow reader coming
+        back and forth never overtakes a request that waited meanwhile."""
+        if seq.id in self.preempted:
+            seq.queue_turn = next(self._queue_turns)
 
-    def _longest_paused(self) -> Sequence | None:
-        paused = [seq for seq in self.running.values() if seq.paused]
+    def _candidates(self) -> list[Sequence]:
+        """Who may start, each caller's in its own order: queue turns, which a sequence preempted for another's
+        turn keeps from its arrival (so it comes back before later arrivals) and a slow reader takes anew."""
+        candidates = [*(seq for seq in self.preempted.values() if not seq.paused), *self.waiting]
+        return sorted(candidates, key=lambda seq: seq.queue_turn)
+
+    def _holding(self) -> set[str]:
+        return {caller_of(seq) for seq in self.all()}
+
+    def _victim_for(self, seq: Sequence, step: int) -> Sequence | None:
+        """Who gives its slot to `seq`: at its caller's limit one of its own (paused, or less urgent); else the
+        sequence paused longest, or the one the policy names (which has run a time slice, unless less urgent)."""
+        decoding = [s for s in self.running.values() if not s.gives_way]
+        if self.policy.at_limit(seq, self.running.values()):
+            own = [s for s in decoding if caller_of(s) == caller_of(seq)]
+            mine = self._longest_paused(caller_of(seq)) or self._slow_reader(caller_of(seq))
+            return mine or self.policy.victim(seq, own, lambda s: 0, self._comeback_cost)
+        return self._longest_paused() or self._slow_reader() or self.policy.victim(
+            seq, decoding, lambda s: step - s.admitted_step, self._comeback_cost
+        )
+
+    def _slow_reader(self, caller: str | None = None) -> Sequence | None:
+        """A sequence not paused this moment whose caller reads slowly (see account): it holds its slot as one
+        that is paused does."""
+        slow = [s for s in self.running.values() if s.reads_slowly and not s.paused and caller in (None, caller_of(s))]
+        return max(slow, key=lambda s: s.paused_steps) if slow else None
+
+    def _longest_paused(self, caller: str | None = None) -> Sequence | None:
+        paused = [seq for seq in self.running.values() if seq.paused and caller in (None, caller_of(seq))]
         return min(paused, key=lambda s: s.paused_since) if paused else None

@@ -32,6 +32,14 @@ class Sequence:
         self.needs_prefix = False
         """Placed in a slot, still to look for a cached prefix before its prefill starts."""
         self.admissions = 0
+        self.admitted_step = 0
+        """The engine step it last entered the batch: it runs a time slice before it may give way."""
+        self.queue_turn = 0
+        """Its place in its caller's queue (see Scheduler._candidates)."""
+        self.paused_steps = 0
+        """Steps it has spent paused in the batch since then."""
+        self.reads_slowly = False
+        """Paused a third of those steps: it gives way as a paused one does (see Scheduler.account)."""
         self.prefill_turn = 0
         """The prompt whose turn is lowest gets the next prefill group (round robin)."""
         self.paused_since: float | None = None
@@ -50,6 +58,11 @@ class Sequence:
     @property
     def paused(self) -> bool:
         return self.paused_since is not None
+
+    @property
+    def gives_way(self) -> bool:
+        """Its caller is not reading, or reads slowly: its slot goes to any request that waits for one."""
+        return self.paused or self.reads_slowly
 
     @property
     def placed(self) -> bool:

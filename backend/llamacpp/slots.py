@@ -58,14 +58,22 @@ class Slots:
             llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
         return None
 
-    def vacate(self, seq: Sequence) -> None:
-        """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping."""
-        if self._prefix_cache and seq.cached >= MIN_REUSE_TOKENS:
-            self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until)
+    def vacate(self, seq: Sequence, returning: bool = False) -> None:
+        """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping;
+        `returning`: it was preempted, and its cells are kept over others' until it comes back."""
+        if self._prefix_cache and (seq.cached >= MIN_REUSE_TOKENS or returning and seq.cached > RECOMPUTED_TAIL):
+            self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until,
+                              returning)
         else:
             llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         heapq.heappush(self._free, seq.slot)
         seq.slot, seq.cached = -1, 0
+
+    def comeback_cost(self, seq: Sequence) -> int:
+        """The tokens a sequence preempted now would compute again when it comes back: its last few if its
+        cells are worth keeping and a free slot can hold them beside those of the others preempted, else all."""
+        room = len(self._free) > self.prefixes.returning
+        return RECOMPUTED_TAIL if self._prefix_cache and room and seq.cached > RECOMPUTED_TAIL else len(seq.tokens)
 
     def keep_cells(self, seq: Sequence, upto: int) -> None:
         """Keeps only the sequence's cells before position `upto`: rows it fed ahead that were not accepted go."""
@@ -115,11 +123,13 @@ class Slots:
                 common = common_prefix(other.tokens[:computed], seq.tokens)
                 candidates.append((other.slot, common, other.layout.tiled_until))
         best: tuple[int | None, int] = (None, 0)
+        own = False
         for slot, common, tiled_until in candidates:
             rows = _reusable(seq, common, tiled_until)
             if rows > best[1]:
-                best = (slot, rows)
-        return best if best[1] >= MIN_REUSE_TOKENS else (None, 0)
+                best, own = (slot, rows), tiled_until is None
+        # Its own cells save a preempted sequence replaying its output one token a step: worth a copy at any length.
+        return best if best[1] >= (1 if own else MIN_REUSE_TOKENS) else (None, 0)
 
     def _computing_longer_prefix(self, seq: Sequence, available: int, running: Iterable[Sequence]) -> bool:
         if not self._prefix_cache:
@@ -140,6 +150,7 @@ class Slots:
         llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, shared, -1)
         if source in self.prefixes:
             self.prefixes.touch(source)
+        self.prefixes.settle(seq.id)
         seq.cached = shared
         seq.needs_prefix = False
 

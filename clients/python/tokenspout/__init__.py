@@ -26,6 +26,7 @@ from tokenspout.errors import (
 )
 from tokenspout.requests import Constraint, Dry, GenerateOptions, Message, Mirostat, Output, Sampling, Stopping, Xtc
 from tokenspout.responses import (
+    CallerStatus,
     Cancelled,
     Chunk,
     Compiled,
@@ -42,6 +43,7 @@ __all__ = [
     "AbortedError",
     "AsyncClient",
     "AsyncStream",
+    "CallerStatus",
     "Cancelled",
     "CancelledError",
     "Chunk",

@@ -152,6 +152,10 @@ class GenerateOptions(TypedDict, total=False):
     request_id: str
     model: str
     timeout: float
+    priority: int
+    """Higher is more urgent (default 0); negative is sheddable. See the proto's comment."""
+    queue_timeout_ms: int
+    """Give up with UnavailableError (QUEUE_TIMEOUT) if not started this long after arrival (0: no limit)."""
 
 
 def schema_text(schema: JsonSchema) -> str:
@@ -211,7 +215,10 @@ def generate_request(message_class: type, prompt: str | None, options: GenerateO
     messages = options.get("messages")
     if (prompt is None) == (messages is None):
         raise ValueError("give either a prompt or messages=")
-    request = message_class(request_id=options.get("request_id", ""), model=options.get("model", ""))
+    request = message_class(
+        request_id=options.get("request_id", ""), model=options.get("model", ""),
+        priority=options.get("priority", 0), queue_timeout_ms=options.get("queue_timeout_ms", 0),
+    )
     if prompt is not None:
         request.prompt = prompt
     else:

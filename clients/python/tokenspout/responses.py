@@ -144,6 +144,23 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class CallerStatus:
+    """One caller's share of the server (see the proto's CallerStatus)."""
+
+    caller: str = ""
+    running_sequences: int = 0
+    queued_requests: int = 0
+    preempted_sequences: int = 0
+    prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    preempted_total: int = 0
+    refused_total: int = 0
+    shed_total: int = 0
+    queue_timeouts_total: int = 0
+    weight: float = 0.0
+
+
+@dataclass(frozen=True)
 class ServerStatus:
     running_sequences: int = 0
     queued_requests: int = 0
@@ -160,6 +177,8 @@ class ServerStatus:
     rejected_total: int = 0
     draining: bool = False
     started_total: int = 0
+    callers: list[CallerStatus] = field(default_factory=list)
+    """Per caller (fairness key), the busiest first."""
 
 
 @functools.cache

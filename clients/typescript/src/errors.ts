@@ -21,18 +21,26 @@ export const Reason = {
   REQUEST_ID_IN_USE: "REQUEST_ID_IN_USE",
   /** RESOURCE_EXHAUSTED: every batch place and queue place is taken; retry after retryAfterMs. */
   OVERLOADED: "OVERLOADED",
+  /** RESOURCE_EXHAUSTED: you hold as many requests as one caller may; others are still served. */
+  CALLER_OVER_LIMIT: "CALLER_OVER_LIMIT",
+  /** RESOURCE_EXHAUSTED: your queued request gave its place to a caller under its share (or a more urgent one). */
+  SHED: "SHED",
   /** RESOURCE_EXHAUSTED: too many large constraints are compiling; retry shortly. */
   TOO_MANY_COMPILES: "TOO_MANY_COMPILES",
   /** RESOURCE_EXHAUSTED: the constraint is still compiling; a retry once it is cached starts at once. */
   COMPILE_BUDGET_EXCEEDED: "COMPILE_BUDGET_EXCEEDED",
   /** UNAUTHENTICATED: no valid API key. */
   UNAUTHENTICATED: "UNAUTHENTICATED",
+  /** PERMISSION_DENIED: a priority above 0, which the server's priority_callers does not allow you. */
+  PRIORITY_NOT_ALLOWED: "PRIORITY_NOT_ALLOWED",
   /** ABORTED: the caller read nothing for the server's max_pause_s, so its stream was ended. */
   PAUSED_TOO_LONG: "PAUSED_TOO_LONG",
   /** UNAVAILABLE: the server is shutting down; retry on another replica. */
   DRAINING: "DRAINING",
   /** UNAVAILABLE: the server's engine stopped; retry on another replica. */
   ENGINE_DOWN: "ENGINE_DOWN",
+  /** UNAVAILABLE: the request did not start within its queueTimeoutMs; retry on another replica. */
+  QUEUE_TIMEOUT: "QUEUE_TIMEOUT",
   /** DEADLINE_EXCEEDED: the caller's deadline passed; what streamed before stays delivered. */
   DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
   /** INTERNAL: the engine failed this one request; metadata.request_id names it. */

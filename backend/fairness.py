@@ -1,0 +1,249 @@
+"""Who goes next when callers share one engine: the policy both engines' schedulers use.
+
+Pure bookkeeping over the requests an engine holds (anything with a `.request`):
+
+- **Service counters** (the VTC scheduler's, Sheng et al., OSDI '24): each caller's
+  counter grows by the tokens the engine computes for it, divided by its weight; a
+  slot held by a caller that is not reading is charged too. A caller that starts
+  holding requests again starts at the least counter among the callers it competes
+  with (those waiting, else those running), so an idle spell banks no credit.
+- **Admission order**: the highest priority first; among callers, the least counter
+  first; within a caller, sequences coming back from preemption, then arrival order.
+  A caller at `max_running_per_caller` waits even when a slot is free.
+- **Preemption** when every slot is held: a sequence of lower priority at once, or,
+  after `time_slice_steps`, one of the caller furthest over its share, when a swap
+  makes the shares more even (slots per weight), or when that caller's counter is
+  more than a time slice ahead; and, unless the waiting caller holds no slot at all,
+  only one that costs at most a time slice of tokens to bring back (the engine says
+  what it would recompute), so time-slicing never throws away much work. A caller
+  never preempts itself.
+- **Shedding** when the engine holds more than its capacity (the service let a caller
+  under its share in past a full server): the waiting request of the lowest priority,
+  of the caller holding the most per weight, the newest, is refused.
+
+With `scheduling = fifo` admission is in arrival order and nothing is preempted but
+sequences whose callers are not reading, or shed: the baseline the policy is measured against.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from backend.config import EngineConfig
+from backend.types import GenerationRequest
+
+# Callers whose totals are kept for GetServerStatus beyond those holding requests now.
+MAX_TRACKED_CALLERS = 256
+
+
+class Held(Protocol):
+    @property
+    def request(self) -> GenerationRequest: ...
+
+
+H = TypeVar("H", bound=Held)
+
+
+def caller_of(item: Held) -> str:
+    return item.request.scheduling.caller
+
+
+def _weight(item: Held) -> float:
+    return item.request.scheduling.weight
+
+
+def _priority(item: Held) -> int:
+    return item.request.scheduling.priority
+
+
+class ServiceCounters:
+    """Weighted tokens served per caller; only their differences matter."""
+
+    def __init__(self) -> None:
+        self._served: dict[str, float] = {}
+
+    def __getitem__(self, caller: str) -> float:
+        return self._served.get(caller, 0.0)
+
+    def __len__(self) -> int:
+        return len(self._served)
+
+    def charge(self, caller: str, tokens: float, weight: float) -> None:
+        self._served[caller] = self[caller] + tokens / weight
+
+    def lift(self, caller: str, competitors: Iterable[str]) -> None:
+        """A caller that holds nothing yet starts at the least counter of those it competes with."""
+        floor = min((self[other] for other in competitors if other != caller), default=None)
+        if floor is not None:
+            self._served[caller] = max(self[caller], floor)
+
+    def forget_idle(self, holding: set[str]) -> None:
+        """Drops callers that hold nothing and would be lifted anyway (all of them when the engine is idle)."""
+        floor = min((self[caller] for caller in holding), default=None)
+        for caller in [c for c, served in self._served.items() if c not in holding]:
+            if floor is None or self._served[caller] <= floor:
+                del self._served[caller]
+
+
+@dataclass
+class CallerTally:
+    """One caller's live figures and totals, for GetServerStatus."""
+
+    caller: str
+    running: int = 0
+    queued: int = 0
+    preempted: int = 0
+    prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    preempted_total: int = 0
+    queue_timeouts_total: int = 0
+    shed_total: int = 0
+    weight: float = 1.0
+
+
+class CallerTallies:
+    """Totals per caller, bounded: past MAX_TRACKED_CALLERS the idle caller served least is forgotten."""
+
+    def __init__(self) -> None:
+        self._tallies: dict[str, CallerTally] = {}
+
+    def of(self, item: Held) -> CallerTally:
+        caller = caller_of(item)
+        tally = self._tallies.get(caller)
+        if tally is None:
+            tally = self._tallies[caller] = CallerTally(caller)
+        tally.weight = _weight(item)
+        return tally
+
+    def snapshot(
+        self, running: Iterable[Held], queued: Iterable[Held], preempted: Iterable[Held]
+    ) -> tuple[CallerTally, ...]:
+        """Every tracked caller with its live counts, busiest first."""
+        live = {name: collections.Counter() for name in ("running", "queued", "preempted")}
+        for name, items in (("running", running), ("queued", queued), ("preempted", preempted)):
+            for item in items:
+                self.of(item)
+                live[name][caller_of(item)] += 1
+        tallies = sorted(
+            (CallerTally(**{**vars(tally), **{name: counts[tally.caller] for name, counts in live.items()}})
+             for tally in self._tallies.values()),
+            key=lambda t: (-(t.running + t.queued + t.preempted), -(t.prompt_tokens_total + t.generated_tokens_total)),
+        )
+        for forgotten in tallies[MAX_TRACKED_CALLERS:]:  # idle ones, served least (callers holding requests stay)
+            if not (forgotten.running or forgotten.queued or forgotten.preempted):
+                del self._tallies[forgotten.caller]
+        return tuple(tallies[:MAX_TRACKED_CALLERS])
+
+
+class FairnessPolicy:
+    def __init__(self, config: EngineConfig) -> None:
+        self.fair = config.fairness.fair
+        self.time_slice_steps = config.fairness.time_slice_steps
+        self.max_running_per_caller = config.max_running_per_caller
+        self.capacity = config.capacity
+        self.counters = ServiceCounters()
+        self.tallies = CallerTallies()
+
+    # -- accounting ----------------------------------------------------------------
+
+    def arrived(self, item: Held, waiting: Iterable[Held], running: Iterable[Held], holding: set[str]) -> None:
+        """A new request: its caller starts at the competitors' floor if it held nothing before."""
+        caller = caller_of(item)
+        if caller not in holding:
+            competitors = {caller_of(w) for w in waiting} - {caller} or {caller_of(r) for r in running}
+            self.counters.lift(caller, competitors)
+
+    def charge(self, item: Held, tokens: int) -> None:
+        """Tokens computed for it (prompt rows, decode rows, replayed rows), or a slot held while paused."""
+        self.counters.charge(caller_of(item), tokens, _weight(item))
+
+    def left(self, holding: set[str]) -> None:
+        """A request ended or was shed: forget the counters nobody needs."""
+        self.counters.forget_idle(holding)
+
+    # -- decisions -------------------------------------------------------------------
+
+    def at_limit(self, candidate: Held, running: Iterable[Held]) -> bool:
+        """Its caller has max_running_per_caller sequences in the batch (paused ones included)."""
+        mine = caller_of(candidate)
+        return sum(caller_of(item) == mine for item in running) >= self.max_running_per_caller
+
+    def next(self, candidates: Sequence[H], running: Iterable[Held]) -> H | None:
+        """Who is admitted next among the candidates (given in their callers' own order), or None."""
+        return next(iter(self.ranked(candidates, running)), None)
+
+    def ranked(self, candidates: Sequence[H], running: Iterable[Held]) -> list[H]:
+        """The candidates that may start, in the order they should (see the module's doc). A caller at its
+        limit may start one only in place of one of its own: one that gives way (its caller not reading, or
+        reading slowly), or (fair) a less urgent one."""
+        running = list(running)
+        per_caller = collections.Counter(caller_of(item) for item in running)
+
+        def replaces_own(candidate: Held) -> bool:
+            return any(
+                caller_of(item) == caller_of(candidate)
+                and (getattr(item, "gives_way", False) or self.fair and _priority(item) < _priority(candidate))
+                for item in running
+            )
+
+        eligible = [c for c in candidates if per_caller[caller_of(c)] < self.max_running_per_caller or replaces_own(c)]
+        if not self.fair:
+            return eligible
+        order = sorted(
+            enumerate(eligible), key=lambda pair: (-_priority(pair[1]), self.counters[caller_of(pair[1])], pair[0])
+        )
+        return [candidate for _, candidate in order]
+
+    def victim(
+        self, candidate: Held, running: Sequence[H], steps_run: Callable[[H], int], comeback_cost: Callable[[H], int]
+    ) -> H | None:
+        """The running sequence (its caller not paused) that gives its slot to `candidate`, or None; among
+        equals, the one holding the fewest tokens (the least to compute again should its cells be lost).
+        `comeback_cost`: the tokens a sequence would compute again, as the engine expects it now."""
+        if not self.fair or not running:
+            return None
+        lower = [item for item in running if _priority(item) < _priority(candidate)]
+        if lower:  # a more urgent request never waits for a time slice
+            return min(lower, key=lambda item: (_priority(item), -self.counters[caller_of(item)], tokens_held(item)))
+        slots = collections.Counter(caller_of(item) for item in running)
+        mine, my_weight = caller_of(candidate), _weight(candidate)
+        after = (slots[mine] + 1) / my_weight  # the candidate's slots per weight once admitted
+
+        def over_share(item: H) -> bool:
+            theirs = slots[caller_of(item)] / _weight(item)
+            ahead = self.counters[caller_of(item)] - self.counters[mine] > self.time_slice_steps
+            return theirs > after or (ahead and theirs >= after)
+
+        def affordable(item: H) -> bool:  # a caller holding no slot gets one whatever it costs
+            return slots[mine] == 0 or comeback_cost(item) <= self.time_slice_steps
+
+        eligible = [
+            item for item in running
+            if caller_of(item) != mine and _priority(item) == _priority(candidate)
+            and steps_run(item) >= self.time_slice_steps and over_share(item) and affordable(item)
+        ]
+        if not eligible:
+            return None
+        return max(eligible, key=lambda item: (slots[caller_of(item)] / _weight(item), self.counters[caller_of(item)],
+                                               -tokens_held(item)))
+
+    def to_shed(self, waiting: Sequence[H], held: Iterable[Held]) -> H | None:
+        """The waiting request to refuse when the engine holds more than its capacity, or None."""
+        if not self.fair or not waiting:
+            return None
+        per_caller = collections.Counter(caller_of(item) for item in held)
+
+        def entitlement(pair: tuple[int, H]) -> tuple:
+            arrival, item = pair
+            return _priority(item), -per_caller[caller_of(item)] / _weight(item), -arrival
+
+        return min(enumerate(waiting), key=entitlement)[1]
+
+
+def tokens_held(item: Held) -> int:
+    """The tokens an item holds (prompt and output so far) where it tracks them; else its prompt's."""
+    tokens = getattr(item, "tokens", None)
+    return len(tokens) if tokens is not None else len(item.request.prompt_token_ids)
