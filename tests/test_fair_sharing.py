@@ -201,7 +201,7 @@ def test_under_overload_negative_priority_is_preempted_shed_and_refused_first(st
 
 
 @pytest.fixture(scope="module")
-def limited(tmp_path_factory):
+def limited(tmp_path_factory, model_path):
     running = start_server(
         tmp_path_factory.mktemp("limited"), "--api-keys", api_keys(), "--max-batch-size", "4",
         "--context-length", "256",
@@ -249,7 +249,7 @@ def test_priority_above_0_only_for_the_named_callers_and_a_trusted_fairness_id(l
         assert callers(status(stub))["tenant-7"].generated_tokens_total == 4
 
 
-def test_first_come_first_served_takes_only_priority_0(tmp_path):
+def test_first_come_first_served_takes_only_priority_0(tmp_path, model_path):
     server = start_server(tmp_path, "--scheduling", "fifo", "--max-batch-size", "2", "--context-length", "256")
     try:
         with grpc.insecure_channel(server.address) as channel:
@@ -260,7 +260,7 @@ def test_first_come_first_served_takes_only_priority_0(tmp_path):
         assert stop_server(server) == 0, server.log()
 
 
-def test_per_caller_metrics_keep_a_bounded_label_set(tmp_path):
+def test_per_caller_metrics_keep_a_bounded_label_set(tmp_path, model_path):
     port = free_port()
     server = start_server(tmp_path, "--api-keys", api_keys(), "--max-batch-size", "2", "--context-length", "256",
                           "--prometheus-port", str(port), "--caller-metric-labels", "1")
