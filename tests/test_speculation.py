@@ -278,13 +278,14 @@ def test_sampling_keeps_its_distribution_with_speculation(model, check_every_pro
     counts = {}
     accepted_before = 0
     for speculation, seed_base in ((OFF, 0), (NGRAM, 10_000)):
-        core = make_core(model, context_length=256, max_batch_size=8, batch_tokens=256)
+        core = make_core(model, context_length=256, max_batch_size=8, batch_tokens=256, max_queued_requests=samples)
         try:
             requests = [request(model, f"s{i}", speculation, max_new_tokens=position + 1,
                                 sampling=SamplingParams(temperature=1.0, seed=seed_base + i)) for i in range(samples)]
             recs = run(core, *requests)
         finally:
             core.close()
+        assert all(len(token_ids(rec)) == position + 1 for rec in recs.values()), "every sample runs to its end"
         counts[speculation.mode] = collections.Counter(token_ids(rec)[position] for rec in recs.values())
         if speculation is NGRAM:
             accepted_before = sum(
