@@ -1,0 +1,92 @@
+"""How often greedy output differs with speculation on against off, over a corpus of prompts.
+
+llama.cpp says its kernels may differ by batch shape; speculation changes the shape (a sequence's rows
+checked in one pass, several at once). Each prompt runs greedy with speculation off, then with n-gram
+proposals where the planner is made to check every one it is offered (the most rows a step can carry,
+so the most exposure), alone and in groups of 8, the engine core driven in-process. Prints how many
+outputs differ and at which token, and how many proposed tokens were checked and kept.
+
+    python bench/determinism.py [--tokens 96] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+
+from backend.engine import ChatMessage  # noqa: E402
+from backend.llamacpp import scheduler as scheduler_module  # noqa: E402
+from backend.llamacpp.model import GgufModel  # noqa: E402
+from backend.models import default_model_path  # noqa: E402
+from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams  # noqa: E402
+from core_driver import Recorder, make_core, run_until_idle, token_ids  # noqa: E402
+from speculation import WORKLOADS  # noqa: E402
+
+QUESTIONS = [
+    "Why is the sky blue?", "Explain photosynthesis to a child.", "Write a haiku about winter.",
+    "What is the capital of France, and why is it famous?", "List five prime numbers and explain what a prime is.",
+    "Give me a recipe for pancakes.", "Summarize the plot of Romeo and Juliet.", "How do vaccines work?",
+    "Translate 'good morning, how are you?' into Spanish and French.", "What are the rules of chess for a pawn?",
+    "Write a Python function that reverses a string.", "Describe the water cycle step by step.",
+    "What is the difference between weather and climate?", "Tell me a joke about computers.",
+    "How does a bicycle stay upright?", "Name three planets and one fact about each.",
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+    "Count from one to twenty in words.", "Write the alphabet, one letter per line.",
+    "Write a JSON object describing a book with title, author and year.",
+    "Copy this list exactly: apples, pears, plums, cherries, apples, pears, plums, cherries.",
+    "What is machine learning?", "Write a short email asking for a day off.", "Explain what a CPU does.",
+]
+CHECK_EVERY = lambda candidates, costs: [len(c.proposed) for c in candidates]  # noqa: E731
+
+
+def outputs(model, prompts: list[tuple[int, ...]], mode: SpeculationMode, group: int, tokens: int, threads: int):
+    """Each prompt's greedy token ids, and (checked, kept) proposed tokens over all of them."""
+    results, checked, kept = [], 0, 0
+    for start in range(0, len(prompts), group):
+        core = make_core(model, context_length=1024, max_batch_size=group, batch_tokens=512, threads=threads)
+        try:
+            recorders = []
+            for i, prompt in enumerate(prompts[start:start + group]):
+                request = GenerationRequest(f"p{start + i}", prompt, SamplingParams(temperature=0.0),
+                                            StopParams(max_new_tokens=tokens, ignore_eos=True),
+                                            speculation=SpeculationParams(mode, 16))
+                recorders.append(Recorder(core))
+                core.add(request, recorders[-1])
+            run_until_idle(core)
+            results += [token_ids(rec) for rec in recorders]
+            checked += core.stats.draft_tokens_total
+            kept += core.stats.accepted_draft_tokens_total
+        finally:
+            core.close()
+    return results, checked, kept
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    model = GgufModel(default_model_path())
+    prompts = [tuple(model.render_chat([ChatMessage("user", text)])) for text in [*WORKLOADS.values(), *QUESTIONS]]
+    scheduler_module.plan_drafts = CHECK_EVERY
+    for group in (1, 8):
+        off, _, _ = outputs(model, prompts, SpeculationMode.OFF, group, args.tokens, args.threads)
+        on, checked, kept = outputs(model, prompts, SpeculationMode.NGRAM, group, args.tokens, args.threads)
+        differ = [(i, first_difference(a, b)) for i, (a, b) in enumerate(zip(off, on)) if a != b]
+        print(f"{group} at a time: {len(differ)} of {len(prompts)} greedy outputs differ "
+              f"({args.tokens} tokens each); proposed tokens checked {checked}, kept {kept}"
+              + (f"; first differing token (prompt, index): {differ}" if differ else ""))
+    model.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
