@@ -115,6 +115,8 @@ def model_info(info: ModelInfo, limits) -> pb.GetModelInfoResponse:
             max_stop_sequence_length=limits.max_stop_sequence_length,
             max_top_logprobs=limits.max_top_logprobs,
             max_logit_bias_entries=limits.max_logit_bias_entries,
+            max_samples=limits.max_samples,
+            max_tokenize_texts=limits.max_tokenize_texts,
         ),
     )
 

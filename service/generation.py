@@ -22,6 +22,7 @@ from opentelemetry import trace
 
 from backend.constraints.validation import json_output_problem
 from backend.engine import Engine
+from backend.offsets import token_offsets
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, Scheduling
 from service import auth, convert
 from service.callers import Callers
@@ -158,15 +159,37 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return await self._off_loop_if_large(self._tokenize_response, request)
 
     def _tokenize_response(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
-        tokens = self._validator.prompt_tokens(request)
-        response = pb.TokenizeResponse(count=len(tokens))
+        response = pb.TokenizeResponse()
+        self._validator.check_tokenize(request)
+        if request.HasField("chat"):
+            self._fill_tokens(response, self._validator.prompt_tokens(request))
+            return response
+        texts = self._validator.tokenize_texts(request)
+        if request.texts:
+            for data, tokens in texts:
+                self._fill_tokens(response.results.add(), tokens, data if request.return_offsets else None)
+        else:
+            data, tokens = texts[0]
+            self._fill_tokens(response, tokens, data if request.return_offsets else None)
+        return response
+
+    def _fill_tokens(self, result: pb.TokenizeResponse | pb.TokenizeResult, tokens: list[int],
+                     offsets_in: bytes | None = None) -> None:
+        """Ids, pieces and count, with the offsets of the tokens in `offsets_in` when given."""
+        result.count = len(tokens)
+        pieces: list[bytes] = []
         # In slices: one protobuf call over 300,000 pieces holds the GIL for ~50 ms, and the
         # event loop (health checks included) would wait that long for it.
         for start in range(0, len(tokens), _TOKENIZE_SLICE):
             part = tokens[start : start + _TOKENIZE_SLICE]
-            response.token_ids.extend(part)
-            response.pieces.extend([self._engine.token_piece(t) for t in part])
-        return response
+            result.token_ids.extend(part)
+            part_pieces = [self._engine.token_piece(t) for t in part]
+            result.pieces.extend(part_pieces)
+            pieces += part_pieces
+        if offsets_in is not None:
+            offsets = token_offsets(offsets_in, pieces)
+            for name in ("byte_starts", "byte_ends", "char_starts", "char_ends"):
+                getattr(result.offsets, name).extend(getattr(offsets, name))
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext

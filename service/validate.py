@@ -46,6 +46,10 @@ class Limits:
     max_banned_string_length: int = 256
     max_dry_breakers: int = 16
     max_dry_breaker_length: int = 32
+    max_samples: int = 16
+    """Most samples (n) one request may ask for."""
+    max_tokenize_texts: int = 64
+    """Most texts one Tokenize call may carry (TokenizeRequest.texts)."""
 
 
 class RequestValidator:
@@ -147,6 +151,32 @@ class RequestValidator:
             whitespace_flexible=c.whitespace_flexible,
             max_whitespace=c.max_whitespace if c.HasField("max_whitespace") else None,
         )
+
+    def check_tokenize(self, request: pb.TokenizeRequest) -> None:
+        """Raises INVALID_ARGUMENT for a Tokenize call of a shape it cannot answer."""
+        texts = request.texts
+        violations = []
+        if texts and request.WhichOneof("input") is not None:
+            violations.append(FieldViolation("texts", f"send texts or {request.WhichOneof('input')}, not both"))
+        if len(texts) > self.limits.max_tokenize_texts:
+            violations.append(FieldViolation("texts", f"{len(texts)} texts; at most {self.limits.max_tokenize_texts}"))
+        if request.return_offsets and request.HasField("chat"):
+            violations.append(FieldViolation("return_offsets", "offsets are for text input, not a chat"))
+        size = input_bytes(request)
+        if size > self.limits.max_input_bytes:
+            violations.append(FieldViolation("texts" if texts else "text",
+                                             f"{size} bytes; at most {self.limits.max_input_bytes}"))
+        if violations:
+            raise invalid_argument(violations)
+
+    def tokenize_texts(self, request: pb.TokenizeRequest) -> list[tuple[bytes, list[int]]]:
+        """Each text of a checked Tokenize call (`texts`, else its one text) as UTF-8 with its tokens."""
+        texts = list(request.texts)
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        return [
+            (data, self._engine.tokenize(text, add_special=add_special))
+            for text, data in ((text, text.encode()) for text in (texts or [request.text]))
+        ]
 
     def prompt_tokens(self, request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> list[int]:
         """Tokenizes the prompt or renders the chat, checking its size and that it fits the context."""
@@ -361,8 +391,11 @@ def input_bytes(request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> int:
     """The size of what a request asks to tokenize, as UTF-8 (what the wire carried)."""
     if request.WhichOneof("input") == "chat":
         return sum(len(m.content.encode()) + len(m.role.encode()) for m in request.chat.messages)
-    text = request.text if isinstance(request, pb.TokenizeRequest) else request.prompt
-    return len(text.encode())
+    if isinstance(request, pb.TokenizeRequest):
+        return len(request.text.encode()) + sum(len(text.encode()) for text in request.texts)
+    if request.WhichOneof("input") == "prompt_token_ids":
+        return 4 * len(request.prompt_token_ids.ids)  # checking them is the work, a few bytes each
+    return len(request.prompt.encode())
 
 
 def _chat_violations(chat: pb.Chat) -> list[FieldViolation]:
