@@ -173,6 +173,8 @@ class GenerationRequest:
     """Where a chat's last message begins in prompt_token_ids (0: not known): what later requests
     of the same conversation or app most likely share; an engine may keep it reusable."""
     scheduling: Scheduling = Scheduling()
+    truncated_tokens: int = 0
+    """Prompt tokens the caller's truncate_input_tokens dropped before prompt_token_ids."""
 
     @property
     def queue_deadline(self) -> float | None:

@@ -128,6 +128,7 @@ def unary_response(messages: list[pb.GenerateStreamResponse]) -> pb.GenerateResp
         text="".join(m.text for m in messages),
         generated_tokens=last.generated_tokens,
         input_tokens=messages[0].input_tokens,
+        truncated_input_tokens=messages[0].truncated_input_tokens,
         finish=last.finish,
     )
     response.tokens.extend(token for m in messages for token in m.tokens)

@@ -315,7 +315,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                                 extra=_ids(request_id))
                         raise error
                     message = convert.stream_response(request_id, batch, generation.output.return_tokens, input_tokens)
-                    input_tokens = 0  # only on the first message
+                    if input_tokens:  # only on the first message
+                        message.truncated_input_tokens = generation.truncated_tokens
+                    input_tokens = 0
                     finish = batch[-1].finish
                     if finish is not None and finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
                         # gRPC's contract: a call past the caller's deadline fails. Ending it OK would race
