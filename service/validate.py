@@ -106,9 +106,14 @@ class RequestValidator:
             for name in ("banned_strings", "token_healing"):
                 if getattr(sampling, name):
                     violations.append(FieldViolation(f"sampling.{name}", "cannot be used with a constraint"))
+        if request.n > self.limits.max_samples:
+            violations.append(FieldViolation("n", f"at most {self.limits.max_samples} samples"))
+        if request.output.prompt_top_logprobs > self.limits.max_top_logprobs:
+            violations.append(FieldViolation("output.prompt_top_logprobs", f"at most {self.limits.max_top_logprobs}"))
         if violations:
             raise invalid_argument(violations)
         self._refuse_unsupported(sampling, speculation)
+        self._refuse_unsupported_features(request)
         prompt, kept_messages, truncated = self._prompt(request)
         problem = self._engine.budget_problem(len(prompt), stopping.max_new_tokens)
         if problem:
@@ -122,6 +127,8 @@ class RequestValidator:
             speculation=speculation,
             last_message_start=self._last_message_start(kept_messages, prompt),
             truncated_tokens=truncated,
+            sample_seeds=_sample_seeds(request, sampling) if request.n > 1 else (),
+            prompt_logprobs=request.output.prompt_top_logprobs if _wants_prompt_logprobs(request) else -1,
         ), constraint
 
     def constraint_spec(self, c: pb.Constraint, violations: list[FieldViolation]) -> ConstraintSpec | None:
@@ -343,6 +350,19 @@ class RequestValidator:
         if violations:
             raise unimplemented(violations)
 
+    def _refuse_unsupported_features(self, request: pb.GenerateStreamRequest) -> None:
+        """UNIMPLEMENTED, naming each field, for the request options this engine lacks."""
+        asked = {
+            "prompt_token_ids": request.HasField("prompt_token_ids"),
+            "n": request.n > 1,
+            "truncate_input_tokens": request.truncate_input_tokens > 0,
+            "output.prompt_logprobs": _wants_prompt_logprobs(request),
+        }
+        missing = [name for name, on in asked.items() if on and name not in self._info.request_features]
+        if missing:
+            description = "this engine cannot serve it; GetModelInfo.request_features lists what it can"
+            raise unimplemented([FieldViolation(name, description) for name in missing])
+
     def _speculation(self, s: pb.Speculation, violations: list[FieldViolation]) -> SpeculationParams:
         default = self._info.default_speculation
         if s.max_draft_tokens > MAX_DRAFT_TOKENS:
@@ -419,6 +439,19 @@ def _checked(message, prefix: str, violations: list[FieldViolation], **ranges: t
     for name, bounds in ranges.items():
         check.range(name, *bounds)
     return check.values()
+
+
+def _wants_prompt_logprobs(request: pb.GenerateStreamRequest) -> bool:
+    return request.output.prompt_logprobs or request.output.prompt_top_logprobs > 0
+
+
+def _sample_seeds(request: pb.GenerateStreamRequest, sampling: SamplingParams) -> tuple[int, ...]:
+    """Each sample's seed: the request's seed + the sample's index when it gave one, else random (0: greedy)."""
+    if sampling.greedy:
+        return (0,) * request.n
+    if request.sampling.HasField("seed"):
+        return tuple((sampling.seed + i) % (MAX_SEED + 1) for i in range(request.n))
+    return (sampling.seed, *(secrets.randbelow(MAX_SEED + 1) for _ in range(request.n - 1)))
 
 
 def _printable_ascii(text: str) -> bool:

@@ -13,7 +13,7 @@ from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.sampling import Sampler
 from backend.llamacpp.speculation import DraftState
 from backend.sequence import SequenceOutput
-from backend.types import GenerationRequest, SpeculationMode
+from backend.types import SAMPLE_SEPARATOR, GenerationRequest, SpeculationMode
 
 
 class Sequence:
@@ -50,6 +50,11 @@ class Sequence:
     @property
     def id(self) -> str:
         return self.request.request_id
+
+    @property
+    def group(self) -> str:
+        """The id of the request it is a sample of (its own, unless it is one of several samples)."""
+        return self.id.rpartition(SAMPLE_SEPARATOR)[0] if self.request.sample_index else self.id
 
     @property
     def prefilling(self) -> bool:

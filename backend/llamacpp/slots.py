@@ -58,6 +58,17 @@ class Slots:
             llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
         return None
 
+    def fork(self, source: Sequence, seq: Sequence, running: Collection[Sequence]) -> None:
+        """Gives a sequence a free slot holding a copy of `source`'s cells: another sample of the prompt
+        `source` has just computed (see backend.llamacpp.siblings)."""
+        slot = self._pick_slot(None, running)
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+        self._clear_for_reuse(slot)
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self._memory, source.slot, slot, -1, -1)
+        seq.slot, seq.cached, seq.needs_prefix = slot, source.cached, False
+
     def vacate(self, seq: Sequence, returning: bool = False) -> None:
         """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping;
         `returning`: it was preempted, and its cells are kept over others' until it comes back."""

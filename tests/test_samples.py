@@ -1,0 +1,133 @@
+"""n samples of one prompt, on the real model: the prompt is computed once and shared.
+
+Every sample forks from the first one's prompt cells (llama_memory_seq_cp) and
+its last prompt row: the rows computed for n = 4 are about a quarter of four
+separate requests', by Usage and by the engine's counters. Each sample has its
+own seed, sampler and finish; the same seed alone reproduces a sample.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import grpc
+import pytest
+
+from conftest import start_server, stop_server
+from helpers import bad_request_fields, error_reason, rpc_error, wait_for
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+
+def prompt_of(words: int) -> str:
+    """A prompt no earlier request shares (so nothing comes from the prefix cache)."""
+    return f"Note {secrets.token_hex(4)}: " + " ".join(f"stone{i}" for i in range(words)) + ". A short story:"
+
+
+def sampled(prompt: str, n: int, seed: int | None = 7, max_new_tokens: int = 12, **fields) -> pb.GenerateStreamRequest:
+    sampling = pb.SamplingParams(temperature=1.0, top_k=40)
+    if seed is not None:
+        sampling.seed = seed
+    return pb.GenerateStreamRequest(
+        prompt=prompt, n=n, sampling=sampling, output=pb.OutputOptions(return_token_ids=True),
+        stopping=pb.StoppingCriteria(max_new_tokens=max_new_tokens, ignore_eos=True), **fields,
+    )
+
+
+def by_sample(messages) -> dict[int, list[pb.GenerateStreamResponse]]:
+    samples: dict[int, list] = {}
+    for message in messages:
+        if not message.heartbeat:
+            samples.setdefault(message.index, []).append(message)
+    return samples
+
+
+def ids(messages) -> list[int]:
+    return [t.id for m in messages for t in m.tokens]
+
+
+def test_four_samples_compute_the_prompt_once_and_each_is_its_own(stub):
+    prompt = prompt_of(80)
+    before = stub.GetServerStatus(pb.GetServerStatusRequest())
+    samples = by_sample(stub.GenerateStream(sampled(prompt, 4, seed=1000), timeout=120))
+    after = stub.GetServerStatus(pb.GetServerStatusRequest())
+    assert sorted(samples) == [0, 1, 2, 3]
+    length = samples[0][0].input_tokens
+    for index, messages in samples.items():
+        finish = messages[-1].finish
+        assert messages[0].input_tokens == length and finish.reason == pb.FINISH_REASON_MAX_TOKENS
+        assert finish.seed == 1000 + index and finish.usage.completion_tokens == 12 == len(ids(messages))
+        assert sum(1 for m in messages if m.HasField("finish")) == 1
+    usages = [samples[i][-1].finish.usage for i in range(4)]
+    assert usages[0].cached_tokens == 0 and all(u.cached_tokens == length for u in usages[1:])
+    computed_by_usage = sum(u.prompt_tokens - u.cached_tokens for u in usages)
+    computed_by_engine = ((after.prompt_tokens_total - before.prompt_tokens_total)
+                          - (after.cached_prompt_tokens_total - before.cached_prompt_tokens_total))
+    assert computed_by_usage == computed_by_engine == length
+    assert computed_by_engine / (4 * length) <= 0.3
+    outputs = [tuple(ids(samples[i])) for i in range(4)]
+    assert len(set(outputs)) == 4, "different seeds gave the same sample"
+    # The same seed alone reproduces a sample.
+    alone = by_sample(stub.GenerateStream(sampled(prompt, 1, seed=1002), timeout=120))
+    assert tuple(ids(alone[0])) == outputs[2]
+    again = by_sample(stub.GenerateStream(sampled(prompt, 4, seed=1000), timeout=120))
+    assert [tuple(ids(again[i])) for i in range(4)] == outputs
+
+
+def test_without_a_seed_each_sample_draws_its_own(stub):
+    samples = by_sample(stub.GenerateStream(sampled(prompt_of(10), 3, seed=None), timeout=120))
+    seeds = {samples[i][-1].finish.seed for i in range(3)}
+    assert len(seeds) == 3
+
+
+def test_unary_returns_every_sample(stub):
+    request = pb.GenerateRequest.FromString(sampled(prompt_of(10), 3, max_new_tokens=6).SerializeToString())
+    response = stub.Generate(request, timeout=120)
+    assert [s.index for s in response.samples] == [0, 1, 2]
+    assert response.text == response.samples[0].text and response.finish == response.samples[0].finish
+    assert all(s.generated_tokens == 6 == len(s.tokens) for s in response.samples)
+    assert len({s.finish.seed for s in response.samples}) == 3
+    single = stub.Generate(pb.GenerateRequest.FromString(sampled(prompt_of(5), 1).SerializeToString()), timeout=60)
+    assert not single.samples
+
+
+def test_cancelling_the_call_cancels_every_sample(stub):
+    call = stub.GenerateStream(sampled(prompt_of(10), 4, max_new_tokens=400), timeout=120)
+    seen = set()
+    for message in call:
+        seen.add(message.index)
+        if len(seen) == 4:
+            break
+    call.cancel()
+    wait_for(lambda: stub.GetServerStatus(pb.GetServerStatusRequest()).running_sequences == 0,
+             what="every sample freed")
+
+
+def test_hostile_sample_counts(stub):
+    for n in (17, 2**32 - 1):
+        error = rpc_error(lambda: list(stub.GenerateStream(sampled("Hi", n), timeout=30)))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "n" in bad_request_fields(error)
+        assert len(error.details()) < 512
+    info = stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert info.limits.max_samples == 16 and "n" in info.request_features
+    # n = 0 means one.
+    samples = by_sample(stub.GenerateStream(sampled("Hi", 0, max_new_tokens=2), timeout=30))
+    assert list(samples) == [0]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, model_path):
+    server = start_server(tmp_path_factory.mktemp("samples"), "--max-batch-size", "2", "--max-queued-requests", "1",
+                          "--context-length", "512")
+    with grpc.insecure_channel(server.address) as channel:
+        yield pb_grpc.GenerationServiceStub(channel)
+    assert stop_server(server) == 0, server.log()
+
+
+def test_admission_counts_every_sample(small):
+    """Capacity 3 (2 in the batch, 1 queued): 4 samples never fit, 3 do, and 2 samples queue behind a batch."""
+    error = rpc_error(lambda: list(small.GenerateStream(sampled("Hi", 4), timeout=30)))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(error) == "CALLER_OVER_LIMIT"
+    samples = by_sample(small.GenerateStream(sampled(prompt_of(5), 3, max_new_tokens=4), timeout=60))
+    assert sorted(samples) == [0, 1, 2]  # the third sample found the batch full and queued
+    assert all(samples[i][-1].finish.reason == pb.FINISH_REASON_MAX_TOKENS for i in range(3))
