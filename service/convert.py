@@ -79,6 +79,7 @@ def stream_response(
     )
     if with_tokens:
         message.tokens.extend(token_pb(token) for event in events for token in event.tokens)
+    message.prompt_tokens.extend(token_pb(token) for event in events for token in event.prompt_tokens)
     if last.finish is not None:
         message.finish.CopyFrom(finish_pb(last.finish))
     return message

@@ -30,6 +30,7 @@ from backend.fairness import FairnessPolicy
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
+from backend.llamacpp.prompt_logprobs import score_rows, wants_prompt_logprobs
 from backend.llamacpp.sampling import Sampler, TokenPicker
 from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
@@ -208,11 +209,17 @@ class LlamaCppCore:
     def _decode_and_sample(self, feeds: list[Feed]) -> None:
         self.batch.clear()
         to_sample = []
+        to_score = []  # (sequence, first position, rows): prompt rows whose logits score the prompt
         for feed in feeds:
             seq = feed.sequence
             tokens = [*seq.tokens[seq.cached : seq.cached + feed.count], *feed.proposed]
             complete = seq.cached + feed.count == len(seq.tokens)  # sample only once every known token is in
-            rows = self.batch.add(seq.slot, seq.cached, tokens, logit_rows=1 + len(feed.proposed) if complete else 0)
+            logit_rows = 1 + len(feed.proposed) if complete else 0
+            scores = feed.prefill and wants_prompt_logprobs(seq)
+            rows = self.batch.add(seq.slot, seq.cached, tokens, logit_rows=len(tokens) if scores else logit_rows)
+            if scores:
+                to_score.append((seq, seq.cached, rows))
+                rows = rows[len(rows) - logit_rows :]
             seq.cached += feed.count  # the proposed tokens' cells count once accepted
             if rows:
                 to_sample.append(_ToSample(seq, rows, feed.proposed))
@@ -222,6 +229,8 @@ class LlamaCppCore:
             for feed in feeds:
                 self._fail(feed.sequence, f"llama_decode failed with status {rc}")
             return
+        for seq, start, rows in to_score:  # before sampling: the scores go out with the first token
+            score_rows(self.ctx, self.model, seq, start, rows)
         if not feeds[0].prefill:
             rows = [feed.count + len(feed.proposed) for feed in feeds]
             self._decoded(passes_for(rows), sum(rows), time.perf_counter() - start)
