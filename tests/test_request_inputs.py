@@ -132,3 +132,23 @@ def test_chat_truncation_finds_the_fewest_messages_to_drop_by_bisection():
     assert [m.content for m in kept[1:-1]] == [str(i) for i in range(76, 99)]
     assert len(renders) <= 10
     assert truncated_chat(messages, [0] * 1010, 1, render)[0] == [messages[0], messages[-1]]
+
+
+def test_an_engine_without_samples_or_prompt_logprobs_names_the_field(fake_stub):
+    """The fake engine, like exllamav2, serves token input and truncation but not n or prompt logprobs."""
+    from backend.exllamav2.engine import EXLLAMAV2_REQUEST_FEATURES
+    from helpers import error_reason
+
+    info = fake_stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert tuple(info.request_features) == EXLLAMAV2_REQUEST_FEATURES == ("prompt_token_ids", "truncate_input_tokens")
+    for field, request in (
+        ("n", pb.GenerateStreamRequest(prompt="Hi", n=2)),
+        ("output.prompt_logprobs", pb.GenerateStreamRequest(prompt="Hi", output=pb.OutputOptions(prompt_logprobs=True))),
+        ("output.prompt_logprobs", pb.GenerateStreamRequest(prompt="Hi", output=pb.OutputOptions(prompt_top_logprobs=2))),
+    ):
+        error = rpc_error(lambda: list(fake_stub.GenerateStream(request, timeout=10)))
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED and set(bad_request_fields(error)) == {field}, error_reason(error)
+    by_ids = pb.GenerateStreamRequest(prompt_token_ids=pb.TokenIds(ids=[5, 6, 7]), truncate_input_tokens=2,
+                                      stopping=pb.StoppingCriteria(max_new_tokens=2))
+    messages = list(fake_stub.GenerateStream(by_ids, timeout=10))
+    assert messages[0].input_tokens == 2 and messages[0].truncated_input_tokens == 1
