@@ -131,3 +131,24 @@ def test_admission_counts_every_sample(small):
     samples = by_sample(small.GenerateStream(sampled(prompt_of(5), 3, max_new_tokens=4), timeout=60))
     assert sorted(samples) == [0, 1, 2]  # the third sample found the batch full and queued
     assert all(samples[i][-1].finish.reason == pb.FINISH_REASON_MAX_TOKENS for i in range(3))
+
+
+def test_the_python_client_streams_samples_and_tokenizes_with_offsets(server):
+    import tokenspout
+
+    with tokenspout.Client(server.address) as client:
+        stream = client.stream(prompt_of(5), n=3, seed=11, temperature=1.0, max_new_tokens=5)
+        chunks = list(stream)
+        from tokenspout.streams import generation
+        result = generation(chunks)
+        assert {chunk.index for chunk in chunks} == {0, 1, 2}
+        assert stream.finish is not None and stream.finish.seed == 11
+        unary = client.generate(prompt_token_ids=client.tokenize("Hello there").token_ids, n=2, seed=3,
+                                temperature=1.0, max_new_tokens=4, truncate_input_tokens=1)
+        assert [s.index for s in unary.samples] == [0, 1] and unary.truncated_input_tokens == 1
+        assert [s.finish.seed for s in unary.samples] == [3, 4]
+        assert len(result.samples) == 3 and result.text == result.samples[0].text
+        tokens = client.tokenize(texts=["héllo", "🙂"], return_offsets=True, add_special_tokens=False)
+        assert [r.offsets.byte_ends[-1] for r in tokens.results] == [6, 4]
+        info = client.model_info()
+        assert "n" in info.request_features and info.limits.max_samples == 16
