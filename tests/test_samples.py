@@ -152,3 +152,57 @@ def test_the_python_client_streams_samples_and_tokenizes_with_offsets(server):
         assert [r.offsets.byte_ends[-1] for r in tokens.results] == [6, 4]
         info = client.model_info()
         assert "n" in info.request_features and info.limits.max_samples == 16
+
+
+def _core_samples(model, core, request_id: str, seeds: tuple[int, ...], **fields):
+    import dataclasses
+
+    from backend.types import GenerationRequest, SamplingParams, StopParams, TokenEvent
+    from core_driver import Recorder
+    from test_prefix_cache import check_cells
+
+    request = GenerationRequest(request_id, tuple(model.tokenize("Once upon a time, in a quiet village,")),
+                                SamplingParams(temperature=1.0, seed=seeds[0]), StopParams(max_new_tokens=10, ignore_eos=True),
+                                sample_seeds=seeds, **fields)
+    rec = Recorder(core)
+    core.add(request, rec)
+    for _ in range(500):
+        if not core.has_work():
+            break
+        core.step()
+        check_cells(core)  # every sample's slot holds exactly the cells the core believes
+    by_index: dict[int, list[int]] = {}
+    for _, event in rec.events:
+        assert isinstance(event, TokenEvent), event
+        by_index.setdefault(event.index, []).extend(t.token_id for t in event.tokens)
+    finishes = {event.index: event.finish for _, event in rec.events if event.finish is not None}
+    return dataclasses.replace(request), by_index, finishes
+
+
+def test_in_the_core_samples_fork_from_the_first_ones_cells(model):
+    """Driven step by step: the samples' cells are copies of the first one's prompt cells, one prompt's rows
+    computed, each sample its own seed; cancelling the request ends every sample."""
+    from backend.engine import CancelOrder
+    from core_driver import make_core
+
+    core = make_core(model, context_length=256, max_batch_size=4, batch_tokens=64)
+    try:
+        _, outputs, finishes = _core_samples(model, core, "r", (5, 6, 7, 8))
+        assert sorted(outputs) == [0, 1, 2, 3] and all(len(tokens) == 10 for tokens in outputs.values())
+        assert [finishes[i].seed for i in range(4)] == [5, 6, 7, 8]
+        stats = core.core.stats
+        assert stats.prompt_tokens_total - stats.cached_prompt_tokens_total == finishes[0].usage.prompt_tokens
+        assert len({tuple(t) for t in outputs.values()}) == 4
+        # Cancelling by the request's id ends every sample, waiting ones included.
+        from backend.types import GenerationRequest, SamplingParams, StopParams
+        from core_driver import Recorder
+
+        rec = Recorder(core)
+        core.add(GenerationRequest("c", tuple(model.tokenize("Hello")), SamplingParams(temperature=1.0),
+                                   StopParams(max_new_tokens=100), sample_seeds=(1, 2, 3)), rec)
+        core.step()
+        core.cancel(CancelOrder("c", 0.0, core.steps))
+        ended = {event.index for _, event in rec.events if event.finish is not None}
+        assert ended == {0, 1, 2} and not core.has_work()
+    finally:
+        core.close()
