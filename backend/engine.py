@@ -44,7 +44,12 @@ class ModelInfo:
     default_speculation: SpeculationParams = SpeculationParams()
     draft_tokens_per_request: bool = True
     """Whether a request's own max_draft_tokens is honoured (exllamav2 drafts the same for every job)."""
+    request_features: tuple[str, ...] = ("prompt_token_ids", "truncate_input_tokens")
+    """The request options it serves, by field name (the service does these two for every engine; "n" and
+    "output.prompt_logprobs" are an engine's own)."""
 
+
+ALL_REQUEST_FEATURES = ("prompt_token_ids", "n", "truncate_input_tokens", "output.prompt_logprobs")
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 

@@ -28,6 +28,7 @@ class SequenceOutput:
         self._utf8 = Utf8Stream()
         self._stops = StopSequenceFilter(request.stopping.stop_sequences, request.stopping.include_stop_sequence)
         self.cached_tokens = 0  # prompt tokens the engine took from its prefix cache
+        self.prompt_tokens: tuple[GeneratedToken, ...] = ()  # prompt logprobs, for the next event
         self.draft_tokens = 0  # proposed tokens the engine checked (speculative decoding) ...
         self.accepted_draft_tokens = 0  # ... and the ones it accepted
         self.generated = 0
@@ -144,7 +145,9 @@ class SequenceOutput:
         if self.constraint is not None:
             mask_s, self._mask_reported = self.constraint.mask_s - self._mask_reported, self.constraint.mask_s
         accepted = int(self._accepted_draft and bool(tokens))
-        return TokenEvent(tokens, text, self.generated, self.finish, self.step, mask_s, accepted)
+        prompt_tokens, self.prompt_tokens = self.prompt_tokens, ()
+        return TokenEvent(tokens, text, self.generated, self.finish, self.step, mask_s, accepted,
+                          self.request.sample_index, prompt_tokens)
 
     def _timings(self) -> Timings:
         now = time.monotonic()

@@ -6,6 +6,7 @@ protobuf into these, and an engine turns its own results into events.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ class FinishReason(enum.Enum):
 
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
+SAMPLE_SEPARATOR = "\u00b7"
+"""Between a request's id and a sample's index in the engine's id for that sample: not printable ASCII, so
+no caller's request id can be one."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,33 @@ class GenerationRequest:
     """Where a chat's last message begins in prompt_token_ids (0: not known): what later requests
     of the same conversation or app most likely share; an engine may keep it reusable."""
     scheduling: Scheduling = Scheduling()
+    truncated_tokens: int = 0
+    """Prompt tokens the caller's truncate_input_tokens dropped before prompt_token_ids."""
+    sample_seeds: tuple[int, ...] = ()
+    """With more than one: that many samples of the prompt, each with its seed (see `samples`)."""
+    sample_index: int = 0
+    """Which of its request's samples this is (see `samples`)."""
+    prompt_logprobs: int = -1
+    """-1: none; else return each prompt token's logprob with this many top alternatives."""
+
+    @property
+    def n(self) -> int:
+        return max(1, len(self.sample_seeds))
+
+    def samples(self) -> list[GenerationRequest]:
+        """One request per sample: the first keeps the request's id, sample i is "<id>·i"; each has its
+        own seed and asks for one sample."""
+        if self.n == 1:
+            return [self]
+        return [
+            dataclasses.replace(
+                self, request_id=self.request_id if i == 0 else f"{self.request_id}{SAMPLE_SEPARATOR}{i}",
+                sample_index=i,
+                sampling=dataclasses.replace(self.sampling, seed=seed), sample_seeds=(),
+                prompt_logprobs=self.prompt_logprobs if i == 0 else -1,
+            )
+            for i, seed in enumerate(self.sample_seeds)
+        ]
 
     @property
     def queue_deadline(self) -> float | None:
@@ -261,6 +292,10 @@ class TokenEvent:
     """Constraint mask time spent on it."""
     accepted_drafts: int = 0
     """Of its tokens, the proposed ones that were accepted (speculative decoding)."""
+    index: int = 0
+    """The sample it belongs to (GenerationRequest.sample_index)."""
+    prompt_tokens: tuple[GeneratedToken, ...] = ()
+    """On a sample's first event, with prompt logprobs asked for: the prompt's tokens and their logprobs."""
 
 
 class ErrorKind(enum.Enum):

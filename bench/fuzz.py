@@ -28,7 +28,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from conftest import start_server, stop_server  # noqa: E402
-from hostile_requests import ALLOWED_CODES, MAX_ERROR_BYTES, generate_requests, raw_bytes  # noqa: E402
+from hostile_requests import (  # noqa: E402
+    ALLOWED_CODES, MAX_ERROR_BYTES, generate_requests, raw_bytes, tokenize_requests,
+)
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
 METHODS = [
@@ -85,6 +87,17 @@ def fuzz_requests(channel, tally: Tally, count: int) -> None:
     run()
 
 
+def fuzz_tokenize(channel, tally: Tally, count: int) -> None:
+    stub = pb_grpc.GenerationServiceStub(channel)
+
+    @settings(max_examples=count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(request=tokenize_requests())
+    def run(request):
+        tally.outcome(lambda: stub.Tokenize(request, timeout=20))
+
+    run()
+
+
 def fuzz_bytes(channel, tally: Tally, count: int) -> None:
     methods = [STREAM_METHOD, *METHODS]
 
@@ -103,6 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--raw-calls", type=int, default=1000)
+    parser.add_argument("--tokenize-calls", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=2000, help="calls before the warm RSS (fills the caches)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,6 +131,7 @@ def main() -> None:
                 for chunk in range(0, args.calls, 1000):
                     fuzz_requests(channel, tally, min(1000, args.calls - chunk))
                     trajectory.append(f"{rss_mib(server.process.pid):.0f}")
+                fuzz_tokenize(channel, tally, args.tokenize_calls)
                 fuzz_bytes(channel, tally, args.raw_calls)
                 elapsed = time.perf_counter() - start
                 end_rss = rss_mib(server.process.pid)
@@ -125,7 +140,8 @@ def main() -> None:
             exit_code = stop_server(server)
             tracebacks = server.log().count("Traceback")
     total = sum(tally.codes.values())
-    print(f"{total} calls in {elapsed:.0f} s ({args.calls} fuzzed requests, {args.raw_calls} raw-byte calls)")
+    print(f"{total} calls in {elapsed:.0f} s ({args.calls} fuzzed requests, {args.tokenize_calls} Tokenize calls, "
+          f"{args.raw_calls} raw-byte calls)")
     for code, n in tally.codes.most_common():
         print(f"  {code:<20} {n:>6}")
     print(f"UNKNOWN: {tally.codes['UNKNOWN']}, INTERNAL: {tally.codes['INTERNAL']} (target 0, 0)")

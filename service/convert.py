@@ -79,6 +79,7 @@ def stream_response(
     )
     if with_tokens:
         message.tokens.extend(token_pb(token) for event in events for token in event.tokens)
+    message.prompt_tokens.extend(token_pb(token) for event in events for token in event.prompt_tokens)
     if last.finish is not None:
         message.finish.CopyFrom(finish_pb(last.finish))
     return message
@@ -108,6 +109,7 @@ def model_info(info: ModelInfo, limits) -> pb.GetModelInfoResponse:
         quantization=info.quantization,
         speculation_modes=[SPECULATION_MODES[mode] for mode in info.speculation_modes],
         default_speculation=speculation_pb(info.default_speculation),
+        request_features=info.request_features,
         limits=pb.Limits(
             max_batch_size=info.max_batch_size,
             max_new_tokens=info.context_length,
@@ -115,20 +117,36 @@ def model_info(info: ModelInfo, limits) -> pb.GetModelInfoResponse:
             max_stop_sequence_length=limits.max_stop_sequence_length,
             max_top_logprobs=limits.max_top_logprobs,
             max_logit_bias_entries=limits.max_logit_bias_entries,
+            max_samples=limits.max_samples,
+            max_tokenize_texts=limits.max_tokenize_texts,
         ),
     )
 
 
 def unary_response(messages: list[pb.GenerateStreamResponse]) -> pb.GenerateResponse:
-    last = messages[-1]
+    """The whole result: sample 0's in the top-level fields, and with several samples each one in `samples`."""
+    by_sample: dict[int, list[pb.GenerateStreamResponse]] = {}
+    for message in messages:
+        by_sample.setdefault(message.index, []).append(message)
+    first = by_sample[0]
     response = pb.GenerateResponse(
-        request_id=last.request_id,
-        text="".join(m.text for m in messages),
-        generated_tokens=last.generated_tokens,
-        input_tokens=messages[0].input_tokens,
-        finish=last.finish,
+        request_id=first[0].request_id,
+        input_tokens=first[0].input_tokens,
+        truncated_input_tokens=first[0].truncated_input_tokens,
     )
-    response.tokens.extend(token for m in messages for token in m.tokens)
+    response.prompt_tokens.extend(first[0].prompt_tokens)
+    for index in sorted(by_sample):
+        sample = by_sample[index]
+        last = sample[-1]
+        result = pb.Sample(index=index, text="".join(m.text for m in sample), generated_tokens=last.generated_tokens,
+                           finish=last.finish)
+        result.tokens.extend(token for m in sample for token in m.tokens)
+        if index == 0:
+            response.text, response.generated_tokens = result.text, result.generated_tokens
+            response.tokens.extend(result.tokens)
+            response.finish.CopyFrom(result.finish)
+        if len(by_sample) > 1:
+            response.samples.append(result)
     return response
 
 

@@ -11,6 +11,7 @@ the next step.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -22,7 +23,8 @@ from opentelemetry import trace
 
 from backend.constraints.validation import json_output_problem
 from backend.engine import Engine
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, Scheduling
+from backend.offsets import token_offsets
+from backend.types import ErrorEvent, ErrorKind, Finish, FinishReason, GenerationRequest, Scheduling, TokenEvent
 from service import auth, convert
 from service.callers import Callers
 from service.compiles import CompileGate
@@ -158,15 +160,37 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return await self._off_loop_if_large(self._tokenize_response, request)
 
     def _tokenize_response(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
-        tokens = self._validator.prompt_tokens(request)
-        response = pb.TokenizeResponse(count=len(tokens))
+        response = pb.TokenizeResponse()
+        self._validator.check_tokenize(request)
+        if request.HasField("chat"):
+            self._fill_tokens(response, self._validator.prompt_tokens(request))
+            return response
+        texts = self._validator.tokenize_texts(request)
+        if request.texts:
+            for data, tokens in texts:
+                self._fill_tokens(response.results.add(), tokens, data if request.return_offsets else None)
+        else:
+            data, tokens = texts[0]
+            self._fill_tokens(response, tokens, data if request.return_offsets else None)
+        return response
+
+    def _fill_tokens(self, result: pb.TokenizeResponse | pb.TokenizeResult, tokens: list[int],
+                     offsets_in: bytes | None = None) -> None:
+        """Ids, pieces and count, with the offsets of the tokens in `offsets_in` when given."""
+        result.count = len(tokens)
+        pieces: list[bytes] = []
         # In slices: one protobuf call over 300,000 pieces holds the GIL for ~50 ms, and the
         # event loop (health checks included) would wait that long for it.
         for start in range(0, len(tokens), _TOKENIZE_SLICE):
             part = tokens[start : start + _TOKENIZE_SLICE]
-            response.token_ids.extend(part)
-            response.pieces.extend([self._engine.token_piece(t) for t in part])
-        return response
+            result.token_ids.extend(part)
+            part_pieces = [self._engine.token_piece(t) for t in part]
+            result.pieces.extend(part_pieces)
+            pieces += part_pieces
+        if offsets_in is not None:
+            offsets = token_offsets(offsets_in, pieces)
+            for name in ("byte_starts", "byte_ends", "char_starts", "char_ends"):
+                getattr(result.offsets, name).extend(getattr(offsets, name))
 
     async def GetModelInfo(
         self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext
@@ -201,15 +225,18 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             raise unimplemented([FieldViolation("priority", "this server schedules first come, first served "
                                                 "(scheduling = fifo): leave priority at 0")])
         self._callers.check_priority(identity, request.priority)
+        if request.n > self._validator.limits.max_samples:  # before it is counted as that many places
+            raise invalid_argument([FieldViolation("n", f"at most {self._validator.limits.max_samples} samples")])
+        places = max(1, request.n)
         weight = self._callers.weight(key)
         try:
-            self._shares.check(key, weight, request.priority)
+            self._shares.check(key, weight, request.priority, places)
         except ServiceError as refusal:
             self.rejected_total += 1
             if self._telemetry.enabled:
                 self._telemetry.count_rejection(key, refusal.reason)
             raise
-        with self._shares.hold(key, weight, request.priority), self._lifecycle.call():
+        with self._shares.hold(key, weight, request.priority, places), self._lifecycle.call():
             yield Scheduling(key, weight, request.priority)
 
     async def _validate(
@@ -263,13 +290,15 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self._engine.submit(submitted, self._relay.sink(stream))
         output = request.output
         batching = (output.max_tokens_per_message, max(output.min_tokens_per_message, 1), output.flush_interval_ms / 1000)
-        input_tokens = len(generation.prompt_token_ids)
+        samples = generation.n
+        started: set[int] = set()  # samples that have sent their first message
+        finishes: dict[int, Finish] = {}
         validate_afterwards = generation.constraint is not None and not generation.constraint.spec.strict
-        text: list[str] = []
-        finish = None
+        texts: dict[int, list[str]] = collections.defaultdict(list)
+        ended = False  # every sample finished, or the engine failed the request
         try:
             with self._lifecycle.interruptible(stream.interrupt):
-                while finish is None:
+                while len(finishes) < samples:
                     batch = await stream.next_batch(*batching, heartbeat_s=output.heartbeat_interval_ms / 1000)
                     if self._lifecycle.ending is not None:  # the grace period is over, or the engine died
                         raise self._lifecycle.ending
@@ -277,7 +306,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                         yield pb.GenerateStreamResponse(request_id=request_id, heartbeat=True)
                         continue
                     if isinstance(batch, ErrorEvent):
-                        finish = batch
+                        ended = True
+                        if samples > 1:  # one sample's failure fails the call: the others end with it
+                            self._engine.cancel(engine_id)
                         error = from_engine(batch, request_id)
                         if batch.kind in _REFUSALS:  # for load, after it was let in
                             if batch.kind is ErrorKind.SHED:
@@ -291,32 +322,41 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                         log.log(level, "request %s failed (%s): %s", request_id, error.reason, batch.message,
                                 extra=_ids(request_id))
                         raise error
-                    message = convert.stream_response(request_id, batch, generation.output.return_tokens, input_tokens)
-                    input_tokens = 0  # only on the first message
-                    finish = batch[-1].finish
-                    if finish is not None and finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
-                        # gRPC's contract: a call past the caller's deadline fails. Ending it OK would race
-                        # the caller's own timer, so a loaded client could see either outcome.
-                        finish = None  # logged and traced below as the caller's leaving
-                        raise deadline_exceeded(request_id, batch[-1].generated_tokens)
-                    if validate_afterwards:
-                        text.append(message.text)
+                    for index, events in _by_sample(batch):
+                        first = index not in started
+                        started.add(index)
+                        message = convert.stream_response(request_id, events, generation.output.return_tokens,
+                                                          len(generation.prompt_token_ids) if first else 0)
+                        message.index = index
+                        if first:
+                            message.truncated_input_tokens = generation.truncated_tokens
+                        finish = events[-1].finish
                         if finish is not None:
-                            _report_validation(message.finish, generation, "".join(text))
-                    if tracing:
-                        with tracing.batch(batch):
+                            finishes[index] = finish
+                            if finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
+                                # gRPC's contract: a call past the caller's deadline fails. Ending it OK would
+                                # race the caller's own timer, so a loaded client could see either outcome.
+                                raise deadline_exceeded(request_id, events[-1].generated_tokens)
+                        if validate_afterwards:
+                            texts[index].append(message.text)
                             if finish is not None:
-                                tracing.finished(finish)
+                                _report_validation(message.finish, generation, "".join(texts[index]))
+                        if tracing:
+                            with tracing.batch(events):
+                                if len(finishes) == samples and finish is not None:
+                                    tracing.finished(finish)
+                                yield message
+                        else:
                             yield message
-                    else:
-                        yield message
+            ended = True
+            finish = finishes[0]
             log.info(
                 "request %s finished: %s, %d tokens",
                 request_id, finish.reason.value, finish.usage.completion_tokens, extra=_ids(request_id),
             )
         finally:
             del self._active[key]
-            if finish is None:  # the caller left early (or the server ended it): free the sequence before the next step
+            if not ended:  # the caller left early (or the server ended it): free the sequences before the next step
                 self._engine.cancel(engine_id)
                 expired = generation.deadline is not None and time.monotonic() >= generation.deadline
                 reason = "time_limit" if expired else "cancelled"
@@ -344,6 +384,14 @@ def _ids(request_id: str) -> dict[str, str]:
     span_context = trace.get_current_span().get_span_context()
     trace_id = format(span_context.trace_id, "032x") if span_context.is_valid else ""
     return {"request_id": request_id, "trace_id": trace_id, "caller": auth.caller()}
+
+
+def _by_sample(batch: list[TokenEvent]) -> list[tuple[int, list[TokenEvent]]]:
+    """A batch's events grouped by sample, each sample's in order, the samples in order of first event."""
+    grouped: dict[int, list[TokenEvent]] = {}
+    for event in batch:
+        grouped.setdefault(event.index, []).append(event)
+    return list(grouped.items())
 
 
 def _report_validation(finish: pb.Finish, request: GenerationRequest, text: str) -> None:

@@ -41,29 +41,30 @@ class Shares:
     def total(self) -> int:
         return sum(self._held.values())
 
-    def check(self, key: str, weight: float, priority: int) -> None:
-        """Raises ServiceError (counted in `refused`) when a request of this caller may not come in now."""
+    def check(self, key: str, weight: float, priority: int, places: int = 1) -> None:
+        """Raises ServiceError (counted in `refused`) when a request of this caller, for `places` sequences
+        (its samples), may not come in now."""
         held, total = self._held[key], self.total
-        if total >= self.capacity and not self._may_displace(key, weight, priority):
+        if total + places > self.capacity and not self._may_displace(key, weight, priority):
             self._refuse(key)
             raise overloaded(total, self.capacity)
-        if held >= self.per_caller_limit:
+        if held + places > self.per_caller_limit:
             self._refuse(key)
             raise caller_over_limit(held, self.per_caller_limit)
 
     @contextlib.contextmanager
-    def hold(self, key: str, weight: float, priority: int) -> Iterator[None]:
-        """Holds a place for one request (that `check` let in) while it runs."""
-        self._held[key] += 1
+    def hold(self, key: str, weight: float, priority: int, places: int = 1) -> Iterator[None]:
+        """Holds places for one request's sequences (that `check` let in) while it runs."""
+        self._held[key] += places
         self._weights[key] = weight
-        self._priorities[priority] += 1
+        self._priorities[priority] += places
         try:
             yield
         finally:
-            self._held[key] -= 1
+            self._held[key] -= places
             if not self._held[key]:
                 del self._held[key], self._weights[key]
-            self._priorities[priority] -= 1
+            self._priorities[priority] -= places
             if not self._priorities[priority]:
                 del self._priorities[priority]
 

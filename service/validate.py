@@ -23,12 +23,14 @@ from backend.types import (
     SpeculationParams, StopParams, XtcParams,
 )
 from service.convert import SPECULATION_MODES
+from service.truncation import truncated_chat
 from service.errors import FieldViolation, invalid_argument, not_found_model, out_of_range, unimplemented
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
 _SPECULATION_MODES = {number: mode for mode, number in SPECULATION_MODES.items()}
 DEFAULT_MAX_NEW_TOKENS = 256
+_SHOWN_BAD_IDS = 8
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class Limits:
     max_banned_string_length: int = 256
     max_dry_breakers: int = 16
     max_dry_breaker_length: int = 32
+    max_samples: int = 16
+    """Most samples (n) one request may ask for."""
+    max_tokenize_texts: int = 64
+    """Most texts one Tokenize call may carry (TokenizeRequest.texts)."""
 
 
 class RequestValidator:
@@ -89,19 +95,26 @@ class RequestValidator:
         output = self._output(request.output, violations)
         speculation = self._speculation(request.speculation, violations)
         if request.WhichOneof("input") is None:
-            violations.append(FieldViolation("prompt", "set prompt or chat"))
+            violations.append(FieldViolation("prompt", "set prompt, chat or prompt_token_ids"))
         elif request.HasField("prompt") and not request.prompt:
             violations.append(FieldViolation("prompt", "must not be empty"))
         elif request.HasField("chat"):
             violations.extend(_chat_violations(request.chat))
+        elif request.HasField("prompt_token_ids"):
+            violations.extend(self._token_id_violations(request.prompt_token_ids.ids))
         if constraint is not None:
             for name in ("banned_strings", "token_healing"):
                 if getattr(sampling, name):
                     violations.append(FieldViolation(f"sampling.{name}", "cannot be used with a constraint"))
+        if request.n > self.limits.max_samples:
+            violations.append(FieldViolation("n", f"at most {self.limits.max_samples} samples"))
+        if request.output.prompt_top_logprobs > self.limits.max_top_logprobs:
+            violations.append(FieldViolation("output.prompt_top_logprobs", f"at most {self.limits.max_top_logprobs}"))
         if violations:
             raise invalid_argument(violations)
         self._refuse_unsupported(sampling, speculation)
-        prompt = self.prompt_tokens(request)
+        self._refuse_unsupported_features(request)
+        prompt, kept_messages, truncated = self._prompt(request)
         problem = self._engine.budget_problem(len(prompt), stopping.max_new_tokens)
         if problem:
             raise out_of_range("stopping.max_new_tokens", problem)
@@ -112,7 +125,10 @@ class RequestValidator:
             stopping=stopping,
             output=output,
             speculation=speculation,
-            last_message_start=self._last_message_start(request, prompt),
+            last_message_start=self._last_message_start(kept_messages, prompt),
+            truncated_tokens=truncated,
+            sample_seeds=_sample_seeds(request, sampling) if request.n > 1 else (),
+            prompt_logprobs=request.output.prompt_top_logprobs if _wants_prompt_logprobs(request) else -1,
         ), constraint
 
     def constraint_spec(self, c: pb.Constraint, violations: list[FieldViolation]) -> ConstraintSpec | None:
@@ -148,24 +164,84 @@ class RequestValidator:
             max_whitespace=c.max_whitespace if c.HasField("max_whitespace") else None,
         )
 
+    def check_tokenize(self, request: pb.TokenizeRequest) -> None:
+        """Raises INVALID_ARGUMENT for a Tokenize call of a shape it cannot answer."""
+        texts = request.texts
+        violations = []
+        if texts and request.WhichOneof("input") is not None:
+            violations.append(FieldViolation("texts", f"send texts or {request.WhichOneof('input')}, not both"))
+        if len(texts) > self.limits.max_tokenize_texts:
+            violations.append(FieldViolation("texts", f"{len(texts)} texts; at most {self.limits.max_tokenize_texts}"))
+        if request.return_offsets and request.HasField("chat"):
+            violations.append(FieldViolation("return_offsets", "offsets are for text input, not a chat"))
+        size = input_bytes(request)
+        if size > self.limits.max_input_bytes:
+            violations.append(FieldViolation("texts" if texts else "text",
+                                             f"{size} bytes; at most {self.limits.max_input_bytes}"))
+        if violations:
+            raise invalid_argument(violations)
+
+    def tokenize_texts(self, request: pb.TokenizeRequest) -> list[tuple[bytes, list[int]]]:
+        """Each text of a checked Tokenize call (`texts`, else its one text) as UTF-8 with its tokens."""
+        texts = list(request.texts)
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        return [
+            (data, self._engine.tokenize(text, add_special=add_special))
+            for text, data in ((text, text.encode()) for text in (texts or [request.text]))
+        ]
+
+    def _token_id_violations(self, ids) -> list[FieldViolation]:
+        """Ids outside the vocabulary, the first few by place, then how many more (an error stays small)."""
+        if not ids:
+            return [FieldViolation("prompt_token_ids.ids", "must not be empty")]
+        vocab_size = self._info.vocab_size
+        bad = [i for i, token in enumerate(ids) if not 0 <= token < vocab_size]
+        violations = [
+            FieldViolation(f"prompt_token_ids.ids[{i}]", f"{ids[i]} is not a token id of this model (0 to {vocab_size - 1})")
+            for i in bad[:_SHOWN_BAD_IDS]
+        ]
+        if len(bad) > _SHOWN_BAD_IDS:
+            violations.append(FieldViolation("prompt_token_ids.ids", f"and {len(bad) - _SHOWN_BAD_IDS} more bad ids"))
+        return violations
+
     def prompt_tokens(self, request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> list[int]:
         """Tokenizes the prompt or renders the chat, checking its size and that it fits the context."""
+        return self._prompt(request)[0]
+
+    def _prompt(
+        self, request: pb.GenerateStreamRequest | pb.TokenizeRequest
+    ) -> tuple[list[int], list[ChatMessage], int]:
+        """The prompt's tokens (truncated as the request asks), for a chat the messages they hold, and how
+        many tokens truncation dropped."""
+        truncated = 0
         field_name = request.WhichOneof("input")
         size = input_bytes(request)
         if size > self.limits.max_input_bytes:
             where = field_name or "text"
             raise invalid_argument([FieldViolation(where, f"{size} bytes; at most {self.limits.max_input_bytes}")])
+        keep = request.truncate_input_tokens if isinstance(request, pb.GenerateStreamRequest) else 0
+        messages: list[ChatMessage] = []
         if field_name == "chat":
             messages = [ChatMessage(m.role, m.content) for m in request.chat.messages]
             add_prompt = request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
             # ChatTemplateError: the caller's input
-            tokens = self._engine.render_chat(messages, add_prompt, self._special_tokens_in_chat_content)
+            render = lambda kept: self._engine.render_chat(kept, add_prompt, self._special_tokens_in_chat_content)  # noqa: E731
+            tokens = render(messages)
+            if keep and len(tokens) > keep:
+                full = len(tokens)
+                messages, tokens = truncated_chat(messages, tokens, keep, render)
+                truncated = full - len(tokens)
+        elif field_name == "prompt_token_ids":
+            tokens = list(request.prompt_token_ids.ids)  # as given: the caller decides on BOS
         else:
             text = request.prompt if isinstance(request, pb.GenerateStreamRequest) else request.text
             add_special = True
             if isinstance(request, pb.TokenizeRequest) and request.HasField("add_special_tokens"):
                 add_special = request.add_special_tokens
             tokens = self._engine.tokenize(text, add_special=add_special)
+        if field_name != "chat" and keep and len(tokens) > keep:
+            truncated = len(tokens) - keep
+            tokens = tokens[-keep:]
         if isinstance(request, pb.GenerateStreamRequest) and not tokens:
             raise invalid_argument([FieldViolation(field_name, "tokenizes to nothing")])
         limit = self._info.context_length
@@ -173,13 +249,13 @@ class RequestValidator:
             raise out_of_range(
                 field_name, f"{len(tokens)} prompt tokens leave no room in the {limit}-token context"
             )
-        return tokens
+        return tokens, messages, truncated
 
-    def _last_message_start(self, request: pb.GenerateStreamRequest, prompt: list[int]) -> int:
+    def _last_message_start(self, messages: list[ChatMessage], prompt: list[int]) -> int:
         """Where a chat's last message begins in its tokens: the history before it renders to their prefix."""
-        if request.WhichOneof("input") != "chat" or len(request.chat.messages) < 2:
+        if len(messages) < 2:
             return 0
-        history = [ChatMessage(m.role, m.content) for m in request.chat.messages[:-1]]
+        history = messages[:-1]
         try:
             before = self._engine.render_chat(history, False, self._special_tokens_in_chat_content)
         except ChatTemplateError:  # a template may refuse a history on its own (e.g. ending with the system)
@@ -274,6 +350,19 @@ class RequestValidator:
         if violations:
             raise unimplemented(violations)
 
+    def _refuse_unsupported_features(self, request: pb.GenerateStreamRequest) -> None:
+        """UNIMPLEMENTED, naming each field, for the request options this engine lacks."""
+        asked = {
+            "prompt_token_ids": request.HasField("prompt_token_ids"),
+            "n": request.n > 1,
+            "truncate_input_tokens": request.truncate_input_tokens > 0,
+            "output.prompt_logprobs": _wants_prompt_logprobs(request),
+        }
+        missing = [name for name, on in asked.items() if on and name not in self._info.request_features]
+        if missing:
+            description = "this engine cannot serve it; GetModelInfo.request_features lists what it can"
+            raise unimplemented([FieldViolation(name, description) for name in missing])
+
     def _speculation(self, s: pb.Speculation, violations: list[FieldViolation]) -> SpeculationParams:
         default = self._info.default_speculation
         if s.max_draft_tokens > MAX_DRAFT_TOKENS:
@@ -352,6 +441,19 @@ def _checked(message, prefix: str, violations: list[FieldViolation], **ranges: t
     return check.values()
 
 
+def _wants_prompt_logprobs(request: pb.GenerateStreamRequest) -> bool:
+    return request.output.prompt_logprobs or request.output.prompt_top_logprobs > 0
+
+
+def _sample_seeds(request: pb.GenerateStreamRequest, sampling: SamplingParams) -> tuple[int, ...]:
+    """Each sample's seed: the request's seed + the sample's index when it gave one, else random (0: greedy)."""
+    if sampling.greedy:
+        return (0,) * request.n
+    if request.sampling.HasField("seed"):
+        return tuple((sampling.seed + i) % (MAX_SEED + 1) for i in range(request.n))
+    return (sampling.seed, *(secrets.randbelow(MAX_SEED + 1) for _ in range(request.n - 1)))
+
+
 def _printable_ascii(text: str) -> bool:
     """Request ids go into logs and metadata: no control characters, no line breaks."""
     return all(" " <= c <= "~" for c in text)
@@ -361,8 +463,11 @@ def input_bytes(request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> int:
     """The size of what a request asks to tokenize, as UTF-8 (what the wire carried)."""
     if request.WhichOneof("input") == "chat":
         return sum(len(m.content.encode()) + len(m.role.encode()) for m in request.chat.messages)
-    text = request.text if isinstance(request, pb.TokenizeRequest) else request.prompt
-    return len(text.encode())
+    if isinstance(request, pb.TokenizeRequest):
+        return len(request.text.encode()) + sum(len(text.encode()) for text in request.texts)
+    if request.WhichOneof("input") == "prompt_token_ids":
+        return 4 * len(request.prompt_token_ids.ids)  # checking them is the work, a few bytes each
+    return len(request.prompt.encode())
 
 
 def _chat_violations(chat: pb.Chat) -> list[FieldViolation]:

@@ -167,7 +167,7 @@ def output(draw) -> pb.OutputOptions:
     _set_some(draw, options, {
         "max_tokens_per_message": uint32, "return_token_ids": st.booleans(), "return_logprobs": st.booleans(),
         "top_logprobs": uint32, "heartbeat_interval_ms": uint32, "min_tokens_per_message": uint32,
-        "flush_interval_ms": uint32,
+        "flush_interval_ms": uint32, "prompt_logprobs": st.booleans(), "prompt_top_logprobs": uint32,
     })
     return options
 
@@ -182,6 +182,30 @@ def chats(draw) -> pb.Chat:
     return chat
 
 
+token_ids = st.one_of(
+    st.lists(st.integers(0, 49_151), min_size=1, max_size=40),
+    st.lists(int32, max_size=40),  # ids out of range, negative ones
+    st.integers(1_000, 300_000).map(lambda n: [17] * n),  # past the context, past max_input_bytes
+    st.integers(1_000, 300_000).map(lambda n: [2**31 - 1] * n),  # a flood of bad ids
+)
+
+
+@st.composite
+def tokenize_requests(draw) -> pb.TokenizeRequest:
+    """Tokenize calls: a text, a chat, or a batch of texts (none, many, huge), with or without offsets."""
+    request = pb.TokenizeRequest(model=draw(mostly(st.just(""), odd_text)), return_offsets=draw(st.booleans()))
+    shape = draw(st.sampled_from(["text", "chat", "texts", "both", "none"]))
+    if shape in ("text", "both"):
+        request.text = draw(odd_text)
+    if shape == "chat":
+        request.chat.CopyFrom(draw(chats()))
+    if shape in ("texts", "both"):
+        request.texts.extend(draw(st.lists(odd_text, max_size=draw(mostly(st.just(4), st.just(200))))))
+    if draw(st.booleans()):
+        request.add_special_tokens = draw(st.booleans())
+    return request
+
+
 @st.composite
 def generate_requests(draw) -> pb.GenerateStreamRequest:
     request = pb.GenerateStreamRequest(
@@ -190,8 +214,11 @@ def generate_requests(draw) -> pb.GenerateStreamRequest:
     )
     if draw(st.booleans()):
         request.prompt = draw(odd_text)
+    elif draw(st.booleans()):
+        request.prompt_token_ids.ids.extend(draw(token_ids))
     elif draw(mostly(st.just(True), st.just(False))):
         request.chat.CopyFrom(draw(chats()))
+    _set_some(draw, request, {"n": uint32, "truncate_input_tokens": uint32})
     for name, strategy in (("sampling", sampling()), ("stopping", stopping()), ("output", output())):
         if draw(st.booleans()):
             getattr(request, name).CopyFrom(draw(strategy))

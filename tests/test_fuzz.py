@@ -14,7 +14,7 @@ from grpc_status import rpc_status
 from hypothesis import HealthCheck, given, settings
 
 from conftest import start_server, stop_server
-from hostile_requests import ALLOWED_CODES, MAX_ERROR_BYTES, generate_requests, raw_bytes
+from hostile_requests import ALLOWED_CODES, MAX_ERROR_BYTES, generate_requests, raw_bytes, tokenize_requests
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -75,6 +75,24 @@ def test_fuzzed_requests_get_only_documented_codes(fuzz_channel):
     @given(request=generate_requests())
     def property_(request):
         consume(stub.GenerateStream(request, timeout=20))
+
+    property_()
+    assert_serving(fuzz_channel)
+
+
+def test_fuzzed_tokenize_calls_get_only_documented_codes(fuzz_channel):
+    stub = pb_grpc.GenerationServiceStub(fuzz_channel)
+
+    @settings(FUZZ, max_examples=150)
+    @given(request=tokenize_requests())
+    def property_(request):
+        try:
+            response = stub.Tokenize(request, timeout=20)
+        except grpc.RpcError as error:
+            check_error(error)
+            return
+        if request.return_offsets and request.texts:
+            assert all(len(r.offsets.byte_ends) == r.count for r in response.results)
 
     property_()
     assert_serving(fuzz_channel)

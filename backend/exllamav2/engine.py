@@ -33,6 +33,8 @@ from backend.worker import EngineWorker, WorkerEngine
 
 log = logging.getLogger(__name__)
 
+EXLLAMAV2_REQUEST_FEATURES = ("prompt_token_ids", "truncate_input_tokens")
+
 class ExLlamaV2Engine(WorkerEngine):
     def __init__(self, model_dir: pathlib.Path, config: EngineConfig = EngineConfig()) -> None:
         import llguidance
@@ -110,6 +112,9 @@ class ExLlamaV2Engine(WorkerEngine):
             speculation_modes=(drafts.mode,),
             default_speculation=drafts,
             draft_tokens_per_request=False,
+            # Token input and truncation are the service's; its generator has no prompt logprobs, and n
+            # samples would be n jobs, not one prompt shared: both are UNIMPLEMENTED here.
+            request_features=EXLLAMAV2_REQUEST_FEATURES,
         )
         filter_type = filter_class()
         pieces_with_special = self.tokenizer.get_id_to_piece_list(True)

@@ -30,9 +30,11 @@ from backend.fairness import FairnessPolicy
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
+from backend.llamacpp.prompt_logprobs import score_rows, wants_prompt_logprobs
 from backend.llamacpp.sampling import Sampler, TokenPicker
 from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
+from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
 from backend.llamacpp.speculation import passes_for
 from backend.llamacpp.threads import ThreadTuner
@@ -85,40 +87,55 @@ class LlamaCppCore:
         self._outputs: list[Output] = []
         self.steps = 0
         self.counters = EngineCounters()
+        self.siblings = Siblings()
         self._cache_tokens_total = config.context_length * config.max_batch_size
         self.stats = EngineStats(cache_tokens_total=self._cache_tokens_total)
 
     # -- commands (each returns the events it produced) ------------------------
 
     def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]:
+        leader, *others = [self._sequence(sample, sink) for sample in request.samples()]
+        self.siblings.hold(leader, others)  # they fork from the leader once its prompt is computed
+        self._queue(leader)
+        return self._done()
+
+    def _sequence(self, request: GenerationRequest, sink: EventSink) -> Sequence:
         sampler = Sampler(request.sampling, self.model, self.context_length)
         sampler.start(request.prompt_token_ids)
         layout = PromptLayout.of(len(request.prompt_token_ids), request.last_message_start, self.scheduler.batch_tokens)
-        for shed in self.scheduler.add(Sequence(request, sink, sampler, layout)):
+        return Sequence(request, sink, sampler, layout)
+
+    def _queue(self, seq: Sequence) -> None:
+        for shed in self.scheduler.add(seq):
             self.scheduler.policy.tallies.of(shed).shed_total += 1
             self._fail(shed, "the server is full and this request gave its queue place to a caller under its share "
                        "or of higher priority; retry later or elsewhere", ErrorKind.SHED)
-        return self._done()
+
+    def _group(self, request_id: str) -> list[Sequence]:
+        """Every started or waiting sample of a request (one, unless it asked for several)."""
+        return [seq for seq in self.scheduler.all() if seq.group == request_id]
 
     def cancel(self, order: CancelOrder) -> list[Output]:
-        seq = self.scheduler.find(order.request_id) or self.scheduler.find_waiting(order.request_id)
-        if seq is None:
+        group = self._group(order.request_id)
+        if not group:
             return []  # already finished: nothing to free
-        self._end(seq, FinishReason.CANCELLED)
+        for seq in group:
+            self._end(seq, FinishReason.CANCELLED)
         self.counters.cancelled(order, self.steps, time.monotonic())
         return self._done()
 
     def pause(self, request_id: str) -> list[Output]:
-        seq = self.scheduler.find(request_id)
-        if seq is not None and not seq.paused:
-            seq.paused_since = time.monotonic()
+        for seq in self._group(request_id):
+            if seq.id in self.scheduler.running or seq.id in self.scheduler.preempted:
+                if not seq.paused:
+                    seq.paused_since = time.monotonic()
         return self._done()
 
     def resume(self, request_id: str) -> list[Output]:
-        seq = self.scheduler.find(request_id)
-        if seq is not None:
-            seq.paused_since = None
-            self.scheduler.resumed(seq)
+        for seq in self._group(request_id):
+            if seq.id in self.scheduler.running or seq.id in self.scheduler.preempted:
+                seq.paused_since = None
+                self.scheduler.resumed(seq)
         return self._done()
 
     def has_work(self) -> bool:
@@ -192,11 +209,17 @@ class LlamaCppCore:
     def _decode_and_sample(self, feeds: list[Feed]) -> None:
         self.batch.clear()
         to_sample = []
+        to_score = []  # (sequence, first position, rows): prompt rows whose logits score the prompt
         for feed in feeds:
             seq = feed.sequence
             tokens = [*seq.tokens[seq.cached : seq.cached + feed.count], *feed.proposed]
             complete = seq.cached + feed.count == len(seq.tokens)  # sample only once every known token is in
-            rows = self.batch.add(seq.slot, seq.cached, tokens, logit_rows=1 + len(feed.proposed) if complete else 0)
+            logit_rows = 1 + len(feed.proposed) if complete else 0
+            scores = feed.prefill and wants_prompt_logprobs(seq)
+            rows = self.batch.add(seq.slot, seq.cached, tokens, logit_rows=len(tokens) if scores else logit_rows)
+            if scores:
+                to_score.append((seq, seq.cached, rows))
+                rows = rows[len(rows) - logit_rows :]
             seq.cached += feed.count  # the proposed tokens' cells count once accepted
             if rows:
                 to_sample.append(_ToSample(seq, rows, feed.proposed))
@@ -206,24 +229,31 @@ class LlamaCppCore:
             for feed in feeds:
                 self._fail(feed.sequence, f"llama_decode failed with status {rc}")
             return
+        for seq, start, rows in to_score:  # before sampling: the scores go out with the first token
+            score_rows(self.ctx, self.model, seq, start, rows)
         if not feeds[0].prefill:
             rows = [feed.count + len(feed.proposed) for feed in feeds]
             self._decoded(passes_for(rows), sum(rows), time.perf_counter() - start)
         constrained = [entry.sequence for entry in to_sample if entry.sequence.output.constraint is not None]
         self.picker.fill_masks([(seq.output.constraint, seq.slot) for seq in constrained])
         for entry in to_sample:
-            seq = entry.sequence
-            try:
-                self._sample(entry)
-            except ConstraintFailed as exc:  # the caller's constraint, not the engine, failed
-                self._fail(seq, str(exc), ErrorKind.CONSTRAINT_FAILED)
-            except Exception as exc:  # one sequence's fault must not end the others
-                log.exception("sampling failed for %s", seq.id)
-                self._fail(seq, f"sampling failed: {exc}")
+            self._sample_guarded(entry)
+
+    def _sample_guarded(self, entry: _ToSample) -> None:
+        seq = entry.sequence
+        try:
+            self._sample(entry)
+        except ConstraintFailed as exc:  # the caller's constraint, not the engine, failed
+            self._fail(seq, str(exc), ErrorKind.CONSTRAINT_FAILED)
+        except Exception as exc:  # one sequence's fault must not end the others
+            log.exception("sampling failed for %s", seq.id)
+            self._fail(seq, f"sampling failed: {exc}")
 
     def _sample(self, entry: _ToSample) -> None:
         seq, output = entry.sequence, entry.sequence.output
         output.step = self.steps
+        if self.siblings.holds(seq):  # its prompt is computed: its other samples fork from this row
+            self._fork(seq, entry.rows[0])
         accepted = self._check_proposals(entry)
         if entry.proposed:
             self.counters.draft_tokens_total += len(entry.proposed)
@@ -238,6 +268,26 @@ class LlamaCppCore:
             self._release(seq)
         elif len(seq.tokens) >= self.context_length:  # prompt + output now fill the context
             self._end(seq, FinishReason.CONTEXT_LIMIT)
+
+    def _fork(self, leader: Sequence, row: int) -> None:
+        """Starts the leader's other samples from its prompt cells and this row's logits (see
+        backend.llamacpp.siblings); one finding no free batch place queues instead."""
+        tallies = self.scheduler.policy.tallies
+        for seq in self.siblings.take(leader):
+            if len(self.scheduler.running) >= self.scheduler.max_batch_size:
+                self._queue(seq)
+                continue
+            self.slots.fork(leader, seq, self.scheduler.running.values())
+            self.scheduler.join(seq, self.steps)
+            seq.paused_since = leader.paused_since
+            seq.output.mark_admitted()
+            self.counters.started(seq.prompt_length)
+            tallies.of(seq).prompt_tokens_total += seq.prompt_length
+            seq.output.cached_tokens = seq.prompt_length
+            self.counters.cached_prompt_tokens_total += seq.prompt_length
+            if seq.output.constraint is not None:
+                self.picker.fill_masks([(seq.output.constraint, seq.slot)])
+            self._sample_guarded(_ToSample(seq, [row], ()))
 
     def _decoded(self, passes: int, rows: int, seconds: float) -> None:
         """A decode step's time, for the thread count and the cost model the planner weighs."""
@@ -285,15 +335,19 @@ class LlamaCppCore:
         self._outputs.append((seq.sink, event))
 
     def _end(self, seq: Sequence, reason: FinishReason) -> None:
-        self._emit(seq, seq.output.end(reason))
-        self._release(seq)
+        for sample in (seq, *self.siblings.take(seq)):  # samples still waiting for its prompt end with it
+            self._emit(sample, sample.output.end(reason))
+            self._release(sample)
 
     def _fail(self, seq: Sequence, message: str, kind: ErrorKind = ErrorKind.ENGINE_FAILURE) -> None:
         self._emit(seq, ErrorEvent(message, kind))
         self._release(seq)
+        for sample in self.siblings.take(seq):
+            sample.sampler.free()
 
     def _release(self, seq: Sequence) -> None:
-        self.scheduler.remove(seq)
+        if seq.admissions or seq in self.scheduler.waiting:  # not a sample still waiting for its leader
+            self.scheduler.remove(seq)
         if seq.placed:
             self.slots.vacate(seq)
         elif seq.admissions:  # preempted: its kept cells need not wait for it

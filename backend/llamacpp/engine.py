@@ -7,7 +7,7 @@ from typing import Sequence
 
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
-from backend.engine import CONSTRAINT_KINDS, ChatMessage, ModelInfo
+from backend.engine import ALL_REQUEST_FEATURES, CONSTRAINT_KINDS, ChatMessage, ModelInfo
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
@@ -33,6 +33,7 @@ class LlamaCppEngine(WorkerEngine):
             quantization=self.model.quantization,
             speculation_modes=(SpeculationMode.OFF, SpeculationMode.NGRAM),
             default_speculation=SpeculationParams(config.speculation_mode(SpeculationMode.NGRAM), config.max_draft_tokens),
+            request_features=ALL_REQUEST_FEATURES,
         )
         self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
         self._worker = EngineWorker(self.core, name="llama.cpp-engine")

@@ -190,6 +190,13 @@ class Scheduler:
             self.running[seq.id] = seq
             yield Admission(seq, victim)
 
+    def join(self, seq: Sequence, step: int) -> None:
+        """A sample forked from its request's first (backend.llamacpp.siblings) starts at once, in the batch."""
+        seq.admissions, seq.admitted_step, seq.paused_steps, seq.reads_slowly = 1, step, 0, False
+        seq.replay_until = len(seq.tokens)
+        seq.prefill_turn, seq.queue_turn = next(self._turns), next(self._queue_turns)
+        self.running[seq.id] = seq
+
     def next_feeds(self) -> list[Feed]:
         """This step's rows: one prompt's next group, or every decoding sequence's next token."""
         prefill = self._prefill_feed()

@@ -13,7 +13,7 @@ from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.sampling import Sampler
 from backend.llamacpp.speculation import DraftState
 from backend.sequence import SequenceOutput
-from backend.types import GenerationRequest, SpeculationMode
+from backend.types import SAMPLE_SEPARATOR, GeneratedToken, GenerationRequest, SpeculationMode
 
 
 class Sequence:
@@ -44,12 +44,19 @@ class Sequence:
         """The prompt whose turn is lowest gets the next prefill group (round robin)."""
         self.paused_since: float | None = None
         """Its caller is not reading: it is skipped in batches, and may be preempted."""
+        self.prompt_scores: list[GeneratedToken] = []
+        """With prompt logprobs asked for: the prompt tokens scored so far (see prompt_logprobs)."""
         speculation = request.speculation
         self.draft = DraftState(speculation.max_draft_tokens) if speculation.mode is SpeculationMode.NGRAM else None
 
     @property
     def id(self) -> str:
         return self.request.request_id
+
+    @property
+    def group(self) -> str:
+        """The id of the request it is a sample of (its own, unless it is one of several samples)."""
+        return self.id.rpartition(SAMPLE_SEPARATOR)[0] if self.request.sample_index else self.id
 
     @property
     def prefilling(self) -> bool:

@@ -58,6 +58,17 @@ class Slots:
             llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
         return None
 
+    def fork(self, source: Sequence, seq: Sequence, running: Collection[Sequence]) -> None:
+        """Gives a sequence a free slot holding a copy of `source`'s cells: another sample of the prompt
+        `source` has just computed (see backend.llamacpp.siblings)."""
+        slot = self._pick_slot(None, running)
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+        self._clear_for_reuse(slot)
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self._memory, source.slot, slot, -1, -1)
+        seq.slot, seq.cached, seq.needs_prefix = slot, source.cached, False
+
     def vacate(self, seq: Sequence, returning: bool = False) -> None:
         """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping;
         `returning`: it was preempted, and its cells are kept over others' until it comes back."""
@@ -113,8 +124,9 @@ class Slots:
         return taken
 
     def _best_prefix(self, seq: Sequence, running: Iterable[Sequence]) -> tuple[int | None, int]:
-        """The slot holding the most reusable computed prefix of the sequence's tokens (idle or live), and its length."""
-        if not self._prefix_cache:
+        """The slot holding the most reusable computed prefix of the sequence's tokens (idle or live), and its length.
+        None for one that asked for prompt logprobs: cached rows have no logits, so it computes them all."""
+        if not self._prefix_cache or seq.request.prompt_logprobs >= 0:
             return None, 0
         candidates = list(self.prefixes.matches(seq.tokens, seq.id))
         for other in running:  # a live sequence's prompt cells (see PrefixIndex)
@@ -132,7 +144,7 @@ class Slots:
         return best if best[1] >= (1 if own else MIN_REUSE_TOKENS) else (None, 0)
 
     def _computing_longer_prefix(self, seq: Sequence, available: int, running: Iterable[Sequence]) -> bool:
-        if not self._prefix_cache:
+        if not self._prefix_cache or seq.request.prompt_logprobs >= 0:
             return False
         for other in running:
             if other is seq or other.needs_prefix or other.paused or not other.prefilling or not other.placed:

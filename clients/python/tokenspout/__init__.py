@@ -33,9 +33,12 @@ from tokenspout.responses import (
     Finish,
     Generation,
     ModelInfo,
+    Sample,
     ServerStatus,
     Token,
+    TokenizeResult,
     Tokenized,
+    TokenOffsets,
 )
 from tokenspout.retry import RetryPolicy
 
@@ -68,12 +71,15 @@ __all__ = [
     "PermissionDeniedError",
     "Reason",
     "RetryPolicy",
+    "Sample",
     "Sampling",
     "ServerStatus",
     "Stopping",
     "Stream",
     "Tls",
     "Token",
+    "TokenOffsets",
+    "TokenizeResult",
     "Tokenized",
     "TokenspoutError",
     "UnauthenticatedError",

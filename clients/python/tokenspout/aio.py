@@ -115,11 +115,15 @@ class AsyncClient:
         /,
         *,
         messages: Sequence[rq.Message | Mapping[str, str]] | None = None,
+        texts: Sequence[str] | None = None,
+        return_offsets: bool = False,
         add_special_tokens: bool | None = None,
         model: str = "",
         timeout: float | None = None,
     ) -> rs.Tokenized:
-        request = rq.tokenize_request(text, messages, add_special_tokens, model)
+        """Token ids of a text, a chat, or several texts (`texts=`: answered in `results`); with
+        `return_offsets`, where each token lies in its text."""
+        request = rq.tokenize_request(text, messages, add_special_tokens, model, texts, return_offsets)
         return rs.from_proto(rs.Tokenized, await self._unary(self.stub.Tokenize, request, timeout))
 
     async def model_info(self, *, model: str = "", timeout: float | None = None) -> rs.ModelInfo:

@@ -120,6 +120,8 @@ class Output:
     heartbeat_interval_ms: int = 0
     min_tokens_per_message: int = 0
     flush_interval_ms: int = 0
+    prompt_logprobs: bool = False
+    prompt_top_logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,12 @@ class GenerateOptions(TypedDict, total=False):
 
     messages: Sequence[Message | Mapping[str, str]]
     add_generation_prompt: bool
+    prompt_token_ids: Sequence[int]
+    """Token ids as the input, instead of a prompt or messages (no BOS is added)."""
+    n: int
+    """How many samples of the prompt (default 1); chunks carry their sample's `index`."""
+    truncate_input_tokens: int
+    """Keep only the last this many prompt tokens (a chat drops whole messages); 0: keep all."""
     max_new_tokens: int
     temperature: float
     seed: int
@@ -213,14 +221,18 @@ def constraint_of(
 def generate_request(message_class: type, prompt: str | None, options: GenerateOptions) -> Any:
     """Builds a GenerateStreamRequest or GenerateRequest (same fields) from stream()/generate() arguments."""
     messages = options.get("messages")
-    if (prompt is None) == (messages is None):
-        raise ValueError("give either a prompt or messages=")
+    token_ids = options.get("prompt_token_ids")
+    if sum(given is not None for given in (prompt, messages, token_ids)) != 1:
+        raise ValueError("give one of a prompt, messages= or prompt_token_ids=")
     request = message_class(
         request_id=options.get("request_id", ""), model=options.get("model", ""),
         priority=options.get("priority", 0), queue_timeout_ms=options.get("queue_timeout_ms", 0),
+        n=options.get("n", 0), truncate_input_tokens=options.get("truncate_input_tokens", 0),
     )
     if prompt is not None:
         request.prompt = prompt
+    elif token_ids is not None:
+        request.prompt_token_ids.ids.extend(token_ids)
     else:
         request.chat.messages.extend(chat_message(m) for m in messages or ())
         if "add_generation_prompt" in options:
@@ -254,13 +266,18 @@ def generate_request(message_class: type, prompt: str | None, options: GenerateO
 
 
 def tokenize_request(
-    text: str | None, messages: Sequence[Message | Mapping[str, str]] | None, add_special_tokens: bool | None, model: str
+    text: str | None, messages: Sequence[Message | Mapping[str, str]] | None, add_special_tokens: bool | None, model: str,
+    texts: Sequence[str] | None = None, return_offsets: bool = False,
 ) -> pb.TokenizeRequest:
-    if (text is None) == (messages is None):
-        raise ValueError("give either text or messages=")
-    request = pb.TokenizeRequest(model=model)
+    if sum(given is not None for given in (text, messages, texts)) != 1:
+        raise ValueError("give one of text, messages= or texts=")
+    request = pb.TokenizeRequest(model=model, return_offsets=return_offsets)
     if text is not None:
         request.text = text
+    elif texts is not None:
+        if not texts:
+            raise ValueError("texts= needs at least one text")
+        request.texts.extend(texts)
     else:
         request.chat.messages.extend(chat_message(m) for m in messages or ())
     if add_special_tokens is not None:

@@ -66,13 +66,27 @@ class Token:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One streamed message: new text, and `finish` on the last one."""
+    """One streamed message: new text, and `finish` on the last one (of its sample: see `index`)."""
 
     request_id: str = ""
     text: str = ""
     tokens: list[Token] = field(default_factory=list)
     generated_tokens: int = 0
     input_tokens: int = 0
+    finish: Finish | None = None
+    index: int = 0
+    prompt_tokens: list[Token] = field(default_factory=list)
+    truncated_input_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One of n samples of a generation."""
+
+    index: int = 0
+    text: str = ""
+    tokens: list[Token] = field(default_factory=list)
+    generated_tokens: int = 0
     finish: Finish | None = None
 
 
@@ -86,6 +100,11 @@ class Generation:
     generated_tokens: int = 0
     input_tokens: int = 0
     finish: Finish | None = None
+    index: int = 0
+    prompt_tokens: list[Token] = field(default_factory=list)
+    truncated_input_tokens: int = 0
+    samples: list[Sample] = field(default_factory=list)
+    """With n > 1: every sample, the first one (the fields above) included."""
 
     def parse(self, model: type[T]) -> T:
         """The text validated into a pydantic model (for a json_schema= generation)."""
@@ -93,10 +112,31 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class TokenOffsets:
+    """Token i covers bytes [byte_starts[i], byte_ends[i]) of the text's UTF-8, characters [char_starts[i], char_ends[i])."""
+
+    byte_starts: list[int] = field(default_factory=list)
+    byte_ends: list[int] = field(default_factory=list)
+    char_starts: list[int] = field(default_factory=list)
+    char_ends: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    token_ids: list[int] = field(default_factory=list)
+    pieces: list[bytes] = field(default_factory=list)
+    count: int = 0
+    offsets: TokenOffsets | None = None
+
+
+@dataclass(frozen=True)
 class Tokenized:
     token_ids: list[int] = field(default_factory=list)
     pieces: list[bytes] = field(default_factory=list)
     count: int = 0
+    offsets: TokenOffsets | None = None
+    results: list[TokenizeResult] = field(default_factory=list)
+    """For texts=: one result per text, in order."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +167,8 @@ class Limits:
     max_stop_sequence_length: int = 0
     max_top_logprobs: int = 0
     max_logit_bias_entries: int = 0
+    max_samples: int = 0
+    max_tokenize_texts: int = 0
 
 
 @dataclass(frozen=True)
@@ -141,6 +183,7 @@ class ModelInfo:
     limits: Limits | None = None
     has_chat_template: bool = False
     quantization: str = ""
+    request_features: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -47,13 +47,13 @@ class StreamState:
 
     @property
     def text(self) -> str:
-        """The text received so far."""
-        return "".join(chunk.text for chunk in self._chunks)
+        """The text received so far (of the first sample)."""
+        return "".join(chunk.text for chunk in self._chunks if chunk.index == 0)
 
     @property
     def finish(self) -> rs.Finish | None:
-        """How the generation ended, once the last chunk has arrived."""
-        return self._chunks[-1].finish if self._chunks else None
+        """How the generation (its first sample) ended, once its last chunk has arrived."""
+        return next((chunk.finish for chunk in reversed(self._chunks) if chunk.index == 0 and chunk.finish), None)
 
     @property
     def retries(self) -> int:
@@ -66,13 +66,25 @@ class StreamState:
 
 
 def generation(chunks: Sequence[rs.Chunk]) -> rs.Generation:
-    """The whole generation from its chunks."""
-    last = chunks[-1] if chunks else rs.Chunk()
+    """The whole generation from its chunks: sample 0's, with every sample in `samples` when there are several."""
+    by_sample: dict[int, list[rs.Chunk]] = {}
+    for chunk in chunks:
+        by_sample.setdefault(chunk.index, []).append(chunk)
+    samples = [
+        rs.Sample(index=index, text="".join(c.text for c in part), tokens=[t for c in part for t in c.tokens],
+                  generated_tokens=part[-1].generated_tokens, finish=part[-1].finish)
+        for index, part in sorted(by_sample.items())
+    ]
+    first = by_sample.get(0, [rs.Chunk()])
+    sample = samples[0] if samples else rs.Sample()
     return rs.Generation(
-        request_id=last.request_id,
-        text="".join(c.text for c in chunks),
-        tokens=[t for c in chunks for t in c.tokens],
-        generated_tokens=last.generated_tokens,
-        input_tokens=chunks[0].input_tokens if chunks else 0,
-        finish=last.finish,
+        request_id=first[0].request_id,
+        text=sample.text,
+        tokens=sample.tokens,
+        generated_tokens=sample.generated_tokens,
+        input_tokens=first[0].input_tokens,
+        finish=sample.finish,
+        prompt_tokens=first[0].prompt_tokens,
+        truncated_input_tokens=first[0].truncated_input_tokens,
+        samples=samples if len(samples) > 1 else [],
     )

@@ -85,6 +85,18 @@ function bearer(apiKey: string): Interceptor {
 
 const RETRYABLE = new Set([Code.ResourceExhausted, Code.Unavailable]);
 
+/** A stream's responses grouped by sample (`index`, see GenerateStreamRequest.n), each sample's in order. */
+export function bySample(responses: Iterable<GenerateStreamResponse>): Map<number, GenerateStreamResponse[]> {
+  const samples = new Map<number, GenerateStreamResponse[]>();
+  for (const response of responses) {
+    if (response.heartbeat) continue;
+    const sample = samples.get(response.index) ?? [];
+    sample.push(response);
+    samples.set(response.index, sample);
+  }
+  return samples;
+}
+
 export class TokenspoutClient {
   /** The generated client, for anything the wrapper does not cover. */
   readonly raw: Client<typeof GenerationService>;

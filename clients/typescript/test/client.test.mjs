@@ -10,6 +10,7 @@ import {
   OverloadedError,
   TokenspoutClient,
   UnauthenticatedError,
+  bySample,
   jsonSchema,
 } from "../dist/index.js";
 import { authAddress, fullAddress, mainAddress, stopServers } from "./servers.mjs";
@@ -172,4 +173,29 @@ test("the API key is sent as a bearer token; without it the call is UNAUTHENTICA
     withKey.close();
     withoutKey.close();
   }
+});
+
+test("n samples, token input, truncation and token offsets", async () => {
+  const info = await client.modelInfo();
+  assert.ok(info.requestFeatures.includes("n") && info.limits?.maxSamples === 16);
+  const tokens = await client.tokenize({ texts: ["héllo 🙂", "world"], returnOffsets: true, addSpecialTokens: false });
+  assert.equal(tokens.results.length, 2);
+  assert.equal(tokens.results[0].offsets?.byteEnds.at(-1), Buffer.byteLength("héllo 🙂"));
+  assert.equal(tokens.results[0].offsets?.charEnds.at(-1), [..."héllo 🙂"].length);
+  const request = {
+    input: { case: "promptTokenIds", value: { ids: [...tokens.results[0].tokenIds, ...tokens.results[1].tokenIds] } },
+    n: 3,
+    truncateInputTokens: 2,
+    sampling: { temperature: 1, seed: 5n },
+    stopping: { maxNewTokens: 4, ignoreEos: true },
+  };
+  const samples = bySample(await collect(client.stream(request)));
+  assert.deepEqual([...samples.keys()].sort(), [0, 1, 2]);
+  for (const [index, responses] of samples) {
+    assert.equal(responses[0].inputTokens, 2);
+    assert.equal(responses.at(-1).finish?.seed, 5n + BigInt(index));
+  }
+  const unary = await client.generate(request);
+  assert.equal(unary.samples.length, 3);
+  assert.equal(unary.truncatedInputTokens, tokens.results[0].count + tokens.results[1].count - 2);
 });

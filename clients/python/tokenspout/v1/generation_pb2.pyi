@@ -40,11 +40,12 @@ FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_CONSTRAINT_COMPLETE: FinishReason
 
 class GenerateStreamRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "chat", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms")
+    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms", "n", "truncate_input_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
@@ -52,10 +53,13 @@ class GenerateStreamRequest(_message.Message):
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
     chat: Chat
+    prompt_token_ids: TokenIds
     sampling: SamplingParams
     stopping: StoppingCriteria
     constraint: Constraint
@@ -63,14 +67,17 @@ class GenerateStreamRequest(_message.Message):
     speculation: Speculation
     priority: int
     queue_timeout_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ...) -> None: ...
+    n: int
+    truncate_input_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ..., n: _Optional[int] = ..., truncate_input_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "chat", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms")
+    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms", "n", "truncate_input_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
@@ -78,10 +85,13 @@ class GenerateRequest(_message.Message):
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     QUEUE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
     chat: Chat
+    prompt_token_ids: TokenIds
     sampling: SamplingParams
     stopping: StoppingCriteria
     constraint: Constraint
@@ -89,7 +99,15 @@ class GenerateRequest(_message.Message):
     speculation: Speculation
     priority: int
     queue_timeout_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ...) -> None: ...
+    n: int
+    truncate_input_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ..., n: _Optional[int] = ..., truncate_input_tokens: _Optional[int] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Speculation(_message.Message):
     __slots__ = ("mode", "max_draft_tokens")
@@ -241,7 +259,7 @@ class Choices(_message.Message):
     def __init__(self, values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OutputOptions(_message.Message):
-    __slots__ = ("max_tokens_per_message", "return_token_ids", "return_logprobs", "top_logprobs", "heartbeat_interval_ms", "min_tokens_per_message", "flush_interval_ms")
+    __slots__ = ("max_tokens_per_message", "return_token_ids", "return_logprobs", "top_logprobs", "heartbeat_interval_ms", "min_tokens_per_message", "flush_interval_ms", "prompt_logprobs", "prompt_top_logprobs")
     MAX_TOKENS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETURN_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +267,8 @@ class OutputOptions(_message.Message):
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FLUSH_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_tokens_per_message: int
     return_token_ids: bool
     return_logprobs: bool
@@ -256,10 +276,12 @@ class OutputOptions(_message.Message):
     heartbeat_interval_ms: int
     min_tokens_per_message: int
     flush_interval_ms: int
-    def __init__(self, max_tokens_per_message: _Optional[int] = ..., return_token_ids: _Optional[bool] = ..., return_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., min_tokens_per_message: _Optional[int] = ..., flush_interval_ms: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: bool
+    prompt_top_logprobs: int
+    def __init__(self, max_tokens_per_message: _Optional[int] = ..., return_token_ids: _Optional[bool] = ..., return_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., min_tokens_per_message: _Optional[int] = ..., flush_interval_ms: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., prompt_top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat")
+    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat", "index", "prompt_tokens", "truncated_input_tokens", "samples")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -267,6 +289,10 @@ class GenerateStreamResponse(_message.Message):
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     tokens: _containers.RepeatedCompositeFieldContainer[Token]
@@ -274,10 +300,14 @@ class GenerateStreamResponse(_message.Message):
     input_tokens: int
     finish: Finish
     heartbeat: bool
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+    index: int
+    prompt_tokens: _containers.RepeatedCompositeFieldContainer[Token]
+    truncated_input_tokens: int
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., index: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., truncated_input_tokens: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat")
+    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat", "index", "prompt_tokens", "truncated_input_tokens", "samples")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +315,10 @@ class GenerateResponse(_message.Message):
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     tokens: _containers.RepeatedCompositeFieldContainer[Token]
@@ -292,7 +326,25 @@ class GenerateResponse(_message.Message):
     input_tokens: int
     finish: Finish
     heartbeat: bool
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+    index: int
+    prompt_tokens: _containers.RepeatedCompositeFieldContainer[Token]
+    truncated_input_tokens: int
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., index: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., truncated_input_tokens: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("index", "text", "tokens", "generated_tokens", "finish")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    text: str
+    tokens: _containers.RepeatedCompositeFieldContainer[Token]
+    generated_tokens: int
+    finish: Finish
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
 
 class Token(_message.Message):
     __slots__ = ("id", "text", "bytes", "logprob", "top_logprobs")
@@ -391,26 +443,58 @@ class CompileConstraintResponse(_message.Message):
     def __init__(self, compile_ms: _Optional[float] = ..., cached: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("model", "text", "chat", "add_special_tokens")
+    __slots__ = ("model", "text", "chat", "add_special_tokens", "return_offsets", "texts")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     text: str
     chat: Chat
     add_special_tokens: bool
-    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+    return_offsets: bool
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ..., return_offsets: _Optional[bool] = ..., texts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
-    __slots__ = ("token_ids", "pieces", "count")
+    __slots__ = ("token_ids", "pieces", "count", "offsets", "results")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PIECES_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     pieces: _containers.RepeatedScalarFieldContainer[bytes]
     count: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., pieces: _Optional[_Iterable[bytes]] = ..., count: _Optional[int] = ...) -> None: ...
+    offsets: TokenOffsets
+    results: _containers.RepeatedCompositeFieldContainer[TokenizeResult]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., pieces: _Optional[_Iterable[bytes]] = ..., count: _Optional[int] = ..., offsets: _Optional[_Union[TokenOffsets, _Mapping]] = ..., results: _Optional[_Iterable[_Union[TokenizeResult, _Mapping]]] = ...) -> None: ...
+
+class TokenizeResult(_message.Message):
+    __slots__ = ("token_ids", "pieces", "count", "offsets")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    pieces: _containers.RepeatedScalarFieldContainer[bytes]
+    count: int
+    offsets: TokenOffsets
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., pieces: _Optional[_Iterable[bytes]] = ..., count: _Optional[int] = ..., offsets: _Optional[_Union[TokenOffsets, _Mapping]] = ...) -> None: ...
+
+class TokenOffsets(_message.Message):
+    __slots__ = ("byte_starts", "byte_ends", "char_starts", "char_ends")
+    BYTE_STARTS_FIELD_NUMBER: _ClassVar[int]
+    BYTE_ENDS_FIELD_NUMBER: _ClassVar[int]
+    CHAR_STARTS_FIELD_NUMBER: _ClassVar[int]
+    CHAR_ENDS_FIELD_NUMBER: _ClassVar[int]
+    byte_starts: _containers.RepeatedScalarFieldContainer[int]
+    byte_ends: _containers.RepeatedScalarFieldContainer[int]
+    char_starts: _containers.RepeatedScalarFieldContainer[int]
+    char_ends: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, byte_starts: _Optional[_Iterable[int]] = ..., byte_ends: _Optional[_Iterable[int]] = ..., char_starts: _Optional[_Iterable[int]] = ..., char_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_ids",)
@@ -519,7 +603,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation")
+    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -532,6 +616,7 @@ class GetModelInfoResponse(_message.Message):
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_MODES_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FEATURES_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     engine: str
     context_length: int
@@ -544,7 +629,8 @@ class GetModelInfoResponse(_message.Message):
     quantization: str
     speculation_modes: _containers.RepeatedScalarFieldContainer[SpeculationMode]
     default_speculation: Speculation
-    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ...) -> None: ...
+    request_features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SpecialTokens(_message.Message):
     __slots__ = ("bos_token_id", "eos_token_ids", "pad_token_id")
@@ -557,17 +643,21 @@ class SpecialTokens(_message.Message):
     def __init__(self, bos_token_id: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., pad_token_id: _Optional[int] = ...) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_batch_size", "max_new_tokens", "max_stop_sequences", "max_stop_sequence_length", "max_top_logprobs", "max_logit_bias_entries")
+    __slots__ = ("max_batch_size", "max_new_tokens", "max_stop_sequences", "max_stop_sequence_length", "max_top_logprobs", "max_logit_bias_entries", "max_samples", "max_tokenize_texts")
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_STOP_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     MAX_STOP_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MAX_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     MAX_LOGIT_BIAS_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENIZE_TEXTS_FIELD_NUMBER: _ClassVar[int]
     max_batch_size: int
     max_new_tokens: int
     max_stop_sequences: int
     max_stop_sequence_length: int
     max_top_logprobs: int
     max_logit_bias_entries: int
-    def __init__(self, max_batch_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_stop_sequence_length: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ..., max_logit_bias_entries: _Optional[int] = ...) -> None: ...
+    max_samples: int
+    max_tokenize_texts: int
+    def __init__(self, max_batch_size: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_stop_sequence_length: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ..., max_logit_bias_entries: _Optional[int] = ..., max_samples: _Optional[int] = ..., max_tokenize_texts: _Optional[int] = ...) -> None: ...

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tokenspout/v1/generation.proto.
  */
 export const file_tokenspout_v1_generation: GenFile = /*@__PURE__*/
-  fileDesc("Ch50b2tlbnNwb3V0L3YxL2dlbmVyYXRpb24ucHJvdG8SDXRva2Vuc3BvdXQudjEimAMKFUdlbmVyYXRlU3RyZWFtUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIvCghzYW1wbGluZxgFIAEoCzIdLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMSMQoIc3RvcHBpbmcYBiABKAsyHy50b2tlbnNwb3V0LnYxLlN0b3BwaW5nQ3JpdGVyaWESLQoKY29uc3RyYWludBgHIAEoCzIZLnRva2Vuc3BvdXQudjEuQ29uc3RyYWludBIsCgZvdXRwdXQYCCABKAsyHC50b2tlbnNwb3V0LnYxLk91dHB1dE9wdGlvbnMSLwoLc3BlY3VsYXRpb24YCSABKAsyGi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uEhAKCHByaW9yaXR5GAogASgFEhgKEHF1ZXVlX3RpbWVvdXRfbXMYCyABKA1CBwoFaW5wdXQikgMKD0dlbmVyYXRlUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIvCghzYW1wbGluZxgFIAEoCzIdLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMSMQoIc3RvcHBpbmcYBiABKAsyHy50b2tlbnNwb3V0LnYxLlN0b3BwaW5nQ3JpdGVyaWESLQoKY29uc3RyYWludBgHIAEoCzIZLnRva2Vuc3BvdXQudjEuQ29uc3RyYWludBIsCgZvdXRwdXQYCCABKAsyHC50b2tlbnNwb3V0LnYxLk91dHB1dE9wdGlvbnMSLwoLc3BlY3VsYXRpb24YCSABKAsyGi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uEhAKCHByaW9yaXR5GAogASgFEhgKEHF1ZXVlX3RpbWVvdXRfbXMYCyABKA1CBwoFaW5wdXQiVQoLU3BlY3VsYXRpb24SLAoEbW9kZRgBIAEoDjIeLnRva2Vuc3BvdXQudjEuU3BlY3VsYXRpb25Nb2RlEhgKEG1heF9kcmFmdF90b2tlbnMYAiABKA0icgoEQ2hhdBIsCghtZXNzYWdlcxgBIAMoCzIaLnRva2Vuc3BvdXQudjEuQ2hhdE1lc3NhZ2USIgoVYWRkX2dlbmVyYXRpb25fcHJvbXB0GAIgASgISACIAQFCGAoWX2FkZF9nZW5lcmF0aW9uX3Byb21wdCIsCgtDaGF0TWVzc2FnZRIMCgRyb2xlGAEgASgJEg8KB2NvbnRlbnQYAiABKAki1QYKDlNhbXBsaW5nUGFyYW1zEhgKC3RlbXBlcmF0dXJlGAEgASgCSACIAQESEgoFdG9wX2sYAiABKA1IAYgBARISCgV0b3BfcBgDIAEoAkgCiAEBEhIKBW1pbl9wGAQgASgCSAOIAQESFgoJdHlwaWNhbF9wGAUgASgCSASIAQESHwoScmVwZXRpdGlvbl9wZW5hbHR5GAYgASgCSAWIAQESHQoQcHJlc2VuY2VfcGVuYWx0eRgHIAEoAkgGiAEBEh4KEWZyZXF1ZW5jeV9wZW5hbHR5GAggASgCSAeIAQESEQoEc2VlZBgJIAEoBEgIiAEBEkAKCmxvZ2l0X2JpYXMYCiADKAsyLC50b2tlbnNwb3V0LnYxLlNhbXBsaW5nUGFyYW1zLkxvZ2l0Qmlhc0VudHJ5EhsKDnBlbmFsdHlfbGFzdF9uGAsgASgNSAmIAQESJgoDZHJ5GAwgASgLMhkudG9rZW5zcG91dC52MS5EcnlTYW1wbGVyEiYKA3h0YxgNIAEoCzIZLnRva2Vuc3BvdXQudjEuWHRjU2FtcGxlchIwCghtaXJvc3RhdBgOIAEoCzIeLnRva2Vuc3BvdXQudjEuTWlyb3N0YXRTYW1wbGVyEhIKBXRvcF9hGA8gASgCSAqIAQESEAoDdGZzGBAgASgCSAuIAQESEQoEc2tldxgRIAEoAkgMiAEBEh0KEHNtb290aGluZ19mYWN0b3IYEiABKAJIDYgBARIWCg5iYW5uZWRfc3RyaW5ncxgTIAMoCRIVCg10b2tlbl9oZWFsaW5nGBQgASgIGjAKDkxvZ2l0Qmlhc0VudHJ5EgsKA2tleRgBIAEoBRINCgV2YWx1ZRgCIAEoAjoCOAFCDgoMX3RlbXBlcmF0dXJlQggKBl90b3Bfa0IICgZfdG9wX3BCCAoGX21pbl9wQgwKCl90eXBpY2FsX3BCFQoTX3JlcGV0aXRpb25fcGVuYWx0eUITChFfcHJlc2VuY2VfcGVuYWx0eUIUChJfZnJlcXVlbmN5X3BlbmFsdHlCBwoFX3NlZWRCEQoPX3BlbmFsdHlfbGFzdF9uQggKBl90b3BfYUIGCgRfdGZzQgcKBV9za2V3QhMKEV9zbW9vdGhpbmdfZmFjdG9yIssBCgpEcnlTYW1wbGVyEhcKCm11bHRpcGxpZXIYASABKAJIAIgBARIRCgRiYXNlGAIgASgCSAGIAQESGwoOYWxsb3dlZF9sZW5ndGgYAyABKA1IAogBARIbCg5wZW5hbHR5X2xhc3RfbhgEIAEoDUgDiAEBEhkKEXNlcXVlbmNlX2JyZWFrZXJzGAUgAygJQg0KC19tdWx0aXBsaWVyQgcKBV9iYXNlQhEKD19hbGxvd2VkX2xlbmd0aEIRCg9fcGVuYWx0eV9sYXN0X24iXAoKWHRjU2FtcGxlchIYCgtwcm9iYWJpbGl0eRgBIAEoAkgAiAEBEhYKCXRocmVzaG9sZBgCIAEoAkgBiAEBQg4KDF9wcm9iYWJpbGl0eUIMCgpfdGhyZXNob2xkIkUKD01pcm9zdGF0U2FtcGxlchIQCgN0YXUYASABKAJIAIgBARIQCgNldGEYAiABKAJIAYgBAUIGCgRfdGF1QgYKBF9ldGEiiwIKEFN0b3BwaW5nQ3JpdGVyaWESGwoObWF4X25ld190b2tlbnMYASABKA1IAIgBARIbCg5taW5fbmV3X3Rva2VucxgCIAEoDUgBiAEBEhYKDnN0b3Bfc2VxdWVuY2VzGAMgAygJEhYKDnN0b3BfdG9rZW5faWRzGAQgAygFEiIKFWluY2x1ZGVfc3RvcF9zZXF1ZW5jZRgFIAEoCEgCiAEBEhIKCmlnbm9yZV9lb3MYBiABKAgSFQoNdGltZV9saW1pdF9tcxgHIAEoDUIRCg9fbWF4X25ld190b2tlbnNCEQoPX21pbl9uZXdfdG9rZW5zQhgKFl9pbmNsdWRlX3N0b3Bfc2VxdWVuY2Ui/QEKCkNvbnN0cmFpbnQSFQoLanNvbl9zY2hlbWEYASABKAlIABIVCgtqc29uX29iamVjdBgCIAEoCEgAEg8KBXJlZ2V4GAMgASgJSAASEQoHZ3JhbW1hchgEIAEoCUgAEigKBmNob2ljZRgFIAEoCzIWLnRva2Vuc3BvdXQudjEuQ2hvaWNlc0gAEhMKBnN0cmljdBgGIAEoCEgBiAEBEhsKE3doaXRlc3BhY2VfZmxleGlibGUYByABKAgSGwoObWF4X3doaXRlc3BhY2UYCCABKA1IAogBAUIGCgRraW5kQgkKB19zdHJpY3RCEQoPX21heF93aGl0ZXNwYWNlIhkKB0Nob2ljZXMSDgoGdmFsdWVzGAEgAygJItIBCg1PdXRwdXRPcHRpb25zEh4KFm1heF90b2tlbnNfcGVyX21lc3NhZ2UYASABKA0SGAoQcmV0dXJuX3Rva2VuX2lkcxgCIAEoCBIXCg9yZXR1cm5fbG9ncHJvYnMYAyABKAgSFAoMdG9wX2xvZ3Byb2JzGAQgASgNEh0KFWhlYXJ0YmVhdF9pbnRlcnZhbF9tcxgFIAEoDRIeChZtaW5fdG9rZW5zX3Blcl9tZXNzYWdlGAYgASgNEhkKEWZsdXNoX2ludGVydmFsX21zGAcgASgNIsoBChZHZW5lcmF0ZVN0cmVhbVJlc3BvbnNlEhIKCnJlcXVlc3RfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIkCgZ0b2tlbnMYAyADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEhgKEGdlbmVyYXRlZF90b2tlbnMYBCABKA0SFAoMaW5wdXRfdG9rZW5zGAUgASgNEiUKBmZpbmlzaBgGIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoEhEKCWhlYXJ0YmVhdBgHIAEoCCLEAQoQR2VuZXJhdGVSZXNwb25zZRISCgpyZXF1ZXN0X2lkGAEgASgJEgwKBHRleHQYAiABKAkSJAoGdG9rZW5zGAMgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIYChBnZW5lcmF0ZWRfdG9rZW5zGAQgASgNEhQKDGlucHV0X3Rva2VucxgFIAEoDRIlCgZmaW5pc2gYBiABKAsyFS50b2tlbnNwb3V0LnYxLkZpbmlzaBIRCgloZWFydGJlYXQYByABKAgigwEKBVRva2VuEgoKAmlkGAEgASgFEgwKBHRleHQYAiABKAkSDQoFYnl0ZXMYAyABKAwSFAoHbG9ncHJvYhgEIAEoAkgAiAEBEi8KDHRvcF9sb2dwcm9icxgFIAMoCzIZLnRva2Vuc3BvdXQudjEuVG9wTG9ncHJvYkIKCghfbG9ncHJvYiI3CgpUb3BMb2dwcm9iEgoKAmlkGAEgASgFEgwKBHRleHQYAiABKAkSDwoHbG9ncHJvYhgDIAEoAiKrAgoGRmluaXNoEisKBnJlYXNvbhgBIAEoDjIbLnRva2Vuc3BvdXQudjEuRmluaXNoUmVhc29uEhcKDXN0b3Bfc2VxdWVuY2UYAiABKAlIABIXCg1zdG9wX3Rva2VuX2lkGAMgASgFSAASDAoEc2VlZBgEIAEoBBIjCgV1c2FnZRgFIAEoCzIULnRva2Vuc3BvdXQudjEuVXNhZ2USJwoHdGltaW5ncxgGIAEoCzIWLnRva2Vuc3BvdXQudjEuVGltaW5ncxIhChRjb25zdHJhaW50X3NhdGlzZmllZBgHIAEoCEgBiAEBEhoKEmNvbnN0cmFpbnRfbWVzc2FnZRgIIAEoCUIOCgxtYXRjaGVkX3N0b3BCFwoVX2NvbnN0cmFpbnRfc2F0aXNmaWVkIoUBCgVVc2FnZRIVCg1wcm9tcHRfdG9rZW5zGAEgASgNEhkKEWNvbXBsZXRpb25fdG9rZW5zGAIgASgNEhUKDWNhY2hlZF90b2tlbnMYAyABKA0SFAoMZHJhZnRfdG9rZW5zGAQgASgNEh0KFWFjY2VwdGVkX2RyYWZ0X3Rva2VucxgFIAEoDSLKAQoHVGltaW5ncxIQCghxdWV1ZV9tcxgBIAEoARIeChZ0aW1lX3RvX2ZpcnN0X3Rva2VuX21zGAIgASgBEhIKCnByZWZpbGxfbXMYAyABKAESEQoJZGVjb2RlX21zGAQgASgBEhAKCHRvdGFsX21zGAUgASgBEhkKEXRva2Vuc19wZXJfc2Vjb25kGAYgASgBEh0KFWNvbnN0cmFpbnRfY29tcGlsZV9tcxgHIAEoARIaChJjb25zdHJhaW50X21hc2tfbXMYCCABKAEiWAoYQ29tcGlsZUNvbnN0cmFpbnRSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEi0KCmNvbnN0cmFpbnQYAiABKAsyGS50b2tlbnNwb3V0LnYxLkNvbnN0cmFpbnQiUQoZQ29tcGlsZUNvbnN0cmFpbnRSZXNwb25zZRISCgpjb21waWxlX21zGAEgASgBEg4KBmNhY2hlZBgCIAEoCBIQCgh3YXJuaW5ncxgDIAMoCSKWAQoPVG9rZW5pemVSZXF1ZXN0Eg0KBW1vZGVsGAEgASgJEg4KBHRleHQYAiABKAlIABIjCgRjaGF0GAMgASgLMhMudG9rZW5zcG91dC52MS5DaGF0SAASHwoSYWRkX3NwZWNpYWxfdG9rZW5zGAQgASgISAGIAQFCBwoFaW5wdXRCFQoTX2FkZF9zcGVjaWFsX3Rva2VucyJEChBUb2tlbml6ZVJlc3BvbnNlEhEKCXRva2VuX2lkcxgBIAMoBRIOCgZwaWVjZXMYAiADKAwSDQoFY291bnQYAyABKA0iJAoNQ2FuY2VsUmVxdWVzdBITCgtyZXF1ZXN0X2lkcxgBIAMoCSI2Cg5DYW5jZWxSZXNwb25zZRIRCgljYW5jZWxsZWQYASADKAkSEQoJbm90X2ZvdW5kGAIgAygJIhgKFkdldFNlcnZlclN0YXR1c1JlcXVlc3QihAYKF0dldFNlcnZlclN0YXR1c1Jlc3BvbnNlEhkKEXJ1bm5pbmdfc2VxdWVuY2VzGAEgASgNEhcKD3F1ZXVlZF9yZXF1ZXN0cxgCIAEoDRIYChBwYXVzZWRfc2VxdWVuY2VzGAMgASgNEhkKEWNhY2hlX3Rva2Vuc191c2VkGAQgASgNEhkKEWNhY2hlX3Rva2Vuc19mcmVlGAUgASgNEhYKDm1heF9iYXRjaF9zaXplGAYgASgNEhsKE21heF9xdWV1ZWRfcmVxdWVzdHMYByABKA0SFAoMZW5naW5lX3N0ZXBzGAggASgEEhcKD2NhbmNlbGxlZF90b3RhbBgJIAEoBBIhChlsYXN0X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAogASgNEh4KFmxhc3RfY2FuY2VsX2xhdGVuY3lfbXMYCyABKAESIAoYbWF4X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAwgASgNEhYKDnJlamVjdGVkX3RvdGFsGA0gASgEEhAKCGRyYWluaW5nGA4gASgIEhUKDXN0YXJ0ZWRfdG90YWwYDyABKAQSFwoPY2FjaGVkX3ByZWZpeGVzGBAgASgNEhwKFGNhY2hlZF9wcmVmaXhfdG9rZW5zGBEgASgEEhsKE3Byb21wdF90b2tlbnNfdG90YWwYEiABKAQSIgoaY2FjaGVkX3Byb21wdF90b2tlbnNfdG90YWwYEyABKAQSHQoVcHJlZml4X2NhY2hlX2hpdF9yYXRlGBQgASgBEhcKD3ByZWVtcHRlZF90b3RhbBgVIAEoBBIbChNwcmVlbXB0ZWRfc2VxdWVuY2VzGBYgASgNEh8KF3JlY29tcHV0ZWRfdG9rZW5zX3RvdGFsGBcgASgEEiwKB2NhbGxlcnMYGCADKAsyGy50b2tlbnNwb3V0LnYxLkNhbGxlclN0YXR1cxIaChJkcmFmdF90b2tlbnNfdG90YWwYGSABKAQSIwobYWNjZXB0ZWRfZHJhZnRfdG9rZW5zX3RvdGFsGBogASgEIp4CCgxDYWxsZXJTdGF0dXMSDgoGY2FsbGVyGAEgASgJEhkKEXJ1bm5pbmdfc2VxdWVuY2VzGAIgASgNEhcKD3F1ZXVlZF9yZXF1ZXN0cxgDIAEoDRIbChNwcmVlbXB0ZWRfc2VxdWVuY2VzGAQgASgNEhsKE3Byb21wdF90b2tlbnNfdG90YWwYBSABKAQSHgoWZ2VuZXJhdGVkX3Rva2Vuc190b3RhbBgGIAEoBBIXCg9wcmVlbXB0ZWRfdG90YWwYByABKAQSFQoNcmVmdXNlZF90b3RhbBgIIAEoBBISCgpzaGVkX3RvdGFsGAkgASgEEhwKFHF1ZXVlX3RpbWVvdXRzX3RvdGFsGAogASgEEg4KBndlaWdodBgLIAEoASIkChNHZXRNb2RlbEluZm9SZXF1ZXN0Eg0KBW1vZGVsGAEgASgJIpIDChRHZXRNb2RlbEluZm9SZXNwb25zZRIQCghtb2RlbF9pZBgBIAEoCRIOCgZlbmdpbmUYAiABKAkSFgoOY29udGV4dF9sZW5ndGgYAyABKA0SEgoKdm9jYWJfc2l6ZRgEIAEoDRI0Cg5zcGVjaWFsX3Rva2VucxgFIAEoCzIcLnRva2Vuc3BvdXQudjEuU3BlY2lhbFRva2VucxIQCghzYW1wbGVycxgGIAMoCRIYChBjb25zdHJhaW50X2tpbmRzGAcgAygJEiUKBmxpbWl0cxgIIAEoCzIVLnRva2Vuc3BvdXQudjEuTGltaXRzEhkKEWhhc19jaGF0X3RlbXBsYXRlGAkgASgIEhQKDHF1YW50aXphdGlvbhgKIAEoCRI5ChFzcGVjdWxhdGlvbl9tb2RlcxgLIAMoDjIeLnRva2Vuc3BvdXQudjEuU3BlY3VsYXRpb25Nb2RlEjcKE2RlZmF1bHRfc3BlY3VsYXRpb24YDCABKAsyGi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uIn4KDVNwZWNpYWxUb2tlbnMSGQoMYm9zX3Rva2VuX2lkGAEgASgFSACIAQESFQoNZW9zX3Rva2VuX2lkcxgCIAMoBRIZCgxwYWRfdG9rZW5faWQYAyABKAVIAYgBAUIPCg1fYm9zX3Rva2VuX2lkQg8KDV9wYWRfdG9rZW5faWQisAEKBkxpbWl0cxIWCg5tYXhfYmF0Y2hfc2l6ZRgBIAEoDRIWCg5tYXhfbmV3X3Rva2VucxgCIAEoDRIaChJtYXhfc3RvcF9zZXF1ZW5jZXMYAyABKA0SIAoYbWF4X3N0b3Bfc2VxdWVuY2VfbGVuZ3RoGAQgASgNEhgKEG1heF90b3BfbG9ncHJvYnMYBSABKA0SHgoWbWF4X2xvZ2l0X2JpYXNfZW50cmllcxgGIAEoDSqLAQoPU3BlY3VsYXRpb25Nb2RlEiAKHFNQRUNVTEFUSU9OX01PREVfVU5TUEVDSUZJRUQQABIYChRTUEVDVUxBVElPTl9NT0RFX09GRhABEhoKFlNQRUNVTEFUSU9OX01PREVfTkdSQU0QAhIgChxTUEVDVUxBVElPTl9NT0RFX0RSQUZUX01PREVMEAMqqgIKDEZpbmlzaFJlYXNvbhIdChlGSU5JU0hfUkVBU09OX1VOU1BFQ0lGSUVEEAASGwoXRklOSVNIX1JFQVNPTl9FT1NfVE9LRU4QARIfChtGSU5JU0hfUkVBU09OX1NUT1BfU0VRVUVOQ0UQAhIcChhGSU5JU0hfUkVBU09OX1NUT1BfVE9LRU4QAxIcChhGSU5JU0hfUkVBU09OX01BWF9UT0tFTlMQBBIcChhGSU5JU0hfUkVBU09OX1RJTUVfTElNSVQQBRIfChtGSU5JU0hfUkVBU09OX0NPTlRFWFRfTElNSVQQBhIbChdGSU5JU0hfUkVBU09OX0NBTkNFTExFRBAHEiUKIUZJTklTSF9SRUFTT05fQ09OU1RSQUlOVF9DT01QTEVURRAIMvgEChFHZW5lcmF0aW9uU2VydmljZRJfCg5HZW5lcmF0ZVN0cmVhbRIkLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVTdHJlYW1SZXF1ZXN0GiUudG9rZW5zcG91dC52MS5HZW5lcmF0ZVN0cmVhbVJlc3BvbnNlMAESSwoIR2VuZXJhdGUSHi50b2tlbnNwb3V0LnYxLkdlbmVyYXRlUmVxdWVzdBofLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVSZXNwb25zZRJLCghUb2tlbml6ZRIeLnRva2Vuc3BvdXQudjEuVG9rZW5pemVSZXF1ZXN0Gh8udG9rZW5zcG91dC52MS5Ub2tlbml6ZVJlc3BvbnNlElcKDEdldE1vZGVsSW5mbxIiLnRva2Vuc3BvdXQudjEuR2V0TW9kZWxJbmZvUmVxdWVzdBojLnRva2Vuc3BvdXQudjEuR2V0TW9kZWxJbmZvUmVzcG9uc2USZgoRQ29tcGlsZUNvbnN0cmFpbnQSJy50b2tlbnNwb3V0LnYxLkNvbXBpbGVDb25zdHJhaW50UmVxdWVzdBooLnRva2Vuc3BvdXQudjEuQ29tcGlsZUNvbnN0cmFpbnRSZXNwb25zZRJFCgZDYW5jZWwSHC50b2tlbnNwb3V0LnYxLkNhbmNlbFJlcXVlc3QaHS50b2tlbnNwb3V0LnYxLkNhbmNlbFJlc3BvbnNlEmAKD0dldFNlcnZlclN0YXR1cxIlLnRva2Vuc3BvdXQudjEuR2V0U2VydmVyU3RhdHVzUmVxdWVzdBomLnRva2Vuc3BvdXQudjEuR2V0U2VydmVyU3RhdHVzUmVzcG9uc2VCoQEKEWRldi50b2tlbnNwb3V0LnYxQg9HZW5lcmF0aW9uUHJvdG9QAVpCZ2l0aHViLmNvbS90b2tlbnNwb3V0L3Rva2Vuc3BvdXQvZ2VuL2dvL3Rva2Vuc3BvdXQvdjE7dG9rZW5zcG91dHYxogIDVFNYqgINVG9rZW5zcG91dC5WMcoCDVRva2Vuc3BvdXRcVjHqAg5Ub2tlbnNwb3V0OjpWMWIGcHJvdG8z");
+  fileDesc("Ch50b2tlbnNwb3V0L3YxL2dlbmVyYXRpb24ucHJvdG8SDXRva2Vuc3BvdXQudjEi9wMKFUdlbmVyYXRlU3RyZWFtUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIzChBwcm9tcHRfdG9rZW5faWRzGAwgASgLMhcudG9rZW5zcG91dC52MS5Ub2tlbklkc0gAEi8KCHNhbXBsaW5nGAUgASgLMh0udG9rZW5zcG91dC52MS5TYW1wbGluZ1BhcmFtcxIxCghzdG9wcGluZxgGIAEoCzIfLnRva2Vuc3BvdXQudjEuU3RvcHBpbmdDcml0ZXJpYRItCgpjb25zdHJhaW50GAcgASgLMhkudG9rZW5zcG91dC52MS5Db25zdHJhaW50EiwKBm91dHB1dBgIIAEoCzIcLnRva2Vuc3BvdXQudjEuT3V0cHV0T3B0aW9ucxIvCgtzcGVjdWxhdGlvbhgJIAEoCzIaLnRva2Vuc3BvdXQudjEuU3BlY3VsYXRpb24SEAoIcHJpb3JpdHkYCiABKAUSGAoQcXVldWVfdGltZW91dF9tcxgLIAEoDRIJCgFuGA0gASgNEh0KFXRydW5jYXRlX2lucHV0X3Rva2VucxgOIAEoDUIHCgVpbnB1dCLxAwoPR2VuZXJhdGVSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSEAoGcHJvbXB0GAMgASgJSAASIwoEY2hhdBgEIAEoCzITLnRva2Vuc3BvdXQudjEuQ2hhdEgAEjMKEHByb21wdF90b2tlbl9pZHMYDCABKAsyFy50b2tlbnNwb3V0LnYxLlRva2VuSWRzSAASLwoIc2FtcGxpbmcYBSABKAsyHS50b2tlbnNwb3V0LnYxLlNhbXBsaW5nUGFyYW1zEjEKCHN0b3BwaW5nGAYgASgLMh8udG9rZW5zcG91dC52MS5TdG9wcGluZ0NyaXRlcmlhEi0KCmNvbnN0cmFpbnQYByABKAsyGS50b2tlbnNwb3V0LnYxLkNvbnN0cmFpbnQSLAoGb3V0cHV0GAggASgLMhwudG9rZW5zcG91dC52MS5PdXRwdXRPcHRpb25zEi8KC3NwZWN1bGF0aW9uGAkgASgLMhoudG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbhIQCghwcmlvcml0eRgKIAEoBRIYChBxdWV1ZV90aW1lb3V0X21zGAsgASgNEgkKAW4YDSABKA0SHQoVdHJ1bmNhdGVfaW5wdXRfdG9rZW5zGA4gASgNQgcKBWlucHV0IhcKCFRva2VuSWRzEgsKA2lkcxgBIAMoBSJVCgtTcGVjdWxhdGlvbhIsCgRtb2RlGAEgASgOMh4udG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbk1vZGUSGAoQbWF4X2RyYWZ0X3Rva2VucxgCIAEoDSJyCgRDaGF0EiwKCG1lc3NhZ2VzGAEgAygLMhoudG9rZW5zcG91dC52MS5DaGF0TWVzc2FnZRIiChVhZGRfZ2VuZXJhdGlvbl9wcm9tcHQYAiABKAhIAIgBAUIYChZfYWRkX2dlbmVyYXRpb25fcHJvbXB0IiwKC0NoYXRNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCSLVBgoOU2FtcGxpbmdQYXJhbXMSGAoLdGVtcGVyYXR1cmUYASABKAJIAIgBARISCgV0b3BfaxgCIAEoDUgBiAEBEhIKBXRvcF9wGAMgASgCSAKIAQESEgoFbWluX3AYBCABKAJIA4gBARIWCgl0eXBpY2FsX3AYBSABKAJIBIgBARIfChJyZXBldGl0aW9uX3BlbmFsdHkYBiABKAJIBYgBARIdChBwcmVzZW5jZV9wZW5hbHR5GAcgASgCSAaIAQESHgoRZnJlcXVlbmN5X3BlbmFsdHkYCCABKAJIB4gBARIRCgRzZWVkGAkgASgESAiIAQESQAoKbG9naXRfYmlhcxgKIAMoCzIsLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSGwoOcGVuYWx0eV9sYXN0X24YCyABKA1ICYgBARImCgNkcnkYDCABKAsyGS50b2tlbnNwb3V0LnYxLkRyeVNhbXBsZXISJgoDeHRjGA0gASgLMhkudG9rZW5zcG91dC52MS5YdGNTYW1wbGVyEjAKCG1pcm9zdGF0GA4gASgLMh4udG9rZW5zcG91dC52MS5NaXJvc3RhdFNhbXBsZXISEgoFdG9wX2EYDyABKAJICogBARIQCgN0ZnMYECABKAJIC4gBARIRCgRza2V3GBEgASgCSAyIAQESHQoQc21vb3RoaW5nX2ZhY3RvchgSIAEoAkgNiAEBEhYKDmJhbm5lZF9zdHJpbmdzGBMgAygJEhUKDXRva2VuX2hlYWxpbmcYFCABKAgaMAoOTG9naXRCaWFzRW50cnkSCwoDa2V5GAEgASgFEg0KBXZhbHVlGAIgASgCOgI4AUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9rQggKBl90b3BfcEIICgZfbWluX3BCDAoKX3R5cGljYWxfcEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5QhMKEV9wcmVzZW5jZV9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUIHCgVfc2VlZEIRCg9fcGVuYWx0eV9sYXN0X25CCAoGX3RvcF9hQgYKBF90ZnNCBwoFX3NrZXdCEwoRX3Ntb290aGluZ19mYWN0b3IiywEKCkRyeVNhbXBsZXISFwoKbXVsdGlwbGllchgBIAEoAkgAiAEBEhEKBGJhc2UYAiABKAJIAYgBARIbCg5hbGxvd2VkX2xlbmd0aBgDIAEoDUgCiAEBEhsKDnBlbmFsdHlfbGFzdF9uGAQgASgNSAOIAQESGQoRc2VxdWVuY2VfYnJlYWtlcnMYBSADKAlCDQoLX211bHRpcGxpZXJCBwoFX2Jhc2VCEQoPX2FsbG93ZWRfbGVuZ3RoQhEKD19wZW5hbHR5X2xhc3RfbiJcCgpYdGNTYW1wbGVyEhgKC3Byb2JhYmlsaXR5GAEgASgCSACIAQESFgoJdGhyZXNob2xkGAIgASgCSAGIAQFCDgoMX3Byb2JhYmlsaXR5QgwKCl90aHJlc2hvbGQiRQoPTWlyb3N0YXRTYW1wbGVyEhAKA3RhdRgBIAEoAkgAiAEBEhAKA2V0YRgCIAEoAkgBiAEBQgYKBF90YXVCBgoEX2V0YSKLAgoQU3RvcHBpbmdDcml0ZXJpYRIbCg5tYXhfbmV3X3Rva2VucxgBIAEoDUgAiAEBEhsKDm1pbl9uZXdfdG9rZW5zGAIgASgNSAGIAQESFgoOc3RvcF9zZXF1ZW5jZXMYAyADKAkSFgoOc3RvcF90b2tlbl9pZHMYBCADKAUSIgoVaW5jbHVkZV9zdG9wX3NlcXVlbmNlGAUgASgISAKIAQESEgoKaWdub3JlX2VvcxgGIAEoCBIVCg10aW1lX2xpbWl0X21zGAcgASgNQhEKD19tYXhfbmV3X3Rva2Vuc0IRCg9fbWluX25ld190b2tlbnNCGAoWX2luY2x1ZGVfc3RvcF9zZXF1ZW5jZSL9AQoKQ29uc3RyYWludBIVCgtqc29uX3NjaGVtYRgBIAEoCUgAEhUKC2pzb25fb2JqZWN0GAIgASgISAASDwoFcmVnZXgYAyABKAlIABIRCgdncmFtbWFyGAQgASgJSAASKAoGY2hvaWNlGAUgASgLMhYudG9rZW5zcG91dC52MS5DaG9pY2VzSAASEwoGc3RyaWN0GAYgASgISAGIAQESGwoTd2hpdGVzcGFjZV9mbGV4aWJsZRgHIAEoCBIbCg5tYXhfd2hpdGVzcGFjZRgIIAEoDUgCiAEBQgYKBGtpbmRCCQoHX3N0cmljdEIRCg9fbWF4X3doaXRlc3BhY2UiGQoHQ2hvaWNlcxIOCgZ2YWx1ZXMYASADKAkiiAIKDU91dHB1dE9wdGlvbnMSHgoWbWF4X3Rva2Vuc19wZXJfbWVzc2FnZRgBIAEoDRIYChByZXR1cm5fdG9rZW5faWRzGAIgASgIEhcKD3JldHVybl9sb2dwcm9icxgDIAEoCBIUCgx0b3BfbG9ncHJvYnMYBCABKA0SHQoVaGVhcnRiZWF0X2ludGVydmFsX21zGAUgASgNEh4KFm1pbl90b2tlbnNfcGVyX21lc3NhZ2UYBiABKA0SGQoRZmx1c2hfaW50ZXJ2YWxfbXMYByABKA0SFwoPcHJvbXB0X2xvZ3Byb2JzGAggASgIEhsKE3Byb21wdF90b3BfbG9ncHJvYnMYCSABKA0izgIKFkdlbmVyYXRlU3RyZWFtUmVzcG9uc2USEgoKcmVxdWVzdF9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEiQKBnRva2VucxgDIAMoCzIULnRva2Vuc3BvdXQudjEuVG9rZW4SGAoQZ2VuZXJhdGVkX3Rva2VucxgEIAEoDRIUCgxpbnB1dF90b2tlbnMYBSABKA0SJQoGZmluaXNoGAYgASgLMhUudG9rZW5zcG91dC52MS5GaW5pc2gSEQoJaGVhcnRiZWF0GAcgASgIEg0KBWluZGV4GAggASgNEisKDXByb21wdF90b2tlbnMYCSADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEh4KFnRydW5jYXRlZF9pbnB1dF90b2tlbnMYCiABKA0SJgoHc2FtcGxlcxgLIAMoCzIVLnRva2Vuc3BvdXQudjEuU2FtcGxlIsgCChBHZW5lcmF0ZVJlc3BvbnNlEhIKCnJlcXVlc3RfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIkCgZ0b2tlbnMYAyADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEhgKEGdlbmVyYXRlZF90b2tlbnMYBCABKA0SFAoMaW5wdXRfdG9rZW5zGAUgASgNEiUKBmZpbmlzaBgGIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoEhEKCWhlYXJ0YmVhdBgHIAEoCBINCgVpbmRleBgIIAEoDRIrCg1wcm9tcHRfdG9rZW5zGAkgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIeChZ0cnVuY2F0ZWRfaW5wdXRfdG9rZW5zGAogASgNEiYKB3NhbXBsZXMYCyADKAsyFS50b2tlbnNwb3V0LnYxLlNhbXBsZSKMAQoGU2FtcGxlEg0KBWluZGV4GAEgASgNEgwKBHRleHQYAiABKAkSJAoGdG9rZW5zGAMgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIYChBnZW5lcmF0ZWRfdG9rZW5zGAQgASgNEiUKBmZpbmlzaBgFIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoIoMBCgVUb2tlbhIKCgJpZBgBIAEoBRIMCgR0ZXh0GAIgASgJEg0KBWJ5dGVzGAMgASgMEhQKB2xvZ3Byb2IYBCABKAJIAIgBARIvCgx0b3BfbG9ncHJvYnMYBSADKAsyGS50b2tlbnNwb3V0LnYxLlRvcExvZ3Byb2JCCgoIX2xvZ3Byb2IiNwoKVG9wTG9ncHJvYhIKCgJpZBgBIAEoBRIMCgR0ZXh0GAIgASgJEg8KB2xvZ3Byb2IYAyABKAIiqwIKBkZpbmlzaBIrCgZyZWFzb24YASABKA4yGy50b2tlbnNwb3V0LnYxLkZpbmlzaFJlYXNvbhIXCg1zdG9wX3NlcXVlbmNlGAIgASgJSAASFwoNc3RvcF90b2tlbl9pZBgDIAEoBUgAEgwKBHNlZWQYBCABKAQSIwoFdXNhZ2UYBSABKAsyFC50b2tlbnNwb3V0LnYxLlVzYWdlEicKB3RpbWluZ3MYBiABKAsyFi50b2tlbnNwb3V0LnYxLlRpbWluZ3MSIQoUY29uc3RyYWludF9zYXRpc2ZpZWQYByABKAhIAYgBARIaChJjb25zdHJhaW50X21lc3NhZ2UYCCABKAlCDgoMbWF0Y2hlZF9zdG9wQhcKFV9jb25zdHJhaW50X3NhdGlzZmllZCKFAQoFVXNhZ2USFQoNcHJvbXB0X3Rva2VucxgBIAEoDRIZChFjb21wbGV0aW9uX3Rva2VucxgCIAEoDRIVCg1jYWNoZWRfdG9rZW5zGAMgASgNEhQKDGRyYWZ0X3Rva2VucxgEIAEoDRIdChVhY2NlcHRlZF9kcmFmdF90b2tlbnMYBSABKA0iygEKB1RpbWluZ3MSEAoIcXVldWVfbXMYASABKAESHgoWdGltZV90b19maXJzdF90b2tlbl9tcxgCIAEoARISCgpwcmVmaWxsX21zGAMgASgBEhEKCWRlY29kZV9tcxgEIAEoARIQCgh0b3RhbF9tcxgFIAEoARIZChF0b2tlbnNfcGVyX3NlY29uZBgGIAEoARIdChVjb25zdHJhaW50X2NvbXBpbGVfbXMYByABKAESGgoSY29uc3RyYWludF9tYXNrX21zGAggASgBIlgKGENvbXBpbGVDb25zdHJhaW50UmVxdWVzdBINCgVtb2RlbBgBIAEoCRItCgpjb25zdHJhaW50GAIgASgLMhkudG9rZW5zcG91dC52MS5Db25zdHJhaW50IlEKGUNvbXBpbGVDb25zdHJhaW50UmVzcG9uc2USEgoKY29tcGlsZV9tcxgBIAEoARIOCgZjYWNoZWQYAiABKAgSEAoId2FybmluZ3MYAyADKAkivQEKD1Rva2VuaXplUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIOCgR0ZXh0GAIgASgJSAASIwoEY2hhdBgDIAEoCzITLnRva2Vuc3BvdXQudjEuQ2hhdEgAEh8KEmFkZF9zcGVjaWFsX3Rva2VucxgEIAEoCEgBiAEBEhYKDnJldHVybl9vZmZzZXRzGAUgASgIEg0KBXRleHRzGAYgAygJQgcKBWlucHV0QhUKE19hZGRfc3BlY2lhbF90b2tlbnMiogEKEFRva2VuaXplUmVzcG9uc2USEQoJdG9rZW5faWRzGAEgAygFEg4KBnBpZWNlcxgCIAMoDBINCgVjb3VudBgDIAEoDRIsCgdvZmZzZXRzGAQgASgLMhsudG9rZW5zcG91dC52MS5Ub2tlbk9mZnNldHMSLgoHcmVzdWx0cxgFIAMoCzIdLnRva2Vuc3BvdXQudjEuVG9rZW5pemVSZXN1bHQicAoOVG9rZW5pemVSZXN1bHQSEQoJdG9rZW5faWRzGAEgAygFEg4KBnBpZWNlcxgCIAMoDBINCgVjb3VudBgDIAEoDRIsCgdvZmZzZXRzGAQgASgLMhsudG9rZW5zcG91dC52MS5Ub2tlbk9mZnNldHMiXgoMVG9rZW5PZmZzZXRzEhMKC2J5dGVfc3RhcnRzGAEgAygNEhEKCWJ5dGVfZW5kcxgCIAMoDRITCgtjaGFyX3N0YXJ0cxgDIAMoDRIRCgljaGFyX2VuZHMYBCADKA0iJAoNQ2FuY2VsUmVxdWVzdBITCgtyZXF1ZXN0X2lkcxgBIAMoCSI2Cg5DYW5jZWxSZXNwb25zZRIRCgljYW5jZWxsZWQYASADKAkSEQoJbm90X2ZvdW5kGAIgAygJIhgKFkdldFNlcnZlclN0YXR1c1JlcXVlc3QihAYKF0dldFNlcnZlclN0YXR1c1Jlc3BvbnNlEhkKEXJ1bm5pbmdfc2VxdWVuY2VzGAEgASgNEhcKD3F1ZXVlZF9yZXF1ZXN0cxgCIAEoDRIYChBwYXVzZWRfc2VxdWVuY2VzGAMgASgNEhkKEWNhY2hlX3Rva2Vuc191c2VkGAQgASgNEhkKEWNhY2hlX3Rva2Vuc19mcmVlGAUgASgNEhYKDm1heF9iYXRjaF9zaXplGAYgASgNEhsKE21heF9xdWV1ZWRfcmVxdWVzdHMYByABKA0SFAoMZW5naW5lX3N0ZXBzGAggASgEEhcKD2NhbmNlbGxlZF90b3RhbBgJIAEoBBIhChlsYXN0X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAogASgNEh4KFmxhc3RfY2FuY2VsX2xhdGVuY3lfbXMYCyABKAESIAoYbWF4X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAwgASgNEhYKDnJlamVjdGVkX3RvdGFsGA0gASgEEhAKCGRyYWluaW5nGA4gASgIEhUKDXN0YXJ0ZWRfdG90YWwYDyABKAQSFwoPY2FjaGVkX3ByZWZpeGVzGBAgASgNEhwKFGNhY2hlZF9wcmVmaXhfdG9rZW5zGBEgASgEEhsKE3Byb21wdF90b2tlbnNfdG90YWwYEiABKAQSIgoaY2FjaGVkX3Byb21wdF90b2tlbnNfdG90YWwYEyABKAQSHQoVcHJlZml4X2NhY2hlX2hpdF9yYXRlGBQgASgBEhcKD3ByZWVtcHRlZF90b3RhbBgVIAEoBBIbChNwcmVlbXB0ZWRfc2VxdWVuY2VzGBYgASgNEh8KF3JlY29tcHV0ZWRfdG9rZW5zX3RvdGFsGBcgASgEEiwKB2NhbGxlcnMYGCADKAsyGy50b2tlbnNwb3V0LnYxLkNhbGxlclN0YXR1cxIaChJkcmFmdF90b2tlbnNfdG90YWwYGSABKAQSIwobYWNjZXB0ZWRfZHJhZnRfdG9rZW5zX3RvdGFsGBogASgEIp4CCgxDYWxsZXJTdGF0dXMSDgoGY2FsbGVyGAEgASgJEhkKEXJ1bm5pbmdfc2VxdWVuY2VzGAIgASgNEhcKD3F1ZXVlZF9yZXF1ZXN0cxgDIAEoDRIbChNwcmVlbXB0ZWRfc2VxdWVuY2VzGAQgASgNEhsKE3Byb21wdF90b2tlbnNfdG90YWwYBSABKAQSHgoWZ2VuZXJhdGVkX3Rva2Vuc190b3RhbBgGIAEoBBIXCg9wcmVlbXB0ZWRfdG90YWwYByABKAQSFQoNcmVmdXNlZF90b3RhbBgIIAEoBBISCgpzaGVkX3RvdGFsGAkgASgEEhwKFHF1ZXVlX3RpbWVvdXRzX3RvdGFsGAogASgEEg4KBndlaWdodBgLIAEoASIkChNHZXRNb2RlbEluZm9SZXF1ZXN0Eg0KBW1vZGVsGAEgASgJIqwDChRHZXRNb2RlbEluZm9SZXNwb25zZRIQCghtb2RlbF9pZBgBIAEoCRIOCgZlbmdpbmUYAiABKAkSFgoOY29udGV4dF9sZW5ndGgYAyABKA0SEgoKdm9jYWJfc2l6ZRgEIAEoDRI0Cg5zcGVjaWFsX3Rva2VucxgFIAEoCzIcLnRva2Vuc3BvdXQudjEuU3BlY2lhbFRva2VucxIQCghzYW1wbGVycxgGIAMoCRIYChBjb25zdHJhaW50X2tpbmRzGAcgAygJEiUKBmxpbWl0cxgIIAEoCzIVLnRva2Vuc3BvdXQudjEuTGltaXRzEhkKEWhhc19jaGF0X3RlbXBsYXRlGAkgASgIEhQKDHF1YW50aXphdGlvbhgKIAEoCRI5ChFzcGVjdWxhdGlvbl9tb2RlcxgLIAMoDjIeLnRva2Vuc3BvdXQudjEuU3BlY3VsYXRpb25Nb2RlEjcKE2RlZmF1bHRfc3BlY3VsYXRpb24YDCABKAsyGi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uEhgKEHJlcXVlc3RfZmVhdHVyZXMYDSADKAkifgoNU3BlY2lhbFRva2VucxIZCgxib3NfdG9rZW5faWQYASABKAVIAIgBARIVCg1lb3NfdG9rZW5faWRzGAIgAygFEhkKDHBhZF90b2tlbl9pZBgDIAEoBUgBiAEBQg8KDV9ib3NfdG9rZW5faWRCDwoNX3BhZF90b2tlbl9pZCLhAQoGTGltaXRzEhYKDm1heF9iYXRjaF9zaXplGAEgASgNEhYKDm1heF9uZXdfdG9rZW5zGAIgASgNEhoKEm1heF9zdG9wX3NlcXVlbmNlcxgDIAEoDRIgChhtYXhfc3RvcF9zZXF1ZW5jZV9sZW5ndGgYBCABKA0SGAoQbWF4X3RvcF9sb2dwcm9icxgFIAEoDRIeChZtYXhfbG9naXRfYmlhc19lbnRyaWVzGAYgASgNEhMKC21heF9zYW1wbGVzGAcgASgNEhoKEm1heF90b2tlbml6ZV90ZXh0cxgIIAEoDSqLAQoPU3BlY3VsYXRpb25Nb2RlEiAKHFNQRUNVTEFUSU9OX01PREVfVU5TUEVDSUZJRUQQABIYChRTUEVDVUxBVElPTl9NT0RFX09GRhABEhoKFlNQRUNVTEFUSU9OX01PREVfTkdSQU0QAhIgChxTUEVDVUxBVElPTl9NT0RFX0RSQUZUX01PREVMEAMqqgIKDEZpbmlzaFJlYXNvbhIdChlGSU5JU0hfUkVBU09OX1VOU1BFQ0lGSUVEEAASGwoXRklOSVNIX1JFQVNPTl9FT1NfVE9LRU4QARIfChtGSU5JU0hfUkVBU09OX1NUT1BfU0VRVUVOQ0UQAhIcChhGSU5JU0hfUkVBU09OX1NUT1BfVE9LRU4QAxIcChhGSU5JU0hfUkVBU09OX01BWF9UT0tFTlMQBBIcChhGSU5JU0hfUkVBU09OX1RJTUVfTElNSVQQBRIfChtGSU5JU0hfUkVBU09OX0NPTlRFWFRfTElNSVQQBhIbChdGSU5JU0hfUkVBU09OX0NBTkNFTExFRBAHEiUKIUZJTklTSF9SRUFTT05fQ09OU1RSQUlOVF9DT01QTEVURRAIMvgEChFHZW5lcmF0aW9uU2VydmljZRJfCg5HZW5lcmF0ZVN0cmVhbRIkLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVTdHJlYW1SZXF1ZXN0GiUudG9rZW5zcG91dC52MS5HZW5lcmF0ZVN0cmVhbVJlc3BvbnNlMAESSwoIR2VuZXJhdGUSHi50b2tlbnNwb3V0LnYxLkdlbmVyYXRlUmVxdWVzdBofLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVSZXNwb25zZRJLCghUb2tlbml6ZRIeLnRva2Vuc3BvdXQudjEuVG9rZW5pemVSZXF1ZXN0Gh8udG9rZW5zcG91dC52MS5Ub2tlbml6ZVJlc3BvbnNlElcKDEdldE1vZGVsSW5mbxIiLnRva2Vuc3BvdXQudjEuR2V0TW9kZWxJbmZvUmVxdWVzdBojLnRva2Vuc3BvdXQudjEuR2V0TW9kZWxJbmZvUmVzcG9uc2USZgoRQ29tcGlsZUNvbnN0cmFpbnQSJy50b2tlbnNwb3V0LnYxLkNvbXBpbGVDb25zdHJhaW50UmVxdWVzdBooLnRva2Vuc3BvdXQudjEuQ29tcGlsZUNvbnN0cmFpbnRSZXNwb25zZRJFCgZDYW5jZWwSHC50b2tlbnNwb3V0LnYxLkNhbmNlbFJlcXVlc3QaHS50b2tlbnNwb3V0LnYxLkNhbmNlbFJlc3BvbnNlEmAKD0dldFNlcnZlclN0YXR1cxIlLnRva2Vuc3BvdXQudjEuR2V0U2VydmVyU3RhdHVzUmVxdWVzdBomLnRva2Vuc3BvdXQudjEuR2V0U2VydmVyU3RhdHVzUmVzcG9uc2VCoQEKEWRldi50b2tlbnNwb3V0LnYxQg9HZW5lcmF0aW9uUHJvdG9QAVpCZ2l0aHViLmNvbS90b2tlbnNwb3V0L3Rva2Vuc3BvdXQvZ2VuL2dvL3Rva2Vuc3BvdXQvdjE7dG9rZW5zcG91dHYxogIDVFNYqgINVG9rZW5zcG91dC5WMcoCDVRva2Vuc3BvdXRcVjHqAg5Ub2tlbnNwb3V0OjpWMWIGcHJvdG8z");
 
 /**
  * A streaming generation request. GenerateRequest carries the same fields
@@ -52,6 +52,17 @@ export type GenerateStreamRequest = Message<"tokenspout.v1.GenerateStreamRequest
      */
     value: Chat;
     case: "chat";
+  } | {
+    /**
+     * Token ids, fed to the model exactly as given: no BOS is added, so start
+     * with GetModelInfo.special_tokens.bos_token_id where the model expects it
+     * (prompt input adds it by the model's own rules). Every id must be below
+     * vocab_size (INVALID_ARGUMENT names the bad ones).
+     *
+     * @generated from field: tokenspout.v1.TokenIds prompt_token_ids = 12;
+     */
+    value: TokenIds;
+    case: "promptTokenIds";
   } | { case: undefined; value?: undefined };
 
   /**
@@ -102,6 +113,28 @@ export type GenerateStreamRequest = Message<"tokenspout.v1.GenerateStreamRequest
    * @generated from field: uint32 queue_timeout_ms = 11;
    */
   queueTimeoutMs: number;
+
+  /**
+   * How many samples of the prompt to generate: 1 to Limits.max_samples; 0
+   * means 1. The prompt is computed once and shared by every sample; each has
+   * its own seed (sampling.seed + index when a seed is given, else random;
+   * reported in its Finish.seed), and ends on its own. Stream messages carry
+   * their sample's `index`; cancelling the call cancels them all. Admission
+   * and per-caller limits count n sequences.
+   *
+   * @generated from field: uint32 n = 13;
+   */
+  n: number;
+
+  /**
+   * Keep only the last this many prompt tokens (0: keep all). A chat drops
+   * whole messages, oldest first, never a leading system message nor the last
+   * message: what is left may be longer than this. The count dropped is in
+   * the first message's truncated_input_tokens.
+   *
+   * @generated from field: uint32 truncate_input_tokens = 14;
+   */
+  truncateInputTokens: number;
 };
 
 /**
@@ -142,6 +175,12 @@ export type GenerateRequest = Message<"tokenspout.v1.GenerateRequest"> & {
      */
     value: Chat;
     case: "chat";
+  } | {
+    /**
+     * @generated from field: tokenspout.v1.TokenIds prompt_token_ids = 12;
+     */
+    value: TokenIds;
+    case: "promptTokenIds";
   } | { case: undefined; value?: undefined };
 
   /**
@@ -180,6 +219,16 @@ export type GenerateRequest = Message<"tokenspout.v1.GenerateRequest"> & {
    * @generated from field: uint32 queue_timeout_ms = 11;
    */
   queueTimeoutMs: number;
+
+  /**
+   * @generated from field: uint32 n = 13;
+   */
+  n: number;
+
+  /**
+   * @generated from field: uint32 truncate_input_tokens = 14;
+   */
+  truncateInputTokens: number;
 };
 
 /**
@@ -188,6 +237,25 @@ export type GenerateRequest = Message<"tokenspout.v1.GenerateRequest"> & {
  */
 export const GenerateRequestSchema: GenMessage<GenerateRequest> = /*@__PURE__*/
   messageDesc(file_tokenspout_v1_generation, 1);
+
+/**
+ * Token ids as a request's input.
+ *
+ * @generated from message tokenspout.v1.TokenIds
+ */
+export type TokenIds = Message<"tokenspout.v1.TokenIds"> & {
+  /**
+   * @generated from field: repeated int32 ids = 1;
+   */
+  ids: number[];
+};
+
+/**
+ * Describes the message tokenspout.v1.TokenIds.
+ * Use `create(TokenIdsSchema)` to create a new message.
+ */
+export const TokenIdsSchema: GenMessage<TokenIds> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 2);
 
 /**
  * Speculative decoding: besides its next token, a sequence feeds tokens proposed
@@ -218,7 +286,7 @@ export type Speculation = Message<"tokenspout.v1.Speculation"> & {
  * Use `create(SpeculationSchema)` to create a new message.
  */
 export const SpeculationSchema: GenMessage<Speculation> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 2);
+  messageDesc(file_tokenspout_v1_generation, 3);
 
 /**
  * @generated from message tokenspout.v1.Chat
@@ -242,7 +310,7 @@ export type Chat = Message<"tokenspout.v1.Chat"> & {
  * Use `create(ChatSchema)` to create a new message.
  */
 export const ChatSchema: GenMessage<Chat> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 3);
+  messageDesc(file_tokenspout_v1_generation, 4);
 
 /**
  * @generated from message tokenspout.v1.ChatMessage
@@ -266,7 +334,7 @@ export type ChatMessage = Message<"tokenspout.v1.ChatMessage"> & {
  * Use `create(ChatMessageSchema)` to create a new message.
  */
 export const ChatMessageSchema: GenMessage<ChatMessage> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 4);
+  messageDesc(file_tokenspout_v1_generation, 5);
 
 /**
  * Sampling settings. Unset means the server default; 0 is a real value.
@@ -428,7 +496,7 @@ export type SamplingParams = Message<"tokenspout.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 5);
+  messageDesc(file_tokenspout_v1_generation, 6);
 
 /**
  * DRY ("don't repeat yourself"): a token that would extend a sequence already
@@ -483,7 +551,7 @@ export type DrySampler = Message<"tokenspout.v1.DrySampler"> & {
  * Use `create(DrySamplerSchema)` to create a new message.
  */
 export const DrySamplerSchema: GenMessage<DrySampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 6);
+  messageDesc(file_tokenspout_v1_generation, 7);
 
 /**
  * XTC: with `probability`, removes every token whose probability is at least
@@ -514,7 +582,7 @@ export type XtcSampler = Message<"tokenspout.v1.XtcSampler"> & {
  * Use `create(XtcSamplerSchema)` to create a new message.
  */
 export const XtcSamplerSchema: GenMessage<XtcSampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 7);
+  messageDesc(file_tokenspout_v1_generation, 8);
 
 /**
  * @generated from message tokenspout.v1.MirostatSampler
@@ -540,7 +608,7 @@ export type MirostatSampler = Message<"tokenspout.v1.MirostatSampler"> & {
  * Use `create(MirostatSamplerSchema)` to create a new message.
  */
 export const MirostatSamplerSchema: GenMessage<MirostatSampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 8);
+  messageDesc(file_tokenspout_v1_generation, 9);
 
 /**
  * @generated from message tokenspout.v1.StoppingCriteria
@@ -601,7 +669,7 @@ export type StoppingCriteria = Message<"tokenspout.v1.StoppingCriteria"> & {
  * Use `create(StoppingCriteriaSchema)` to create a new message.
  */
 export const StoppingCriteriaSchema: GenMessage<StoppingCriteria> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 9);
+  messageDesc(file_tokenspout_v1_generation, 10);
 
 /**
  * Constrains the output to a language, enforced token by token (llguidance):
@@ -690,7 +758,7 @@ export type Constraint = Message<"tokenspout.v1.Constraint"> & {
  * Use `create(ConstraintSchema)` to create a new message.
  */
 export const ConstraintSchema: GenMessage<Constraint> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 10);
+  messageDesc(file_tokenspout_v1_generation, 11);
 
 /**
  * @generated from message tokenspout.v1.Choices
@@ -707,7 +775,7 @@ export type Choices = Message<"tokenspout.v1.Choices"> & {
  * Use `create(ChoicesSchema)` to create a new message.
  */
 export const ChoicesSchema: GenMessage<Choices> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 11);
+  messageDesc(file_tokenspout_v1_generation, 12);
 
 /**
  * @generated from message tokenspout.v1.OutputOptions
@@ -766,6 +834,24 @@ export type OutputOptions = Message<"tokenspout.v1.OutputOptions"> & {
    * @generated from field: uint32 flush_interval_ms = 7;
    */
   flushIntervalMs: number;
+
+  /**
+   * Return the prompt's tokens in the first message (prompt_tokens), each
+   * with its logprob given the tokens before it (the first token has none).
+   * The whole prompt is computed for it: nothing comes from the prefix cache
+   * (Usage.cached_tokens is 0).
+   *
+   * @generated from field: bool prompt_logprobs = 8;
+   */
+  promptLogprobs: boolean;
+
+  /**
+   * How many top alternatives per prompt token, at most
+   * GetModelInfoResponse.limits.max_top_logprobs; turns on prompt_logprobs.
+   *
+   * @generated from field: uint32 prompt_top_logprobs = 9;
+   */
+  promptTopLogprobs: number;
 };
 
 /**
@@ -773,7 +859,7 @@ export type OutputOptions = Message<"tokenspout.v1.OutputOptions"> & {
  * Use `create(OutputOptionsSchema)` to create a new message.
  */
 export const OutputOptionsSchema: GenMessage<OutputOptions> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 12);
+  messageDesc(file_tokenspout_v1_generation, 13);
 
 /**
  * @generated from message tokenspout.v1.GenerateStreamResponse
@@ -825,6 +911,37 @@ export type GenerateStreamResponse = Message<"tokenspout.v1.GenerateStreamRespon
    * @generated from field: bool heartbeat = 7;
    */
   heartbeat: boolean;
+
+  /**
+   * The sample (0 to n - 1) this message belongs to. Each sample's messages
+   * come in order; each sample ends with a message of its own carrying finish.
+   *
+   * @generated from field: uint32 index = 8;
+   */
+  index: number;
+
+  /**
+   * With prompt_logprobs: the prompt's tokens with their logprobs; on the
+   * first message only (of sample 0).
+   *
+   * @generated from field: repeated tokenspout.v1.Token prompt_tokens = 9;
+   */
+  promptTokens: Token[];
+
+  /**
+   * Prompt tokens dropped by truncate_input_tokens; on the first message only.
+   *
+   * @generated from field: uint32 truncated_input_tokens = 10;
+   */
+  truncatedInputTokens: number;
+
+  /**
+   * Unused in stream responses (see index); present so the two responses
+   * share every field.
+   *
+   * @generated from field: repeated tokenspout.v1.Sample samples = 11;
+   */
+  samples: Sample[];
 };
 
 /**
@@ -832,7 +949,7 @@ export type GenerateStreamResponse = Message<"tokenspout.v1.GenerateStreamRespon
  * Use `create(GenerateStreamResponseSchema)` to create a new message.
  */
 export const GenerateStreamResponseSchema: GenMessage<GenerateStreamResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 13);
+  messageDesc(file_tokenspout_v1_generation, 14);
 
 /**
  * @generated from message tokenspout.v1.GenerateResponse
@@ -874,6 +991,30 @@ export type GenerateResponse = Message<"tokenspout.v1.GenerateResponse"> & {
    * @generated from field: bool heartbeat = 7;
    */
   heartbeat: boolean;
+
+  /**
+   * 0: the fields above are sample 0's.
+   *
+   * @generated from field: uint32 index = 8;
+   */
+  index: number;
+
+  /**
+   * @generated from field: repeated tokenspout.v1.Token prompt_tokens = 9;
+   */
+  promptTokens: Token[];
+
+  /**
+   * @generated from field: uint32 truncated_input_tokens = 10;
+   */
+  truncatedInputTokens: number;
+
+  /**
+   * With n > 1: every sample, sample 0 included, in index order.
+   *
+   * @generated from field: repeated tokenspout.v1.Sample samples = 11;
+   */
+  samples: Sample[];
 };
 
 /**
@@ -881,7 +1022,46 @@ export type GenerateResponse = Message<"tokenspout.v1.GenerateResponse"> & {
  * Use `create(GenerateResponseSchema)` to create a new message.
  */
 export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 14);
+  messageDesc(file_tokenspout_v1_generation, 15);
+
+/**
+ * One of n samples of a unary request.
+ *
+ * @generated from message tokenspout.v1.Sample
+ */
+export type Sample = Message<"tokenspout.v1.Sample"> & {
+  /**
+   * @generated from field: uint32 index = 1;
+   */
+  index: number;
+
+  /**
+   * @generated from field: string text = 2;
+   */
+  text: string;
+
+  /**
+   * @generated from field: repeated tokenspout.v1.Token tokens = 3;
+   */
+  tokens: Token[];
+
+  /**
+   * @generated from field: uint32 generated_tokens = 4;
+   */
+  generatedTokens: number;
+
+  /**
+   * @generated from field: tokenspout.v1.Finish finish = 5;
+   */
+  finish?: Finish | undefined;
+};
+
+/**
+ * Describes the message tokenspout.v1.Sample.
+ * Use `create(SampleSchema)` to create a new message.
+ */
+export const SampleSchema: GenMessage<Sample> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 16);
 
 /**
  * @generated from message tokenspout.v1.Token
@@ -920,7 +1100,7 @@ export type Token = Message<"tokenspout.v1.Token"> & {
  * Use `create(TokenSchema)` to create a new message.
  */
 export const TokenSchema: GenMessage<Token> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 15);
+  messageDesc(file_tokenspout_v1_generation, 17);
 
 /**
  * @generated from message tokenspout.v1.TopLogprob
@@ -947,7 +1127,7 @@ export type TopLogprob = Message<"tokenspout.v1.TopLogprob"> & {
  * Use `create(TopLogprobSchema)` to create a new message.
  */
 export const TopLogprobSchema: GenMessage<TopLogprob> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 16);
+  messageDesc(file_tokenspout_v1_generation, 18);
 
 /**
  * @generated from message tokenspout.v1.Finish
@@ -1014,7 +1194,7 @@ export type Finish = Message<"tokenspout.v1.Finish"> & {
  * Use `create(FinishSchema)` to create a new message.
  */
 export const FinishSchema: GenMessage<Finish> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 17);
+  messageDesc(file_tokenspout_v1_generation, 19);
 
 /**
  * @generated from message tokenspout.v1.Usage
@@ -1057,7 +1237,7 @@ export type Usage = Message<"tokenspout.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 18);
+  messageDesc(file_tokenspout_v1_generation, 20);
 
 /**
  * @generated from message tokenspout.v1.Timings
@@ -1125,7 +1305,7 @@ export type Timings = Message<"tokenspout.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 19);
+  messageDesc(file_tokenspout_v1_generation, 21);
 
 /**
  * @generated from message tokenspout.v1.CompileConstraintRequest
@@ -1147,7 +1327,7 @@ export type CompileConstraintRequest = Message<"tokenspout.v1.CompileConstraintR
  * Use `create(CompileConstraintRequestSchema)` to create a new message.
  */
 export const CompileConstraintRequestSchema: GenMessage<CompileConstraintRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 20);
+  messageDesc(file_tokenspout_v1_generation, 22);
 
 /**
  * @generated from message tokenspout.v1.CompileConstraintResponse
@@ -1178,7 +1358,7 @@ export type CompileConstraintResponse = Message<"tokenspout.v1.CompileConstraint
  * Use `create(CompileConstraintResponseSchema)` to create a new message.
  */
 export const CompileConstraintResponseSchema: GenMessage<CompileConstraintResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 21);
+  messageDesc(file_tokenspout_v1_generation, 23);
 
 /**
  * @generated from message tokenspout.v1.TokenizeRequest
@@ -1212,6 +1392,22 @@ export type TokenizeRequest = Message<"tokenspout.v1.TokenizeRequest"> & {
    * @generated from field: optional bool add_special_tokens = 4;
    */
   addSpecialTokens?: boolean | undefined;
+
+  /**
+   * Text input only: also return where each token lies in the text.
+   *
+   * @generated from field: bool return_offsets = 5;
+   */
+  returnOffsets: boolean;
+
+  /**
+   * Several texts in one call, instead of text or chat: each is tokenized as
+   * `text` would be, and answered in TokenizeResponse.results, in order.
+   * 1 to Limits.max_tokenize_texts texts, of max_input_bytes together.
+   *
+   * @generated from field: repeated string texts = 6;
+   */
+  texts: string[];
 };
 
 /**
@@ -1219,7 +1415,7 @@ export type TokenizeRequest = Message<"tokenspout.v1.TokenizeRequest"> & {
  * Use `create(TokenizeRequestSchema)` to create a new message.
  */
 export const TokenizeRequestSchema: GenMessage<TokenizeRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 22);
+  messageDesc(file_tokenspout_v1_generation, 24);
 
 /**
  * @generated from message tokenspout.v1.TokenizeResponse
@@ -1241,6 +1437,20 @@ export type TokenizeResponse = Message<"tokenspout.v1.TokenizeResponse"> & {
    * @generated from field: uint32 count = 3;
    */
   count: number;
+
+  /**
+   * With return_offsets.
+   *
+   * @generated from field: tokenspout.v1.TokenOffsets offsets = 4;
+   */
+  offsets?: TokenOffsets | undefined;
+
+  /**
+   * For `texts`: one result per text, in order (the fields above stay empty).
+   *
+   * @generated from field: repeated tokenspout.v1.TokenizeResult results = 5;
+   */
+  results: TokenizeResult[];
 };
 
 /**
@@ -1248,7 +1458,79 @@ export type TokenizeResponse = Message<"tokenspout.v1.TokenizeResponse"> & {
  * Use `create(TokenizeResponseSchema)` to create a new message.
  */
 export const TokenizeResponseSchema: GenMessage<TokenizeResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 23);
+  messageDesc(file_tokenspout_v1_generation, 25);
+
+/**
+ * The tokens of one of TokenizeRequest.texts.
+ *
+ * @generated from message tokenspout.v1.TokenizeResult
+ */
+export type TokenizeResult = Message<"tokenspout.v1.TokenizeResult"> & {
+  /**
+   * @generated from field: repeated int32 token_ids = 1;
+   */
+  tokenIds: number[];
+
+  /**
+   * @generated from field: repeated bytes pieces = 2;
+   */
+  pieces: Uint8Array[];
+
+  /**
+   * @generated from field: uint32 count = 3;
+   */
+  count: number;
+
+  /**
+   * @generated from field: tokenspout.v1.TokenOffsets offsets = 4;
+   */
+  offsets?: TokenOffsets | undefined;
+};
+
+/**
+ * Describes the message tokenspout.v1.TokenizeResult.
+ * Use `create(TokenizeResultSchema)` to create a new message.
+ */
+export const TokenizeResultSchema: GenMessage<TokenizeResult> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 26);
+
+/**
+ * Where each token lies in the text: token i covers bytes
+ * [byte_starts[i], byte_ends[i]) of its UTF-8 and code points
+ * [char_starts[i], char_ends[i]). A token holding part of a multi-byte
+ * character counts that whole character (neighbouring tokens' character
+ * ranges then overlap); a special token such as BOS has an empty range.
+ *
+ * @generated from message tokenspout.v1.TokenOffsets
+ */
+export type TokenOffsets = Message<"tokenspout.v1.TokenOffsets"> & {
+  /**
+   * @generated from field: repeated uint32 byte_starts = 1;
+   */
+  byteStarts: number[];
+
+  /**
+   * @generated from field: repeated uint32 byte_ends = 2;
+   */
+  byteEnds: number[];
+
+  /**
+   * @generated from field: repeated uint32 char_starts = 3;
+   */
+  charStarts: number[];
+
+  /**
+   * @generated from field: repeated uint32 char_ends = 4;
+   */
+  charEnds: number[];
+};
+
+/**
+ * Describes the message tokenspout.v1.TokenOffsets.
+ * Use `create(TokenOffsetsSchema)` to create a new message.
+ */
+export const TokenOffsetsSchema: GenMessage<TokenOffsets> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 27);
 
 /**
  * @generated from message tokenspout.v1.CancelRequest
@@ -1265,7 +1547,7 @@ export type CancelRequest = Message<"tokenspout.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 24);
+  messageDesc(file_tokenspout_v1_generation, 28);
 
 /**
  * @generated from message tokenspout.v1.CancelResponse
@@ -1291,7 +1573,7 @@ export type CancelResponse = Message<"tokenspout.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 25);
+  messageDesc(file_tokenspout_v1_generation, 29);
 
 /**
  * @generated from message tokenspout.v1.GetServerStatusRequest
@@ -1304,7 +1586,7 @@ export type GetServerStatusRequest = Message<"tokenspout.v1.GetServerStatusReque
  * Use `create(GetServerStatusRequestSchema)` to create a new message.
  */
 export const GetServerStatusRequestSchema: GenMessage<GetServerStatusRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 26);
+  messageDesc(file_tokenspout_v1_generation, 30);
 
 /**
  * @generated from message tokenspout.v1.GetServerStatusResponse
@@ -1486,7 +1768,7 @@ export type GetServerStatusResponse = Message<"tokenspout.v1.GetServerStatusResp
  * Use `create(GetServerStatusResponseSchema)` to create a new message.
  */
 export const GetServerStatusResponseSchema: GenMessage<GetServerStatusResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 27);
+  messageDesc(file_tokenspout_v1_generation, 31);
 
 /**
  * One caller's share of the server, by its fairness key: the API key's name,
@@ -1570,7 +1852,7 @@ export type CallerStatus = Message<"tokenspout.v1.CallerStatus"> & {
  * Use `create(CallerStatusSchema)` to create a new message.
  */
 export const CallerStatusSchema: GenMessage<CallerStatus> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 28);
+  messageDesc(file_tokenspout_v1_generation, 32);
 
 /**
  * @generated from message tokenspout.v1.GetModelInfoRequest
@@ -1587,7 +1869,7 @@ export type GetModelInfoRequest = Message<"tokenspout.v1.GetModelInfoRequest"> &
  * Use `create(GetModelInfoRequestSchema)` to create a new message.
  */
 export const GetModelInfoRequestSchema: GenMessage<GetModelInfoRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 29);
+  messageDesc(file_tokenspout_v1_generation, 33);
 
 /**
  * @generated from message tokenspout.v1.GetModelInfoResponse
@@ -1667,6 +1949,15 @@ export type GetModelInfoResponse = Message<"tokenspout.v1.GetModelInfoResponse">
    * @generated from field: tokenspout.v1.Speculation default_speculation = 12;
    */
   defaultSpeculation?: Speculation | undefined;
+
+  /**
+   * The request options this engine honours, by field name: of
+   * "prompt_token_ids", "n", "truncate_input_tokens", "output.prompt_logprobs".
+   * One it lacks is UNIMPLEMENTED naming the field.
+   *
+   * @generated from field: repeated string request_features = 13;
+   */
+  requestFeatures: string[];
 };
 
 /**
@@ -1674,7 +1965,7 @@ export type GetModelInfoResponse = Message<"tokenspout.v1.GetModelInfoResponse">
  * Use `create(GetModelInfoResponseSchema)` to create a new message.
  */
 export const GetModelInfoResponseSchema: GenMessage<GetModelInfoResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 30);
+  messageDesc(file_tokenspout_v1_generation, 34);
 
 /**
  * @generated from message tokenspout.v1.SpecialTokens
@@ -1701,7 +1992,7 @@ export type SpecialTokens = Message<"tokenspout.v1.SpecialTokens"> & {
  * Use `create(SpecialTokensSchema)` to create a new message.
  */
 export const SpecialTokensSchema: GenMessage<SpecialTokens> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 31);
+  messageDesc(file_tokenspout_v1_generation, 35);
 
 /**
  * @generated from message tokenspout.v1.Limits
@@ -1738,6 +2029,20 @@ export type Limits = Message<"tokenspout.v1.Limits"> & {
    * @generated from field: uint32 max_logit_bias_entries = 6;
    */
   maxLogitBiasEntries: number;
+
+  /**
+   * Most samples one request may ask for (n).
+   *
+   * @generated from field: uint32 max_samples = 7;
+   */
+  maxSamples: number;
+
+  /**
+   * Most texts one Tokenize call may carry.
+   *
+   * @generated from field: uint32 max_tokenize_texts = 8;
+   */
+  maxTokenizeTexts: number;
 };
 
 /**
@@ -1745,7 +2050,7 @@ export type Limits = Message<"tokenspout.v1.Limits"> & {
  * Use `create(LimitsSchema)` to create a new message.
  */
 export const LimitsSchema: GenMessage<Limits> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 32);
+  messageDesc(file_tokenspout_v1_generation, 36);
 
 /**
  * @generated from enum tokenspout.v1.SpeculationMode
