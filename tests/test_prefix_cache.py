@@ -224,8 +224,7 @@ def test_cancelling_during_a_cached_prefix_copy(model):
         core.add(GenerationRequest("a", tuple(model.tokenize(SYSTEM + "\nQuestion: " + QUESTIONS[1])),
                                    SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), Recorder(core))
         inner = core.core
-        inner._admit()
-        inner._take_prefixes()
+        inner.admitter.admit(inner.steps)
         assert inner.scheduler.running["a"].cached > 16
         core.cancel("a")  # before llama.cpp has copied anything
         check_cells(core)

@@ -8,9 +8,12 @@ token (sampling), and end the sequences that are done. The rooms:
 
     scheduler  who runs, what each step computes      (pure Python)
     slots      where cells live, prefix reuse, moves  (every llama_memory_seq_* call)
+    admission  what the scheduler lets in, placed and counted
     batch      the rows of one llama_decode
+    rows       a sequence's feed into the batch, and its rows sampled (proposals checked)
     sampling   masks, sampler chains, logprobs
     sequence   one request's state
+    (and speculation, threads, siblings, prompt_logprobs: see each)
 
 Only the engine thread calls into this class (see backend.worker); every
 public method returns the events it produced, for the worker to deliver.
@@ -20,13 +23,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import llama_cpp
 
 from backend.config import EngineConfig
 from backend.engine import CancelOrder, EngineCounters, EngineStats, EventSink
 from backend.fairness import FairnessPolicy
+from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
@@ -38,19 +41,12 @@ from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
 from backend.llamacpp.speculation import passes_for
 from backend.llamacpp.threads import ThreadTuner
+from backend.llamacpp.rows import RowsToSample, add_feed, sample_rows
 from backend.sequence import ConstraintFailed
 from backend.types import ErrorEvent, ErrorKind, Event, FinishReason, GenerationRequest, TokenEvent
 from backend.worker import Output
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _ToSample:
-    sequence: Sequence
-    rows: list[int]
-    """The batch rows with logits: after its last known token, then after each proposed one."""
-    proposed: tuple[int, ...]
 
 
 class LlamaCppCore:
@@ -59,20 +55,8 @@ class LlamaCppCore:
         self.config = config
         own = config.llamacpp
         slots = config.max_batch_size + (own.prefix_cache_slots if own.prefix_cache else 0)
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = config.context_length * slots
-        params.n_batch = params.n_ubatch = own.batch_tokens
-        params.n_seq_max = slots
         self.threads = ThreadTuner(own.threads)
-        params.n_threads = params.n_threads_batch = self.threads.threads
-        # A cache per sequence keeps each sequence's attention separate, so greedy output does
-        # not depend on what else is in the batch. llama.cpp is fast with it only while a batch's
-        # sequences have ascending, contiguous ids (see Slots and docs/benchmarks.md).
-        params.kv_unified = False
-        params.no_perf = True
-        self.ctx = llama_cpp.llama_init_from_model(model.ptr, params)
-        if not self.ctx:
-            raise RuntimeError("llama.cpp could not create a context")
+        self.ctx = model.new_context(slots, config.context_length, own.batch_tokens, self.threads.threads)
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
         self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache)
         self.scheduler = Scheduler(
@@ -88,6 +72,7 @@ class LlamaCppCore:
         self.steps = 0
         self.counters = EngineCounters()
         self.siblings = Siblings()
+        self.admitter = Admitter(self.scheduler, self.slots, self.counters)
         self._cache_tokens_total = config.context_length * config.max_batch_size
         self.stats = EngineStats(cache_tokens_total=self._cache_tokens_total)
 
@@ -111,9 +96,11 @@ class LlamaCppCore:
             self._fail(shed, "the server is full and this request gave its queue place to a caller under its share "
                        "or of higher priority; retry later or elsewhere", ErrorKind.SHED)
 
-    def _group(self, request_id: str) -> list[Sequence]:
-        """Every started or waiting sample of a request (one, unless it asked for several)."""
-        return [seq for seq in self.scheduler.all() if seq.group == request_id]
+    def _group(self, request_id: str, started: bool = False) -> list[Sequence]:
+        """Every sample of a request (one, unless it asked for several): running or preempted, and waiting
+        too unless `started`."""
+        held = self.scheduler.started() if started else self.scheduler.all()
+        return [seq for seq in held if seq.group == request_id]
 
     def cancel(self, order: CancelOrder) -> list[Output]:
         group = self._group(order.request_id)
@@ -125,17 +112,15 @@ class LlamaCppCore:
         return self._done()
 
     def pause(self, request_id: str) -> list[Output]:
-        for seq in self._group(request_id):
-            if seq.id in self.scheduler.running or seq.id in self.scheduler.preempted:
-                if not seq.paused:
-                    seq.paused_since = time.monotonic()
+        for seq in self._group(request_id, started=True):
+            if not seq.paused:
+                seq.paused_since = time.monotonic()
         return self._done()
 
     def resume(self, request_id: str) -> list[Output]:
-        for seq in self._group(request_id):
-            if seq.id in self.scheduler.running or seq.id in self.scheduler.preempted:
-                seq.paused_since = None
-                self.scheduler.resumed(seq)
+        for seq in self._group(request_id, started=True):
+            seq.paused_since = None
+            self.scheduler.resumed(seq)
         return self._done()
 
     def has_work(self) -> bool:
@@ -153,8 +138,7 @@ class LlamaCppCore:
     def step(self) -> list[Output]:
         self.steps += 1
         self._expire()
-        self._admit()
-        self._take_prefixes()
+        self.admitter.admit(self.steps)
         self.slots.compact(self.scheduler.running.values())
         feeds = self.scheduler.next_feeds()
         self.scheduler.account(feeds, self.steps)
@@ -174,55 +158,17 @@ class LlamaCppCore:
             message = f"not started within its queue_timeout_ms ({seq.request.scheduling.queue_timeout_s * 1000:g} ms)"
             self._fail(seq, message, ErrorKind.QUEUE_TIMEOUT)
 
-    def _admit(self) -> None:
-        tallies = self.scheduler.policy.tallies
-        for admission in self.scheduler.admit(self.steps):
-            victim, seq = admission.preempting, admission.sequence
-            if victim is not None:
-                self.slots.vacate(victim, returning=True)
-                self.counters.preempted_total += 1
-                tallies.of(victim).preempted_total += 1
-                why = "paused" if victim.paused else f"caller {victim.request.scheduling.caller!r} over its share"
-                if victim.request.scheduling.priority < seq.request.scheduling.priority:
-                    why = f"priority {victim.request.scheduling.priority} < {seq.request.scheduling.priority}"
-                log.info("preempted %s (%s, %d tokens) for %s", victim.id, why, len(victim.tokens), seq.id)
-            if seq.admissions == 1:
-                seq.output.mark_admitted()
-                self.counters.started(seq.prompt_length)
-                tallies.of(seq).prompt_tokens_total += seq.prompt_length
-            shared = self.slots.place(seq, self.scheduler.running.values())
-            if shared is not None:
-                self._count_prefix(seq, shared)
-
-    def _take_prefixes(self) -> None:
-        for seq, shared in self.slots.take_prefixes(self.scheduler.running.values()):
-            self._count_prefix(seq, shared)
-
-    def _count_prefix(self, seq: Sequence, shared: int) -> None:
-        """A placed sequence took `shared` cached tokens and computes the rest."""
-        if seq.admissions == 1:
-            seq.output.cached_tokens = min(shared, seq.prompt_length)
-            self.counters.cached_prompt_tokens_total += seq.output.cached_tokens
-        else:  # back from preemption: what the cache no longer held is computed again
-            self.counters.recomputed_tokens_total += len(seq.tokens) - shared
-
     def _decode_and_sample(self, feeds: list[Feed]) -> None:
         self.batch.clear()
-        to_sample = []
-        to_score = []  # (sequence, first position, rows): prompt rows whose logits score the prompt
+        to_sample, to_score = [], []
         for feed in feeds:
-            seq = feed.sequence
-            tokens = [*seq.tokens[seq.cached : seq.cached + feed.count], *feed.proposed]
-            complete = seq.cached + feed.count == len(seq.tokens)  # sample only once every known token is in
-            logit_rows = 1 + len(feed.proposed) if complete else 0
-            scores = feed.prefill and wants_prompt_logprobs(seq)
-            rows = self.batch.add(seq.slot, seq.cached, tokens, logit_rows=len(tokens) if scores else logit_rows)
+            scores = feed.prefill and wants_prompt_logprobs(feed.sequence)  # rows whose logits score the prompt
+            position = feed.sequence.cached
+            entry, every_row = add_feed(self.batch, feed, scores)
             if scores:
-                to_score.append((seq, seq.cached, rows))
-                rows = rows[len(rows) - logit_rows :]
-            seq.cached += feed.count  # the proposed tokens' cells count once accepted
-            if rows:
-                to_sample.append(_ToSample(seq, rows, feed.proposed))
+                to_score.append((feed.sequence, position, every_row))
+            if entry is not None:
+                to_sample.append(entry)
         start = time.perf_counter()
         rc = self.batch.decode(self.ctx)
         if rc != 0:
@@ -239,7 +185,7 @@ class LlamaCppCore:
         for entry in to_sample:
             self._sample_guarded(entry)
 
-    def _sample_guarded(self, entry: _ToSample) -> None:
+    def _sample_guarded(self, entry: RowsToSample) -> None:
         seq = entry.sequence
         try:
             self._sample(entry)
@@ -249,19 +195,19 @@ class LlamaCppCore:
             log.exception("sampling failed for %s", seq.id)
             self._fail(seq, f"sampling failed: {exc}")
 
-    def _sample(self, entry: _ToSample) -> None:
+    def _sample(self, entry: RowsToSample) -> None:
         seq, output = entry.sequence, entry.sequence.output
         output.step = self.steps
         if self.siblings.holds(seq):  # its prompt is computed: its other samples fork from this row
             self._fork(seq, entry.rows[0])
-        accepted = self._check_proposals(entry)
+        accepted = sample_rows(entry, self.ctx, self.picker, self.slots, self.model.eos_token_set, self._take)
         if entry.proposed:
             self.counters.draft_tokens_total += len(entry.proposed)
             self.counters.accepted_draft_tokens_total += accepted
         if not output.finished and output.constraint is not None:
             for forced in output.constraint.forced_tokens(self._max_forced):  # no choice left: skip sampling
                 seq.sampler.accept(forced)
-                self._take(seq, forced, output.on_token(self.picker.forced(forced), self._is_eos(forced)))
+                self._take(seq, forced, output.on_token(self.picker.forced(forced), forced in self.model.eos_token_set))
                 if output.finished:
                     break
         if output.finished:
@@ -272,22 +218,14 @@ class LlamaCppCore:
     def _fork(self, leader: Sequence, row: int) -> None:
         """Starts the leader's other samples from its prompt cells and this row's logits (see
         backend.llamacpp.siblings); one finding no free batch place queues instead."""
-        tallies = self.scheduler.policy.tallies
         for seq in self.siblings.take(leader):
             if len(self.scheduler.running) >= self.scheduler.max_batch_size:
                 self._queue(seq)
                 continue
-            self.slots.fork(leader, seq, self.scheduler.running.values())
-            self.scheduler.join(seq, self.steps)
-            seq.paused_since = leader.paused_since
-            seq.output.mark_admitted()
-            self.counters.started(seq.prompt_length)
-            tallies.of(seq).prompt_tokens_total += seq.prompt_length
-            seq.output.cached_tokens = seq.prompt_length
-            self.counters.cached_prompt_tokens_total += seq.prompt_length
+            self.admitter.fork(leader, seq, self.steps)
             if seq.output.constraint is not None:
                 self.picker.fill_masks([(seq.output.constraint, seq.slot)])
-            self._sample_guarded(_ToSample(seq, [row], ()))
+            self._sample_guarded(RowsToSample(seq, [row], ()))
 
     def _decoded(self, passes: int, rows: int, seconds: float) -> None:
         """A decode step's time, for the thread count and the cost model the planner weighs."""
@@ -297,35 +235,9 @@ class LlamaCppCore:
             llama_cpp.llama_set_n_threads(self.ctx, after, after)
         self.scheduler.costs = self.threads.current_costs
 
-    def _check_proposals(self, entry: _ToSample) -> int:
-        """Samples row after row, accepting each proposed token while it is what sampling picks there
-        (the token picked at the first row that disagrees, or after the last, is output too); the cells
-        of proposals not accepted are dropped. Returns how many proposals were accepted."""
-        seq, output, proposed = entry.sequence, entry.sequence.output, entry.proposed
-        output.draft_tokens += len(proposed)
-        accepted = 0
-        try:
-            for i, row in enumerate(entry.rows):
-                if i and output.constraint is not None:  # its matcher has taken the row before's token
-                    self.picker.fill_masks([(output.constraint, seq.slot)])
-                token = self.picker.pick(self.ctx, row, seq.slot, seq.sampler, output)
-                is_proposal = i < len(proposed) and token.token_id == proposed[i]
-                self._take(seq, token.token_id, output.on_token(token, self._is_eos(token.token_id), is_proposal))
-                if output.finished or not is_proposal:
-                    break
-                accepted += 1
-        finally:
-            if proposed:
-                self.slots.keep_cells(seq, seq.cached + accepted)
-                seq.draft.checked(len(proposed), accepted)
-        return accepted
-
     def _take(self, seq: Sequence, token: int, event: Event) -> None:
         seq.tokens.append(token)
         self._emit(seq, event)
-
-    def _is_eos(self, token: int) -> bool:
-        return token in self.model.eos_token_set
 
     # -- endings and outputs -------------------------------------------------------
 
@@ -357,19 +269,9 @@ class LlamaCppCore:
     def _done(self) -> list[Output]:
         """Publishes the stats snapshot (one reference assignment: atomic for readers) and hands over
         the outputs of the command or step just run."""
-        scheduler = self.scheduler
         self.stats = self.counters.snapshot(
-            steps=self.steps,
-            running_sequences=len(scheduler.running),
-            preempted_sequences=len(scheduler.preempted),
-            paused_sequences=sum(seq.paused for seq in (*scheduler.running.values(), *scheduler.preempted.values())),
-            queued_requests=len(scheduler.waiting),
-            cache_tokens_used=sum(seq.cached for seq in scheduler.running.values()),
-            cache_tokens_total=self._cache_tokens_total,
-            prefix_cache_entries=len(self.slots.prefixes),
-            prefix_cache_tokens=self.slots.prefixes.tokens_held,
-            callers=scheduler.policy.tallies.snapshot(scheduler.running.values(), scheduler.waiting,
-                                                      scheduler.preempted.values()),
+            steps=self.steps, cache_tokens_total=self._cache_tokens_total, prefix_cache_entries=len(self.slots.prefixes),
+            prefix_cache_tokens=self.slots.prefixes.tokens_held, **self.scheduler.occupancy(),
         )
         outputs, self._outputs = self._outputs, []
         return outputs

@@ -161,6 +161,23 @@ class GgufModel:
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
+    def new_context(self, sequences: int, tokens_per_sequence: int, batch_tokens: int, threads: int):
+        """A llama.cpp context for `sequences` sequences of up to `tokens_per_sequence` tokens each."""
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = tokens_per_sequence * sequences
+        params.n_batch = params.n_ubatch = batch_tokens
+        params.n_seq_max = sequences
+        params.n_threads = params.n_threads_batch = threads
+        # A cache per sequence keeps each sequence's attention separate, so greedy output does
+        # not depend on what else is in the batch. llama.cpp is fast with it only while a batch's
+        # sequences have ascending, contiguous ids (see backend.llamacpp.slots and docs/benchmarks.md).
+        params.kv_unified = False
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self.ptr, params)
+        if not ctx:
+            raise RuntimeError("llama.cpp could not create a context")
+        return ctx
+
     def constraint_tokenizer(self) -> llguidance.LLTokenizer:
         """The vocabulary as llguidance sees it (about a second to build)."""
         return build_tokenizer(

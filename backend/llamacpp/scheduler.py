@@ -102,13 +102,6 @@ class Scheduler:
             shed.append(victim)
         return shed
 
-    def find(self, request_id: str) -> Sequence | None:
-        """A request that has started (running or preempted)."""
-        return self.running.get(request_id) or self.preempted.get(request_id)
-
-    def find_waiting(self, request_id: str) -> Sequence | None:
-        return next((seq for seq in self.waiting if seq.id == request_id), None)
-
     def remove(self, seq: Sequence) -> None:
         """Forgets a sequence, wherever it is."""
         if self.running.pop(seq.id, None) is None and self.preempted.pop(seq.id, None) is None:
@@ -140,15 +133,28 @@ class Scheduler:
     def holds_sequences(self) -> bool:
         return bool(self.waiting or self.running or self.preempted)
 
-    def all(self) -> Iterator[Sequence]:
+    def started(self) -> Iterator[Sequence]:
+        """Running and preempted sequences: those that have been admitted."""
         yield from self.running.values()
         yield from self.preempted.values()
+
+    def all(self) -> Iterator[Sequence]:
+        yield from self.started()
         yield from self.waiting
+
+    def occupancy(self) -> dict[str, object]:
+        """Who is where now, as EngineStats fields."""
+        return dict(
+            running_sequences=len(self.running), preempted_sequences=len(self.preempted),
+            paused_sequences=sum(seq.paused for seq in self.started()), queued_requests=len(self.waiting),
+            cache_tokens_used=sum(seq.cached for seq in self.running.values()),
+            callers=self.policy.tallies.snapshot(self.running.values(), self.waiting, self.preempted.values()),
+        )
 
     # -- decisions ------------------------------------------------------------------
 
     def expired(self, now: float) -> Expired:
-        started = [*self.running.values(), *self.preempted.values()]
+        started = list(self.started())
         timed_out = [seq for seq in started if seq.output.deadline_passed(now)]
         never_started = [seq for seq in self.waiting if seq.output.deadline_passed(now)]
         return Expired(
