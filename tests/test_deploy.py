@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "deploy" / "haproxy"))
 import grpc_health_check  # noqa: E402
 
 DEPLOY = ROOT / "deploy"
+ENVOY_DESCRIPTORS = "/etc/envoy/descriptors.binpb"
 KUBERNETES = DEPLOY / "kubernetes"
 OVERLAYS = ["cpu-gguf", "gpu-exllamav2"]
 TOOLS = ROOT / ".venv-deploy" / "bin"
@@ -216,14 +217,17 @@ def test_haproxy_accepts_its_config_and_checks_grpc_health():
     config = (DEPLOY / "haproxy" / "haproxy.cfg").read_text()
     for line in grpc_health_check.tcp_check_lines(SERVICE_NAME):
         assert f"\n  {line}\n" in config, f"regenerate the health check: {line[:40]}"
-    assert "balance leastconn" in config and "proto h2" in config
+    assert "balance hdr(x-tokenspout-affinity)" in config and "hash-type consistent" in config and "proto h2" in config
 
 
 def test_envoy_accepts_its_config():
-    result = run(tool("envoy"), "--mode", "validate", "-c", str(DEPLOY / "envoy" / "envoy.yaml"))
+    # The JSON transcoder reads the descriptor set the image mounts at /etc/envoy (deploy/README.md).
+    text = (DEPLOY / "envoy" / "envoy.yaml").read_text()
+    assert ENVOY_DESCRIPTORS in text
+    text = text.replace(ENVOY_DESCRIPTORS, str(ROOT / "service" / "descriptors.binpb"))
+    result = run(tool("envoy"), "--mode", "validate", "--config-yaml", text)
     assert result.returncode == 0, result.stdout + result.stderr
-    broken = (DEPLOY / "envoy" / "envoy.yaml").read_text().replace("LEAST_REQUEST", "LEAST_REQUESTS")
-    result = run(tool("envoy"), "--mode", "validate", "--config-yaml", broken)
+    result = run(tool("envoy"), "--mode", "validate", "--config-yaml", text.replace("RING_HASH", "RING_HASHES"))
     assert result.returncode != 0
 
 
