@@ -48,6 +48,8 @@ proto: tools
 	cd $(TS) && PYTHON=$(CURDIR)/$(PY) npm run --silent generate
 	# Reflection serves these, so grpcurl describe shows the protos' comments.
 	$(BUF) build --as-file-descriptor-set -o service/descriptors.binpb
+	# Envoy's JSON transcoder: the same plus google.rpc's error types (deploy/README.md, "HTTP/JSON").
+	$(PY) deploy/envoy/descriptor_set.py
 
 # At a release: record the committed proto as the baseline of the breaking-change test.
 release-protos: tools

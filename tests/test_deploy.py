@@ -224,11 +224,18 @@ def test_envoy_accepts_its_config():
     # The JSON transcoder reads the descriptor set the image mounts at /etc/envoy (deploy/README.md).
     text = (DEPLOY / "envoy" / "envoy.yaml").read_text()
     assert ENVOY_DESCRIPTORS in text
-    text = text.replace(ENVOY_DESCRIPTORS, str(ROOT / "service" / "descriptors.binpb"))
+    text = text.replace(ENVOY_DESCRIPTORS, str(ROOT / "deploy" / "envoy" / "descriptors.binpb"))
     result = run(tool("envoy"), "--mode", "validate", "--config-yaml", text)
     assert result.returncode == 0, result.stdout + result.stderr
     result = run(tool("envoy"), "--mode", "validate", "--config-yaml", text.replace("RING_HASH", "RING_HASHES"))
     assert result.returncode != 0
+
+
+def test_envoys_descriptor_set_is_current(tmp_path):
+    """deploy/envoy/descriptors.binpb is what `make proto` writes from service/descriptors.binpb."""
+    result = run(sys.executable, str(DEPLOY / "envoy" / "descriptor_set.py"), str(tmp_path / "set.binpb"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "set.binpb").read_bytes() == (DEPLOY / "envoy" / "descriptors.binpb").read_bytes(), "run `make proto`"
 
 
 def test_the_service_config_balances_checks_health_and_retries_refusals():
