@@ -80,8 +80,7 @@ def system_prompt(label: str, session: int) -> str:
     another's cache), long enough that recomputing it shows."""
     topic = TOPICS[session % len(TOPICS)]
     return (f"[{label} #{session}] You are a patient guide who knows a great deal about {topic}. Answer in one short "
-            f"sentence, plainly, without lists. Stay on the subject of {topic}, and when a question is unclear, "
-            f"answer the most likely reading of it. Never repeat the question.")
+            f"sentence, plainly. Stay on the subject of {topic}.")
 
 
 def run_sessions(

@@ -2,8 +2,8 @@
 replicas: 12 chat sessions of 6 turns each, with the affinity key (x-tokenspout-affinity) and
 without. With it, the share of prompt tokens served from cache comes within 0.9 of one replica
 alone that has room for every session, and the busiest replica serves at most 1.5x the mean; a
-replica killed mid-run fails only the streams it was serving, its sessions move to the others,
-and the others' sessions stay where they were.
+replica killed mid-run fails only the streams it was serving and its sessions move to the others;
+its keys move, and only its keys.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import signal
 import threading
 from collections import Counter
 
+import grpc
 import pytest
 
 from chat_sessions import Run, run_sessions
-from conftest import REPORT
-from proxies import REPLICA_FLAGS, Envoy, HAProxy, start_replicas, stop_replicas
-from conftest import start_server
+from conftest import REPORT, start_server
+from helpers import greedy
+from proxies import AFFINITY_HEADER, REPLICA_FLAGS, Envoy, HAProxy, requests_finished, start_replicas, stop_replicas
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 SESSIONS, TURNS = 12, 6
 
@@ -65,7 +67,7 @@ def test_the_key_keeps_a_chat_on_the_replica_that_caches_it(cluster, baseline, p
     assert keyless.spread(3) <= 1.5, keyless.served(3)
 
 
-def home(run: Run, turns) -> dict[int, int]:
+def home(turns) -> dict[int, int]:
     """Session -> the replica that served most of `turns`."""
     counts: dict[int, Counter] = {}
     for turn in turns:
@@ -73,24 +75,41 @@ def home(run: Run, turns) -> dict[int, int]:
     return {session: counter.most_common(1)[0][0] for session, counter in counts.items()}
 
 
+def placement(proxy, replicas, label: str, keys: int = 24) -> dict[str, int]:
+    """Session id -> the replica a one-token call with it lands on, one call at a time (so the
+    load bound never steps in)."""
+    with grpc.insecure_channel(proxy.address) as channel:
+        stub = pb_grpc.GenerationServiceStub(channel)
+        for key in range(keys):
+            request = greedy("Hi", max_new_tokens=1)
+            request.request_id = f"{label}-{key}"
+            list(stub.GenerateStream(request, timeout=60, metadata=((AFFINITY_HEADER, f"session-{key}"),)))
+    finished = [requests_finished(r) if r.process.poll() is None else set() for r in replicas]
+    return {f"session-{key}": next(i for i, ids in enumerate(finished) if f"{label}-{key}" in ids) for key in range(keys)}
+
+
 def test_a_replica_killed_mid_run_moves_its_sessions_and_only_those(cluster):
-    """12 sessions through each proxy at once; after two turns each, kill -9 the third replica."""
+    """6 sessions through each proxy at once; after two turns each, kill -9 the third replica:
+    only the streams it was serving fail, its sessions go on elsewhere. Then one call at a time:
+    the keys it held moved, every other key is where it was."""
     replicas, _, proxies = cluster
-    victim = 2
-    done, killed = Counter(), threading.Event()
-    lock = threading.Lock()
+    victim, sessions = 2, SESSIONS // 2
+    before = {name: placement(proxy, replicas, f"{name}-place") for name, proxy in proxies.items()}
+    for name, keys in before.items():
+        assert set(keys.values()) == {0, 1, 2}, f"{name} spreads 24 keys over all three: {keys}"
+    done, killed, lock = [0], threading.Event(), threading.Lock()
 
     def after_turn(turn) -> None:
         with lock:
-            done[turn.session, threading.current_thread().name] += 1
-            if not killed.is_set() and sum(done.values()) >= 2 * 2 * SESSIONS:
+            done[0] += 1
+            if not killed.is_set() and done[0] >= 2 * 2 * sessions:
                 os.kill(replicas[victim].process.pid, signal.SIGKILL)
                 killed.set()
 
     runs: dict[str, Run] = {}
 
     def drive(name: str) -> None:
-        runs[name] = run_sessions(proxies[name].address, f"{name}-kill", replicas, SESSIONS, TURNS, after_turn=after_turn)
+        runs[name] = run_sessions(proxies[name].address, f"{name}-kill", replicas, sessions, TURNS, after_turn=after_turn)
 
     threads = [threading.Thread(target=drive, args=(name,)) for name in proxies]
     for thread in threads:
@@ -99,26 +118,25 @@ def test_a_replica_killed_mid_run_moves_its_sessions_and_only_those(cluster):
         thread.join(timeout=900)
     assert killed.is_set() and replicas[victim].process.wait(timeout=10) == -signal.SIGKILL
     for name, run in runs.items():
-        ok = sorted(run.ok(), key=lambda t: t.turn)
-        # Which turns came before the kill: those the victim served, and as many of each session's
-        # first turns as it finished before the failure or the victim's last turn.
-        failed = run.failed()
-        last_on_victim = {t.session: t.turn for t in ok if t.replica == victim}
-        before = [t for t in ok if t.turn < 2]
-        homes = home(run, before)
+        ok, failed = run.ok(), run.failed()
+        homes = home(t for t in ok if t.turn < 2)
         on_victim = {s for s, r in homes.items() if r == victim}
         REPORT.append(f"affinity: {name}, kill -9 mid-run: {len(failed)} of {len(run.turns)} turns failed "
                       f"({sorted(Counter(t.outcome for t in failed).items())}); {len(on_victim)} sessions moved")
-        # Only the streams on the victim failed: one turn at most per session of the victim's.
+        # Only streams on the victim failed: at most one turn of each session it held.
         assert {t.session for t in failed} <= on_victim, (failed, homes)
         assert len(failed) <= len(on_victim)
-        # Its sessions went on elsewhere: every later turn succeeded, on a survivor.
+        # Its sessions went on elsewhere: one failed turn at most, and the later ones on survivors.
         for session in on_victim:
-            later = [t for t in ok if t.session == session and t.turn > last_on_victim.get(session, -1)]
-            assert later and all(t.replica != victim for t in later), session
-            assert len(later) + sum(t.session == session for t in failed) + last_on_victim.get(session, -1) + 1 == TURNS
-        # The others' sessions stayed on their replicas (the load bound may spill the odd turn).
-        after = [t for t in ok if t.turn >= 3 and homes.get(t.session, victim) != victim]
-        stayed = sum(t.replica == homes[t.session] for t in after)
-        REPORT.append(f"affinity: {name}, after the kill {stayed} of {len(after)} turns of the other sessions stayed")
-        assert stayed >= 0.9 * len(after)
+            assert sum(t.session == session for t in failed) <= 1
+            assert all(t.replica != victim for t in ok if t.session == session and t.turn >= 3)
+    # Once the health checks have taken the victim out: its keys moved, and only its keys.
+    proxies["envoy"].wait_for(lambda hosts: not hosts[replicas[victim].address])
+    proxies["haproxy"].wait_for(lambda states: states == {"replica1": True, "replica2": True, "replica3": False})
+    for name, proxy in proxies.items():
+        after = placement(proxy, replicas, f"{name}-moved")
+        moved = {key for key in after if after[key] != before[name][key]}
+        REPORT.append(f"affinity: {name}: {len(moved)} of {len(after)} keys moved after the kill, "
+                      f"{sum(r == victim for r in before[name].values())} had been on the victim")
+        assert moved == {key for key, replica in before[name].items() if replica == victim}
+        assert victim not in after.values()
