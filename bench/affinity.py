@@ -1,8 +1,8 @@
 """Prefix-affinity routing (issue 23): chat sessions through Envoy and HAProxy in front of three
 replicas, with the affinity key (x-tokenspout-affinity) and without, every figure from one run.
 
-Prints, for one replica alone (called directly: the baseline) and for each proxy with and without
-the key: the share of prompt tokens served from cache (usage.cached_tokens / prompt_tokens) and
+Prints, for one replica alone called directly (with the replicas' own flags, and with cache room
+for every session, 8 + 8 cache streams: the baseline) and for each proxy with and without the key: the share of prompt tokens served from cache (usage.cached_tokens / prompt_tokens) and
 its ratio to the baseline's (target >= 0.9 with the key), the caller's TTFT median and its ratio
 to the keyless run's through the same proxy, and the load spread (the busiest replica's turns over
 the mean; target <= 1.5).
@@ -26,7 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 from chat_sessions import run_sessions  # noqa: E402
-from proxies import Envoy, HAProxy, start_replicas, stop_replicas  # noqa: E402
+from conftest import start_server  # noqa: E402
+from proxies import REPLICA_FLAGS, Envoy, HAProxy, start_replicas, stop_replicas  # noqa: E402
 
 
 def main() -> int:
@@ -40,6 +41,7 @@ def main() -> int:
           f"{os.cpu_count()} cores, {args.reps} rep(s)")
     with tempfile.TemporaryDirectory() as tmp:
         replicas = start_replicas(pathlib.Path(tmp), 3)
+        roomy = start_server(pathlib.Path(tmp), *REPLICA_FLAGS, "--prefix-cache-slots", "8")
         proxies = {}
         try:
             addresses = [r.address for r in replicas]
@@ -48,7 +50,9 @@ def main() -> int:
                 def run(address, label, logs, affinity=True):
                     return run_sessions(address, f"{label}-{rep}", logs, args.sessions, args.turns, args.tokens, affinity)
 
-                alone = run(replicas[0].address, "alone", replicas[:1])
+                same = run(replicas[0].address, "alone-10-cache-streams", replicas[:1])
+                alone = run(roomy.address, "alone-16-cache-streams-baseline", [roomy])
+                print(same.summary(1))
                 print(alone.summary(1))
                 base = alone.cache_share()
                 for name, proxy in proxies.items():
@@ -60,7 +64,7 @@ def main() -> int:
         finally:
             for proxy in proxies.values():
                 proxy.stop()
-            stop_replicas(replicas)
+            stop_replicas([*replicas, roomy])
     return 0
 
 
