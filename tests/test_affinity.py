@@ -3,7 +3,7 @@ replicas: 12 chat sessions of 6 turns each, with the affinity key (x-tokenspout-
 without. With it, the share of prompt tokens served from cache comes within 0.9 of one replica
 alone that has room for every session, and the busiest replica serves at most 1.5x the mean; a
 replica killed mid-run fails only the streams it was serving and its sessions move to the others;
-its keys move, and only its keys.
+its keys move, and only its keys (through HAProxy; through Envoy also a few of the others').
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def home(turns) -> dict[int, int]:
     return {session: counter.most_common(1)[0][0] for session, counter in counts.items()}
 
 
-def placement(proxy, replicas, label: str, keys: int = 24) -> dict[str, int]:
+def placement(proxy, replicas, label: str, keys: int = 48) -> dict[str, int]:
     """Session id -> the replica a one-token call with it lands on, one call at a time (so the
     load bound never steps in)."""
     with grpc.insecure_channel(proxy.address) as channel:
@@ -91,12 +91,12 @@ def placement(proxy, replicas, label: str, keys: int = 24) -> dict[str, int]:
 def test_a_replica_killed_mid_run_moves_its_sessions_and_only_those(cluster):
     """6 sessions through each proxy at once; after two turns each, kill -9 the third replica:
     only the streams it was serving fail, its sessions go on elsewhere. Then one call at a time:
-    the keys it held moved, every other key is where it was."""
+    the keys it held moved, and (HAProxy) every other key is where it was, or (Envoy) most."""
     replicas, _, proxies = cluster
     victim, sessions = 2, SESSIONS // 2
     before = {name: placement(proxy, replicas, f"{name}-place") for name, proxy in proxies.items()}
     for name, keys in before.items():
-        assert set(keys.values()) == {0, 1, 2}, f"{name} spreads 24 keys over all three: {keys}"
+        assert set(keys.values()) == {0, 1, 2}, f"{name} spreads the keys over all three: {keys}"
     done, killed, lock = [0], threading.Event(), threading.Lock()
 
     def after_turn(turn) -> None:
@@ -138,5 +138,13 @@ def test_a_replica_killed_mid_run_moves_its_sessions_and_only_those(cluster):
         moved = {key for key in after if after[key] != before[name][key]}
         REPORT.append(f"affinity: {name}: {len(moved)} of {len(after)} keys moved after the kill, "
                       f"{sum(r == victim for r in before[name].values())} had been on the victim")
-        assert moved == {key for key, replica in before[name].items() if replica == victim}
-        assert victim not in after.values()
+        on_victim = {key for key, replica in before[name].items() if replica == victim}
+        assert victim not in after.values() and moved >= on_victim
+        if name == "haproxy":
+            # A fixed set of points per server: only the victim's keys move.
+            assert moved == on_victim
+        else:
+            # Envoy's ring keeps its size (minimum_ring_size) whatever the number of hosts, so the
+            # survivors get more points each and take about 1 in 7 of each other's keys as well
+            # (a modulo hash would move half of them).
+            assert len(moved - on_victim) <= (len(before[name]) - len(on_victim)) // 3, moved - on_victim
