@@ -69,7 +69,7 @@ $(DEPLOY_VENV)/.installed: deploy/requirements-tools.txt
 	touch $@
 
 deploy-tools: $(DEPLOY_VENV)/.installed
-	command -v haproxy >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy)
+	command -v haproxy >/dev/null && command -v curl >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy curl)
 
 # Generated clients in Go, Java and C++ (tests/test_clients_generated.py, clients/README.md): Debian's
 # toolchains, protoc plugins and gRPC libraries. `NAME=VERSION*` pins bookworm's upstream version and
