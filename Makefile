@@ -48,6 +48,8 @@ proto: tools
 	cd $(TS) && PYTHON=$(CURDIR)/$(PY) npm run --silent generate
 	# Reflection serves these, so grpcurl describe shows the protos' comments.
 	$(BUF) build --as-file-descriptor-set -o service/descriptors.binpb
+	# Envoy's JSON transcoder: the same plus google.rpc's error types (deploy/README.md, "HTTP/JSON").
+	$(PY) deploy/envoy/descriptor_set.py
 
 # At a release: record the committed proto as the baseline of the breaking-change test.
 release-protos: tools
@@ -67,7 +69,7 @@ $(DEPLOY_VENV)/.installed: deploy/requirements-tools.txt
 	touch $@
 
 deploy-tools: $(DEPLOY_VENV)/.installed
-	command -v haproxy >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy)
+	command -v haproxy >/dev/null && command -v curl >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy curl)
 
 # Generated clients in Go, Java and C++ (tests/test_clients_generated.py, clients/README.md): Debian's
 # toolchains, protoc plugins and gRPC libraries. `NAME=VERSION*` pins bookworm's upstream version and

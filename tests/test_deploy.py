@@ -7,6 +7,7 @@ npm's @kubernetes-models/prometheus-operator); none of them reaches the network.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import pathlib
@@ -23,6 +24,7 @@ sys.path.insert(0, str(ROOT / "deploy" / "haproxy"))
 import grpc_health_check  # noqa: E402
 
 DEPLOY = ROOT / "deploy"
+ENVOY_DESCRIPTORS = "/etc/envoy/descriptors.binpb"
 KUBERNETES = DEPLOY / "kubernetes"
 OVERLAYS = ["cpu-gguf", "gpu-exllamav2"]
 TOOLS = ROOT / ".venv-deploy" / "bin"
@@ -216,15 +218,49 @@ def test_haproxy_accepts_its_config_and_checks_grpc_health():
     config = (DEPLOY / "haproxy" / "haproxy.cfg").read_text()
     for line in grpc_health_check.tcp_check_lines(SERVICE_NAME):
         assert f"\n  {line}\n" in config, f"regenerate the health check: {line[:40]}"
-    assert "balance leastconn" in config and "proto h2" in config
+    assert "balance hdr(x-tokenspout-affinity)" in config and "hash-type consistent" in config and "proto h2" in config
 
 
 def test_envoy_accepts_its_config():
-    result = run(tool("envoy"), "--mode", "validate", "-c", str(DEPLOY / "envoy" / "envoy.yaml"))
+    # The JSON transcoder reads the descriptor set the image mounts at /etc/envoy (deploy/README.md).
+    text = (DEPLOY / "envoy" / "envoy.yaml").read_text()
+    assert ENVOY_DESCRIPTORS in text
+    text = text.replace(ENVOY_DESCRIPTORS, str(ROOT / "deploy" / "envoy" / "descriptors.binpb"))
+    result = run(tool("envoy"), "--mode", "validate", "--config-yaml", text)
     assert result.returncode == 0, result.stdout + result.stderr
-    broken = (DEPLOY / "envoy" / "envoy.yaml").read_text().replace("LEAST_REQUEST", "LEAST_REQUESTS")
-    result = run(tool("envoy"), "--mode", "validate", "--config-yaml", broken)
+    result = run(tool("envoy"), "--mode", "validate", "--config-yaml", text.replace("RING_HASH", "RING_HASHES"))
     assert result.returncode != 0
+
+
+def test_the_envoy_gateway_manifests_validate_and_carry_the_shipped_config(tmp_path):
+    """deploy/kubernetes/envoy-gateway: Envoy in front of the Deployment, configured by the very
+    files in deploy/envoy (a ConfigMap generated from them)."""
+    gateway = KUBERNETES / "envoy-gateway"
+    result = run(tool("kubectl"), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(gateway))
+    assert result.returncode == 0, result.stderr
+    (tmp_path / "gateway.yaml").write_text(result.stdout)
+    validated = run(tool("kubernetes-validate"), "--strict", "--kubernetes-version", "1.37.0", str(tmp_path / "gateway.yaml"))
+    assert validated.returncode == 0 and validated.stdout.count(" passed for resource ") == 3, validated.stdout
+    to_json = "import json, sys, yaml; print(json.dumps([r for r in yaml.safe_load_all(sys.stdin) if r]))"
+    objects = {r["kind"]: r for r in json.loads(run(tool("python"), "-c", to_json, stdin=result.stdout).stdout)}
+    config = objects["ConfigMap"]
+    assert config["data"]["envoy.yaml"] == (DEPLOY / "envoy" / "envoy.yaml").read_text()
+    descriptors = base64.b64decode(config["binaryData"]["descriptors.binpb"])
+    assert descriptors == (DEPLOY / "envoy" / "descriptors.binpb").read_bytes()
+    (volume,) = objects["Deployment"]["spec"]["template"]["spec"]["volumes"]
+    assert volume["configMap"]["name"] == config["metadata"]["name"]  # the generated, hashed name
+    (mount,) = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert f"{mount['mountPath']}/descriptors.binpb" == ENVOY_DESCRIPTORS
+    # Envoy resolves the replicas through the headless Service of the base.
+    assert "tokenspout-headless.tokenspout.svc.cluster.local" in config["data"]["envoy.yaml"]
+    assert find("cpu-gguf", "Service", "tokenspout-headless")["spec"]["clusterIP"] == "None"
+
+
+def test_envoys_descriptor_set_is_current(tmp_path):
+    """deploy/envoy/descriptors.binpb is what `make proto` writes from service/descriptors.binpb."""
+    result = run(sys.executable, str(DEPLOY / "envoy" / "descriptor_set.py"), str(tmp_path / "set.binpb"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "set.binpb").read_bytes() == (DEPLOY / "envoy" / "descriptors.binpb").read_bytes(), "run `make proto`"
 
 
 def test_the_service_config_balances_checks_health_and_retries_refusals():

@@ -18,6 +18,7 @@ import grpc
 import grpc.aio
 
 from tokenspout import requests as rq
+from tokenspout.affinity import with_affinity
 from tokenspout import responses as rs
 from tokenspout.connection import Tls, channel_spec
 from tokenspout.errors import CancelledError, TokenspoutError, from_rpc_error
@@ -84,6 +85,7 @@ class AsyncClient:
         retry: RetryPolicy | int = RetryPolicy(),
         round_robin: bool | None = None,
         options: Sequence[tuple[str, object]] = (),
+        affinity: bool = True,
     ) -> None:
         spec = channel_spec(address, api_key=api_key, tls=tls, round_robin=round_robin, options=options)
         if spec.credentials is not None:
@@ -92,6 +94,7 @@ class AsyncClient:
             self._channel = grpc.aio.insecure_channel(spec.target, spec.options)
         self.stub = pb_grpc.GenerationServiceStub(self._channel)
         self._metadata = spec.metadata
+        self.affinity = affinity
         self.timeout = timeout
         self.retry = RetryPolicy(max_retries=retry) if isinstance(retry, int) else retry
 
@@ -99,14 +102,17 @@ class AsyncClient:
         request = rq.generate_request(pb.GenerateStreamRequest, prompt, options)
         deadline = deadline_of(options.get("timeout", self.timeout))
 
+        metadata = self._call_metadata(request, options)
+
         def start(timeout: float | None) -> Any:
-            return self.stub.GenerateStream(request, timeout=timeout, metadata=self._metadata)
+            return self.stub.GenerateStream(request, timeout=timeout, metadata=metadata)
 
         return AsyncStream(start, self.retry, deadline)
 
     async def generate(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> rs.Generation:
         request = rq.generate_request(pb.GenerateRequest, prompt, options)
-        response = await self._unary(self.stub.Generate, request, options.get("timeout"))
+        metadata = self._call_metadata(request, options)
+        response = await self._unary(self.stub.Generate, request, options.get("timeout"), metadata)
         return rs.from_proto(rs.Generation, response)
 
     async def tokenize(
@@ -155,12 +161,20 @@ class AsyncClient:
         response = await self._unary(self.stub.GetServerStatus, pb.GetServerStatusRequest(), timeout)
         return rs.from_proto(rs.ServerStatus, response)
 
-    async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+    def _call_metadata(self, request: Any, options: rq.GenerateOptions) -> tuple[tuple[str, str], ...]:
+        """The channel's metadata and, unless turned off, the affinity key (tokenspout.affinity)."""
+        if not self.affinity:
+            return self._metadata
+        return with_affinity(self._metadata, request, options.get("session_id"))
+
+    async def _unary(
+        self, method: Any, request: Any, timeout: float | None, metadata: tuple[tuple[str, str], ...] | None = None
+    ) -> Any:
         deadline = deadline_of(timeout if timeout is not None else self.timeout)
         retries = 0
         while True:
             try:
-                return await method(request, timeout=remaining(deadline), metadata=self._metadata)
+                return await method(request, timeout=remaining(deadline), metadata=metadata or self._metadata)
             except grpc.RpcError as rpc_error:
                 error: TokenspoutError = from_rpc_error(rpc_error)
                 wait = self.retry.delay(error, retries, deadline)

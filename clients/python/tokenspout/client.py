@@ -17,6 +17,7 @@ from typing import Any, Iterator, Mapping, Sequence, Unpack
 import grpc
 
 from tokenspout import requests as rq
+from tokenspout.affinity import with_affinity
 from tokenspout import responses as rs
 from tokenspout.connection import Tls, channel_spec
 from tokenspout.errors import TokenspoutError, from_rpc_error
@@ -77,6 +78,8 @@ class Client:
     tls: True for the system roots, or Tls(...) for custom roots, mutual TLS or a name override.
     timeout: each call's deadline in seconds (retries included) unless the call gives its own.
     retry: a RetryPolicy, or how many retries with the default backoff (0 disables them).
+    affinity: send each generation's affinity key (tokenspout.affinity, header x-tokenspout-affinity),
+      which Envoy and HAProxy in deploy/ route on so a chat's turns reuse one replica's prefix cache.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Client:
         retry: RetryPolicy | int = RetryPolicy(),
         round_robin: bool | None = None,
         options: Sequence[tuple[str, object]] = (),
+        affinity: bool = True,
     ) -> None:
         spec = channel_spec(address, api_key=api_key, tls=tls, round_robin=round_robin, options=options)
         if spec.credentials is not None:
@@ -98,6 +102,7 @@ class Client:
         self.stub = pb_grpc.GenerationServiceStub(self._channel)
         """The generated stub on the same channel, for anything this client does not cover."""
         self._metadata = spec.metadata
+        self.affinity = affinity
         self.timeout = timeout
         self.retry = RetryPolicy(max_retries=retry) if isinstance(retry, int) else retry
 
@@ -106,15 +111,18 @@ class Client:
         request = rq.generate_request(pb.GenerateStreamRequest, prompt, options)
         deadline = deadline_of(options.get("timeout", self.timeout))
 
+        metadata = self._call_metadata(request, options)
+
         def start(timeout: float | None) -> Any:
-            return self.stub.GenerateStream(request, timeout=timeout, metadata=self._metadata)
+            return self.stub.GenerateStream(request, timeout=timeout, metadata=metadata)
 
         return Stream(start, self.retry, deadline)
 
     def generate(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> rs.Generation:
         """Generates the whole text and returns it at once; see GenerateOptions."""
         request = rq.generate_request(pb.GenerateRequest, prompt, options)
-        response = self._unary(self.stub.Generate, request, options.get("timeout"))
+        metadata = self._call_metadata(request, options)
+        response = self._unary(self.stub.Generate, request, options.get("timeout"), metadata)
         return rs.from_proto(rs.Generation, response)
 
     def tokenize(
@@ -165,12 +173,20 @@ class Client:
         response = self._unary(self.stub.GetServerStatus, pb.GetServerStatusRequest(), timeout)
         return rs.from_proto(rs.ServerStatus, response)
 
-    def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+    def _call_metadata(self, request: Any, options: rq.GenerateOptions) -> tuple[tuple[str, str], ...]:
+        """The channel's metadata and, unless turned off, the affinity key (tokenspout.affinity)."""
+        if not self.affinity:
+            return self._metadata
+        return with_affinity(self._metadata, request, options.get("session_id"))
+
+    def _unary(
+        self, method: Any, request: Any, timeout: float | None, metadata: tuple[tuple[str, str], ...] | None = None
+    ) -> Any:
         deadline = deadline_of(timeout if timeout is not None else self.timeout)
         retries = 0
         while True:
             try:
-                return method(request, timeout=remaining(deadline), metadata=self._metadata)
+                return method(request, timeout=remaining(deadline), metadata=metadata or self._metadata)
             except grpc.RpcError as rpc_error:
                 error: TokenspoutError = from_rpc_error(rpc_error)
                 wait = self.retry.delay(error, retries, deadline)

@@ -164,6 +164,9 @@ class GenerateOptions(TypedDict, total=False):
     """Higher is more urgent (default 0); negative is sheddable. See the proto's comment."""
     queue_timeout_ms: int
     """Give up with UnavailableError (QUEUE_TIMEOUT) if not started this long after arrival (0: no limit)."""
+    session_id: str
+    """The affinity key to send instead of one derived from the input (tokenspout.affinity): calls
+    with the same session id go to the same replica behind Envoy or HAProxy."""
 
 
 def schema_text(schema: JsonSchema) -> str:

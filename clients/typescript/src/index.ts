@@ -23,8 +23,10 @@ import {
   type TokenizeResponse,
 } from "./gen/tokenspout/v1/generation_pb.js";
 import { Code, ConnectError } from "@connectrpc/connect";
+import { AFFINITY_HEADER, affinityKey } from "./affinity.js";
 import { decodeError, type TokenspoutError } from "./errors.js";
 
+export * from "./affinity.js";
 export * from "./errors.js";
 export * from "./gen/tokenspout/v1/generation_pb.js";
 
@@ -51,11 +53,20 @@ export interface ClientOptions {
   maxRetries?: number;
   /** Called before each retry, with the error and the wait. */
   onRetry?: (error: TokenspoutError, delayMs: number) => void;
+  /** Send each generation's affinity key (x-tokenspout-affinity; default true), which Envoy and
+   * HAProxy in deploy/ route on so that a chat's turns reuse one replica's prefix cache. */
+  affinity?: boolean;
 }
 
 export interface CallOptions {
   signal?: AbortSignal;
   timeoutMs?: number;
+}
+
+export interface GenerateCallOptions extends CallOptions {
+  /** The affinity key to send instead of one derived from the input: calls with the same
+   * session id go to the same replica behind Envoy or HAProxy. */
+  sessionId?: string;
 }
 
 export type StreamRequest = MessageInitShape<typeof GenerateStreamRequestSchema>;
@@ -124,8 +135,9 @@ export class TokenspoutClient {
   }
 
   /** Streams a generation; heartbeats are skipped. Leaving the loop cancels the RPC. */
-  async *stream(request: StreamRequest, options: CallOptions = {}): AsyncGenerator<GenerateStreamResponse> {
+  async *stream(request: StreamRequest, options: GenerateCallOptions = {}): AsyncGenerator<GenerateStreamResponse> {
     const deadline = this.deadline(options);
+    const affinity = this.affinityHeaders(request, options);
     // Ending Connect's iterator early does not reset the HTTP/2 stream, and its
     // deadline timer outlives a stream left early; so this call aborts the
     // stream itself and keeps its own timer (sending the deadline as grpc-timeout).
@@ -144,7 +156,7 @@ export class TokenspoutClient {
       for (let retries = 0; ; retries++) {
         let received = false;
         try {
-          const headers: Record<string, string> = {};
+          const headers: Record<string, string> = { ...affinity };
           if (deadline !== undefined) headers["grpc-timeout"] = `${Math.max(1, deadline - Date.now())}m`;
           const attempt = { signal: call.signal, headers };
           for await (const response of this.raw.generateStream(request, attempt)) {
@@ -164,8 +176,9 @@ export class TokenspoutClient {
     }
   }
 
-  async generate(request: GenerateRequestInit, options?: CallOptions): Promise<GenerateResponse> {
-    return this.unary((call) => this.raw.generate(request, call), options);
+  async generate(request: GenerateRequestInit, options: GenerateCallOptions = {}): Promise<GenerateResponse> {
+    const headers = this.affinityHeaders(request, options);
+    return this.unary((call) => this.raw.generate(request, { ...call, headers }), options);
   }
 
   async tokenize(request: TokenizeRequestInit, options?: CallOptions): Promise<TokenizeResponse> {
@@ -197,6 +210,11 @@ export class TokenspoutClient {
         await this.beforeRetry(decodeError(error), retries, deadline, options.signal);
       }
     }
+  }
+
+  private affinityHeaders(request: StreamRequest | GenerateRequestInit, options: GenerateCallOptions): Record<string, string> {
+    if (this.options.affinity === false) return {};
+    return { [AFFINITY_HEADER]: affinityKey(request, options.sessionId) };
   }
 
   private deadline(options: CallOptions): number | undefined {
