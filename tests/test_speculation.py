@@ -13,7 +13,7 @@ import pytest
 from backend.constraints import ConstraintCompiler, ConstraintSpec
 from backend.engine import ChatMessage
 from backend.llamacpp import scheduler as scheduler_module
-from backend.llamacpp.speculation import Candidate, DecodeCosts, DraftState, NgramIndex, plan_drafts
+from backend.llamacpp.speculation import Candidate, DecodeCosts, DraftState, NgramIndex, PastNgrams, plan_drafts
 from backend.types import (
     FinishReason, GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams, TokenEvent,
 )
@@ -86,6 +86,27 @@ def test_the_ngram_index_proposes_what_followed_the_longest_earlier_match():
     tokens.append(7)  # 2, 3, 7 never occurred: nothing to continue
     assert index.propose(tokens, 4) == []
     assert index.propose([5, 6], 4) == []  # too short to match
+
+
+def test_past_ngrams_propose_what_followed_in_the_same_callers_finished_sequences():
+    past = PastNgrams(capacity=6)
+    past.learn("a", [1, 2, 3, 4, 5, 6, 7])
+    assert past.propose("a", [9, 1, 2, 3, 4], 2) == [5, 6]
+    assert past.propose("b", [9, 1, 2, 3, 4], 2) == []  # another caller's text never speeds anyone up
+    assert past.propose("a", [2, 3], 2) == []  # shorter than the 4-gram it matches
+    past.learn("a", [10, 11, 12, 13, 14, 15, 16, 17])
+    assert len(past) == 6 and past.propose("a", [1, 2, 3, 4], 2) == []  # the oldest went first
+
+
+def test_a_repeated_request_is_proposed_its_earlier_output_and_gives_the_same_tokens(model, check_every_proposal):
+    core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128)
+    try:
+        first = run(core, request(model, "first", NGRAM, prompt=copy_prompt(model, "Name three rivers.")))["first"]
+        again = run(core, request(model, "again", NGRAM, prompt=copy_prompt(model, "Name three rivers.")))["again"]
+    finally:
+        core.close()
+    assert token_ids(again) == token_ids(first)
+    assert again.finish.usage.accepted_draft_tokens > first.finish.usage.accepted_draft_tokens + 20
 
 
 def test_the_planner_checks_only_where_it_pays():

@@ -28,7 +28,7 @@ import llama_cpp
 
 from backend.config import EngineConfig
 from backend.engine import CancelOrder, EngineCounters, EngineStats, EventSink
-from backend.fairness import FairnessPolicy
+from backend.fairness import FairnessPolicy, caller_of
 from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.layout import PromptLayout
@@ -39,7 +39,7 @@ from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
-from backend.llamacpp.speculation import passes_for
+from backend.llamacpp.speculation import PastNgrams, passes_for
 from backend.llamacpp.threads import ThreadTuner
 from backend.llamacpp.rows import RowsToSample, add_feed, sample_rows
 from backend.sequence import ConstraintFailed
@@ -260,6 +260,8 @@ class LlamaCppCore:
     def _release(self, seq: Sequence) -> None:
         if seq.admissions or seq in self.scheduler.waiting:  # not a sample still waiting for its leader
             self.scheduler.remove(seq)
+        if len(seq.tokens) > seq.prompt_length:  # what its caller's later requests may repeat
+            self.scheduler.past_ngrams.learn(caller_of(seq), seq.tokens[-PastNgrams.LEARNED:])
         if seq.placed:
             self.slots.vacate(seq)
         elif seq.admissions:  # preempted: its kept cells need not wait for it

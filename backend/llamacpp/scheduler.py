@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from backend.fairness import FairnessPolicy, caller_of
 from backend.llamacpp.sequence import Sequence
-from backend.llamacpp.speculation import Candidate, DecodeCosts, plan_drafts, proposal
+from backend.llamacpp.speculation import Candidate, DecodeCosts, PastNgrams, plan_drafts, proposal
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,8 @@ class Scheduler:
         self._prompt_rows_since_decode = 0
         self.costs = DecodeCosts()
         """What decoding rows costs on this machine, as the core measures it."""
+        self.past_ngrams = PastNgrams()
+        """N-grams of finished sequences, per caller, for proposals (the core teaches it)."""
 
     def add(self, seq: Sequence) -> list[Sequence]:
         """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
@@ -240,7 +242,8 @@ class Scheduler:
             complete = seq.cached + known == len(seq.tokens)
             room = min(rows_each - known, self.context_length - len(seq.tokens), seq.output.tokens_left - 1)
             speculates = seq.draft is not None and complete and room > 0
-            proposed = proposal(seq.tokens, seq.draft, seq.output.constraint, room) if speculates else []
+            past = (self.past_ngrams, caller_of(seq))
+            proposed = proposal(seq.tokens, seq.draft, seq.output.constraint, room, past) if speculates else []
             candidates.append(Candidate(known, proposed, seq.draft))
         checked = plan_drafts(candidates, self.costs)
         for candidate, n in zip(candidates, checked):

@@ -10,8 +10,9 @@ group bit for bit as it computes one alone: docs/benchmarks.md).
 
 Proposals come from n-gram lookup in the sequence's own prompt and output: the
 longest recent n-gram (MATCH_LENGTHS) that occurred before is continued by what
-followed it then, as llama.cpp's ngram modes do. A constrained sequence's
-proposal is cut where its grammar would reject it.
+followed it then, as llama.cpp's ngram modes do; failing that, from what followed
+its last 4-gram in its caller's finished sequences (PastNgrams). A constrained
+sequence's proposal is cut where its grammar would reject it.
 
 Whether checking pays depends on the machine and the batch: every extra row
 costs compute, and llama.cpp splits a batch into equal pieces per sequence, so
@@ -24,6 +25,7 @@ tokens per second by that estimate and each sequence's acceptance so far
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 
@@ -100,9 +102,52 @@ class DraftState:
         self.rejected_weight = self.rejected_weight * memory + (accepted < proposed)
 
 
-def proposal(tokens: Tokens[int], draft: DraftState, constraint: ConstraintState | None, limit: int) -> list[int]:
-    """What a sequence proposes to check this step: n-gram continuation, cut to what its grammar allows."""
-    proposed = draft.index.propose(tokens, min(limit, draft.max_draft_tokens))
+class PastNgrams:
+    """What followed each 4-gram in the finished sequences of each caller: proposals for text that a
+    caller's requests repeat (the same document quoted, a question asked again), which a sequence's own
+    tokens cannot offer before it has seen that text once.
+
+    Kept per caller: a proposal changes no token, but how fast tokens come would tell one caller what
+    another's requests said. Bounded: least recently learned n-grams go first.
+    """
+
+    MATCH = MATCH_LENGTHS[0]
+    CONTINUATION = DRAFT_LENGTHS[-1]
+    LEARNED = 4096
+    """Tokens learned from the end of a finished sequence (its output, and the prompt's end before it)."""
+
+    def __init__(self, capacity: int = 50_000) -> None:
+        self.capacity = capacity
+        self._continuations: collections.OrderedDict[tuple, tuple[int, ...]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._continuations)
+
+    def learn(self, caller: str, tokens: Tokens[int]) -> None:
+        n, table = self.MATCH, self._continuations
+        for end in range(n, len(tokens)):
+            key = (caller, *tokens[end - n : end])
+            table[key] = tuple(tokens[end : end + self.CONTINUATION])
+            table.move_to_end(key)
+        while len(table) > self.capacity:
+            table.popitem(last=False)
+
+    def propose(self, caller: str, tokens: Tokens[int], limit: int) -> list[int]:
+        if len(tokens) < self.MATCH:
+            return []
+        return list(self._continuations.get((caller, *tokens[-self.MATCH :]), ())[:limit])
+
+
+def proposal(
+    tokens: Tokens[int], draft: DraftState, constraint: ConstraintState | None, limit: int,
+    past: tuple[PastNgrams, str] | None = None,
+) -> list[int]:
+    """What a sequence proposes to check this step: n-gram continuation from its own tokens, else from its
+    caller's past sequences (`past`: the pool and the caller), cut to what its grammar allows."""
+    limit = min(limit, draft.max_draft_tokens)
+    proposed = draft.index.propose(tokens, limit)
+    if not proposed and past is not None:
+        proposed = past[0].propose(past[1], tokens, limit)
     if proposed and constraint is not None:
         proposed = proposed[: constraint.matcher.validate_tokens(proposed)]
     return proposed
