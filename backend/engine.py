@@ -8,7 +8,6 @@ worker thread. The service never touches model objects itself.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -142,7 +141,7 @@ class EngineCounters:
 
     def snapshot(self, **live: int) -> EngineStats:
         """The totals with the live figures (running_sequences, cache_tokens_used, ...) as one EngineStats."""
-        return EngineStats(**dataclasses.asdict(self), **live)
+        return EngineStats(**vars(self), **live)  # every field a number: a shallow copy is a copy
 
 
 class Engine(Protocol):

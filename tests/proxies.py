@@ -78,6 +78,22 @@ def haproxy_config(listen_port: int, replicas: list[str], socket_path: pathlib.P
     return text.replace("global\n", f"global\n  stats socket {socket_path} level admin\n", 1)
 
 
+def wait_for_proxy(proxy, name: str, read, condition, timeout_s: float, not_up_yet) -> dict[str, bool]:
+    """Polls a proxy's view of its replicas (`read()`) until `condition` holds; fails if the proxy exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proxy.process.poll() is not None:
+            raise RuntimeError(f"{name} exited:\n{proxy.log_path.read_text()}")
+        try:
+            states = read()
+            if condition(states):
+                return states
+        except not_up_yet:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{name} never reached the expected state:\n{proxy.log_path.read_text()}")
+
+
 class HAProxy:
     def __init__(self, tmp_dir: pathlib.Path, replicas: list[str], idle_timeout: str = "") -> None:
         if not shutil.which("haproxy"):
@@ -109,18 +125,7 @@ class HAProxy:
         return states
 
     def wait_for(self, condition, timeout_s: float = 30) -> dict[str, bool]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"haproxy exited:\n{self.log_path.read_text()}")
-            try:
-                states = self.server_states()
-                if condition(states):
-                    return states
-            except OSError:
-                pass  # the socket is not there yet
-            time.sleep(0.1)
-        raise AssertionError(f"haproxy never reached the expected state:\n{self.log_path.read_text()}")
+        return wait_for_proxy(self, "haproxy", self.server_states, condition, timeout_s, OSError)  # no socket yet
 
     def stop(self) -> None:
         self.process.terminate()
@@ -187,18 +192,8 @@ class Envoy:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/stats?filter={filter}", timeout=5).read().decode()
 
     def wait_for(self, condition, timeout_s: float = 30) -> dict[str, bool]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"envoy exited:\n{self.log_path.read_text()}")
-            try:
-                hosts = self.healthy_hosts()
-                if condition(hosts):
-                    return hosts
-            except (OSError, ValueError):
-                pass  # the admin listener is not up yet
-            time.sleep(0.1)
-        raise AssertionError(f"envoy never reached the expected state:\n{self.log_path.read_text()}")
+        # Until the admin listener is up: refused, or not JSON yet.
+        return wait_for_proxy(self, "envoy", self.healthy_hosts, condition, timeout_s, (OSError, ValueError))
 
     def stop(self) -> None:
         self.process.terminate()
