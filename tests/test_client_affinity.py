@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 from tokenspout import AsyncClient, Client, TokenspoutError
-from tokenspout.affinity import HEADER, chat_key, prompt_key, session_key
+from tokenspout.affinity import HEADER, chat_key, prompt_key, session_key, token_ids_key
 
 VECTORS = json.loads((ROOT / "clients" / "affinity-vectors.json").read_text())
 
@@ -22,6 +22,8 @@ def key_of(case: dict) -> str:
         return session_key(case["session_id"])
     if "messages" in case:
         return chat_key([(m["role"], m["content"]) for m in case["messages"]])
+    if "token_ids" in case:
+        return token_ids_key(case["token_ids"])
     return prompt_key(case["prompt"])
 
 

@@ -10,7 +10,9 @@ clients/affinity-vectors.json holds test vectors):
   including the first `user` message (all of them if none is), each as role, NUL, content, NUL
   in UTF-8. Every later turn of the chat resends those messages unchanged, so the key holds;
 - a prompt: "text-" + the same digest of its first 256 characters (Unicode code points), the
-  part a longer prompt that continues it shares.
+  part a longer prompt that continues it shares;
+- token ids: "tokens-" + the same digest of its first 256 ids, written in decimal and separated
+  by single spaces.
 """
 
 from __future__ import annotations
@@ -48,12 +50,18 @@ def prompt_key(prompt: str) -> str:
     return "text-" + _digest(prompt[:PROMPT_CHARACTERS])
 
 
+def token_ids_key(ids: Sequence[int]) -> str:
+    return "tokens-" + _digest(" ".join(str(i) for i in ids[:PROMPT_CHARACTERS]))
+
+
 def affinity_key(request, session_id: str | None = None) -> str:
     """The key of a GenerateStreamRequest or GenerateRequest."""
     if session_id is not None:
         return session_key(session_id)
     if request.WhichOneof("input") == "chat":
         return chat_key([(m.role, m.content) for m in request.chat.messages])
+    if request.WhichOneof("input") == "prompt_token_ids":
+        return token_ids_key(request.prompt_token_ids.ids)
     return prompt_key(request.prompt)
 
 

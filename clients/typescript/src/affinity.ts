@@ -36,9 +36,15 @@ export function promptKey(prompt: string): string {
   return `text-${digest(Array.from(prompt).slice(0, PROMPT_CHARACTERS).join(""))}`;
 }
 
+/** Token ids' key: their first 256, in decimal, separated by single spaces. */
+export function tokenIdsKey(ids: ReadonlyArray<number>): string {
+  return `tokens-${digest(ids.slice(0, PROMPT_CHARACTERS).join(" "))}`;
+}
+
 interface InputInit {
   input?:
     | { case: "prompt"; value: string }
+    | { case: "promptTokenIds"; value: { ids?: ReadonlyArray<number> } }
     | { case: "chat"; value: { messages?: ReadonlyArray<{ role?: string; content?: string }> } }
     | { case: undefined; value?: undefined };
 }
@@ -50,5 +56,6 @@ export function affinityKey(request: InputInit, sessionId?: string): string {
     const messages = request.input.value.messages ?? [];
     return chatKey(messages.map((m) => ({ role: m.role ?? "", content: m.content ?? "" })));
   }
+  if (request.input?.case === "promptTokenIds") return tokenIdsKey(request.input.value.ids ?? []);
   return promptKey(request.input?.case === "prompt" ? request.input.value : "");
 }

@@ -13,6 +13,7 @@ import {
   affinityKey,
   chatKey,
   promptKey,
+  tokenIdsKey,
   sessionKey,
 } from "../dist/index.js";
 
@@ -22,7 +23,8 @@ test("the shared affinity vectors", () => {
   assert.equal(AFFINITY_HEADER, vectors.header);
   for (const c of vectors.cases) {
     const key =
-      c.session_id !== undefined ? sessionKey(c.session_id) : c.messages ? chatKey(c.messages) : promptKey(c.prompt);
+      c.session_id !== undefined ? sessionKey(c.session_id) : c.messages ? chatKey(c.messages)
+        : c.token_ids ? tokenIdsKey(c.token_ids) : promptKey(c.prompt);
     assert.equal(key, c.key, c.name);
   }
 });
