@@ -39,7 +39,7 @@ from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
-from backend.llamacpp.speculation import PastNgrams, passes_for
+from backend.llamacpp.speculation import passes_for
 from backend.llamacpp.threads import ThreadTuner
 from backend.llamacpp.rows import RowsToSample, add_feed, sample_rows
 from backend.sequence import ConstraintFailed
@@ -261,7 +261,7 @@ class LlamaCppCore:
         if seq.admissions or seq in self.scheduler.waiting:  # not a sample still waiting for its leader
             self.scheduler.remove(seq)
         if len(seq.tokens) > seq.prompt_length:  # what its caller's later requests may repeat
-            self.scheduler.past_ngrams.learn(caller_of(seq), seq.tokens[-PastNgrams.LEARNED:])
+            self.scheduler.past_ngrams.learn(caller_of(seq), seq.tokens, seq.prompt_length)
         if seq.placed:
             self.slots.vacate(seq)
         elif seq.admissions:  # preempted: its kept cells need not wait for it

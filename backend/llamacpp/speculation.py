@@ -112,7 +112,7 @@ class PastNgrams:
     MATCH = MATCH_LENGTHS[0]
     CONTINUATION = DRAFT_LENGTHS[-1]
     LEARNED = 4096
-    """Tokens learned from the end of a finished sequence (its output, and the prompt's end before it)."""
+    """Most output tokens learned from one finished sequence (its last ones)."""
 
     def __init__(self, capacity: int = 50_000) -> None:
         self.capacity = capacity
@@ -121,9 +121,11 @@ class PastNgrams:
     def __len__(self) -> int:
         return len(self._continuations)
 
-    def learn(self, caller: str, tokens: Tokens[int]) -> None:
+    def learn(self, caller: str, tokens: Tokens[int], output_from: int = 0) -> None:
+        """Learns what followed each 4-gram among the tokens from `output_from` on (a sequence's output:
+        its prompt is in a later request's own tokens when that request repeats it, so it is not stored)."""
         n, table = self.MATCH, self._continuations
-        for end in range(n, len(tokens)):
+        for end in range(max(n, output_from, len(tokens) - self.LEARNED), len(tokens)):
             key = (caller, *tokens[end - n : end])
             table[key] = tuple(tokens[end : end + self.CONTINUATION])
             table.move_to_end(key)
