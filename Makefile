@@ -8,6 +8,10 @@ DEPLOY_VENV ?= .venv-deploy
 TS := clients/typescript
 LISTEN ?= 127.0.0.1:50051
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# The pin lives in pyproject.toml; llama.cpp's CPU level: AVX2/FMA on x86-64 (every server CPU of the last
+# decade), its generic build elsewhere.
+LLAMA_CPP := $(shell grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
+LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
 
 .PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint run test test-fast bench clean
 
@@ -22,7 +26,10 @@ help:
 $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip==25.3
-	# llama-cpp-python compiles llama.cpp (10-15 min once); pip's wheel cache makes later installs fast.
+	# llama-cpp-python compiles llama.cpp (10-15 min) for a fixed x86-64 level, not -march=native: a native
+	# build on a CPU with AMX crashes in llama_decode where the OS does not grant AMX state (seen on these
+	# machines). Built apart, bypassing pip's wheel cache, which keys a wheel by its sdist, not by these flags.
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-cache-dir $(LLAMA_CPP)
 	# The client package first: the server depends on it (tokenspout-client is not on PyPI).
 	$(PY) -m pip install --quiet -e './clients/python[pydantic]'
 	$(PY) -m pip install --quiet -e '.[dev]'
