@@ -15,9 +15,11 @@ const request = {
 };
 
 const texts = [];
+const counts = []; // generatedTokens after each message: several tokens may share one
 let finish;
 for await (const response of client.generateStream(request)) {
   texts.push(response.text);
+  counts.push(response.generatedTokens);
   if (response.finish) finish = { reason: response.finish.reason, generatedTokens: response.generatedTokens };
 }
 let error;
@@ -27,4 +29,4 @@ try {
   const decoded = decodeError(caught);
   error = { code: decoded.code, reason: decoded.reason, fields: decoded.fieldViolations.map((v) => v.field) };
 }
-process.stdout.write(JSON.stringify({ texts, finish, error }));
+process.stdout.write(JSON.stringify({ texts, counts, finish, error }));
