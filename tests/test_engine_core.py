@@ -7,6 +7,7 @@ import pytest
 
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
+from backend.llamacpp.sampling import Sampler
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams
 from core_driver import Recorder, make_core, request, run_until_idle
 
@@ -217,16 +218,16 @@ def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypa
 
     compiled = ConstraintCompiler(model.constraint_tokenizer()).compile(ConstraintSpec("regex", "[0-9]{5}"))
     letter = model.tokenize("x", add_special=False)[0]
-    original = llama_cpp.llama_sampler_sample
+    original = Sampler.sample
     constrained = GenerationRequest("c", tuple(model.tokenize("Digits:")), SamplingParams(temperature=0.0),
                                     StopParams(max_new_tokens=8), constraint=compiled)
 
     def sample(sampler, ctx, index):  # a sampler that ignores the mask for the constrained sequence
         token = original(sampler, ctx, index)
         constrained_seq = core.scheduler.running.get("c")
-        return letter if constrained_seq is not None and constrained_seq.sampler.chain == sampler else token
+        return letter if constrained_seq is not None and constrained_seq.sampler is sampler else token
 
-    monkeypatch.setattr(llama_cpp, "llama_sampler_sample", sample)
+    monkeypatch.setattr(Sampler, "sample", sample)
     good, bad = Recorder(core), Recorder(core)
     core.add(request(model, "plain"), good)
     core.add(constrained, bad)

@@ -127,3 +127,41 @@ def test_banned_strings_and_token_healing_refuse_a_constraint(fake_stub):
     error = rpc_error(lambda: fake_stub.GenerateStream(request, timeout=30))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert {"sampling.banned_strings", "sampling.token_healing"} <= set(bad_request_fields(error))
+
+
+def test_the_plain_greedy_shortcut_picks_what_llama_cpps_greedy_sampler_picks(model):
+    """A plain greedy chain takes numpy's argmax; on the same logits, ties included (the first highest
+    wins in both), it picks what llama.cpp's greedy sampler picks."""
+    import llama_cpp
+    import numpy as np
+
+    from backend.llamacpp.batch import Batch
+    from backend.llamacpp.sampling import Sampler
+
+    ctx = model.new_context(1, 256, 64, 1)
+    batch = Batch(64)
+    shortcut = Sampler(SamplingParams(temperature=0.0), model, 256)
+    chain = Sampler(SamplingParams(temperature=0.0), model, 256)
+    chain._argmax = False  # the same greedy chain, sampled by llama.cpp
+    assert shortcut._argmax
+    try:
+        tokens, picked = model.tokenize("The capital of France is"), []
+        batch.add(0, 0, tokens, 1)
+        for step in range(12):
+            assert batch.decode(ctx) == 0
+            row = batch.rows - 1
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, row), shape=(model.vocab_size,))
+            if step % 3 == 2:  # a tie for the highest logit between two tokens
+                logits[[7, 4000]] = logits.max() + 1.0
+            token = shortcut.sample(ctx, row)
+            assert token == chain.sample(ctx, row)
+            assert step % 3 != 2 or token == 7
+            picked.append(token)
+            batch.clear()
+            batch.add(0, len(tokens) + step, [token], 1)
+        assert len(set(picked)) > 3
+    finally:
+        shortcut.free()
+        chain.free()
+        batch.free()
+        llama_cpp.llama_free(ctx)

