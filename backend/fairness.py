@@ -28,6 +28,7 @@ sequences whose callers are not reading, or shed: the baseline the policy is mea
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -107,8 +108,14 @@ class CallerTally:
 class CallerTallies:
     """Totals per caller, bounded: past MAX_TRACKED_CALLERS the idle caller served least is forgotten."""
 
-    def __init__(self) -> None:
+    REFRESH_S = 0.1
+    """A snapshot is taken again after this long, or at once when who holds what changes: copying every
+    tracked caller each engine step cost up to a millisecond a step, and its totals are for monitoring."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._tallies: dict[str, CallerTally] = {}
+        self._clock = clock
+        self._last: tuple[tuple[CallerTally, ...], tuple, float] | None = None  # (snapshot, live counts, taken at)
 
     def of(self, item: Held) -> CallerTally:
         caller = caller_of(item)
@@ -121,12 +128,16 @@ class CallerTallies:
     def snapshot(
         self, running: Iterable[Held], queued: Iterable[Held], preempted: Iterable[Held]
     ) -> tuple[CallerTally, ...]:
-        """Every tracked caller with its live counts, busiest first."""
+        """Every tracked caller with its live counts, busiest first (at most REFRESH_S old while the live
+        counts stay as they are)."""
         live = {name: collections.Counter() for name in ("running", "queued", "preempted")}
         for name, items in (("running", running), ("queued", queued), ("preempted", preempted)):
             for item in items:
                 self.of(item)
                 live[name][caller_of(item)] += 1
+        key, now = tuple(tuple(sorted(counts.items())) for counts in live.values()), self._clock()
+        if self._last is not None and self._last[1] == key and now - self._last[2] < self.REFRESH_S:
+            return self._last[0]
         tallies = sorted(
             (CallerTally(**{**vars(tally), **{name: counts[tally.caller] for name, counts in live.items()}})
              for tally in self._tallies.values()),
@@ -135,7 +146,9 @@ class CallerTallies:
         for forgotten in tallies[MAX_TRACKED_CALLERS:]:  # idle ones, served least (callers holding requests stay)
             if not (forgotten.running or forgotten.queued or forgotten.preempted):
                 del self._tallies[forgotten.caller]
-        return tuple(tallies[:MAX_TRACKED_CALLERS])
+        snapshot = tuple(tallies[:MAX_TRACKED_CALLERS])
+        self._last = (snapshot, key, now)
+        return snapshot
 
 
 class FairnessPolicy:
