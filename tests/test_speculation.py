@@ -13,7 +13,10 @@ import pytest
 from backend.constraints import ConstraintCompiler, ConstraintSpec
 from backend.engine import ChatMessage
 from backend.llamacpp import scheduler as scheduler_module
-from backend.llamacpp.speculation import Candidate, DecodeCosts, DraftState, NgramIndex, PastNgrams, plan_drafts
+from backend.llamacpp.costs import DecodeCosts
+from backend.llamacpp.speculation import (
+    AcceptanceRates, Candidate, DraftState, NgramIndex, PastNgrams, plan_drafts, proposal,
+)
 from backend.types import (
     FinishReason, GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams, TokenEvent,
 )
@@ -82,10 +85,10 @@ def both_ways(model, make_request, check_every_proposal=None, **core_settings):
 def test_the_ngram_index_proposes_what_followed_the_longest_earlier_match():
     index = NgramIndex()
     tokens = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]
-    assert index.propose(tokens, 4) == [4, 5, 9, 9]
+    assert index.propose(tokens, 4) == ([4, 5, 9, 9], 3, 3)  # after the 3-gram 1, 2, 3, which ended at 3
     tokens.append(7)  # 2, 3, 7 never occurred: nothing to continue
-    assert index.propose(tokens, 4) == []
-    assert index.propose([5, 6], 4) == []  # too short to match
+    assert index.propose(tokens, 4) == ([], 0, 0)
+    assert index.propose([5, 6], 4) == ([], 0, 0)  # too short to match
 
 
 def test_past_ngrams_propose_what_followed_in_the_same_callers_finished_sequences():
@@ -111,18 +114,78 @@ def test_a_repeated_request_is_proposed_its_earlier_output_and_gives_the_same_to
 
 def test_the_planner_checks_only_where_it_pays():
     costs = DecodeCosts()
-    for _ in range(30):  # a pass costs 8 ms and a row 2 ms here
-        costs.record(1, 1, 0.010)
-        costs.record(1, 5, 0.018)
-    eager, reluctant = DraftState(16, accepted_weight=50.0), DraftState(16, rejected_weight=50.0)
-    assert plan_drafts([Candidate(1, [7] * 8, eager)], costs) == [8]
-    assert plan_drafts([Candidate(1, [7] * 8, reluctant)], costs) == [0]
-    assert plan_drafts([Candidate(1, [], eager)], costs) == [0]
+    for _ in range(30):  # a pass costs 8 ms, a row 2 ms here
+        costs.record(1, 1, 1, 0.010)
+        costs.record(1, 3, 3, 0.014)
+        costs.record(1, 5, 5, 0.018)
+    assert plan_drafts([Candidate(1, [7] * 8, acceptance=0.95)], costs) == [8]
+    assert plan_drafts([Candidate(1, [7] * 8, acceptance=0.1)], costs) == [0]
+    assert plan_drafts([Candidate(1, [], acceptance=0.95)], costs) == [0]
     expensive = DecodeCosts()
     for _ in range(30):  # a row costs as much as a whole step: checking never pays
-        expensive.record(1, 1, 0.010)
-        expensive.record(1, 5, 0.050)
-    assert plan_drafts([Candidate(1, [7] * 8, eager)], expensive) == [0]
+        expensive.record(1, 1, 1, 0.010)
+        expensive.record(1, 3, 3, 0.030)
+        expensive.record(1, 5, 5, 0.050)
+    assert plan_drafts([Candidate(1, [7] * 8, acceptance=0.95)], expensive) == [0]
+
+
+def test_one_feeding_more_rows_than_the_others_costs_a_pass_the_planner_weighs():
+    costs = DecodeCosts()
+    for _ in range(30):  # the machine measured here: 8 ms a pass, 4.5 ms a row
+        for passes, rows in ((1, 8), (2, 12), (1, 16), (3, 14)):
+            costs.record(passes, rows, rows, 0.008 * passes + 0.0045 * rows)
+    lone = [Candidate(1, [7] * 8, acceptance=0.9)] + [Candidate(1, [])] * 7
+    assert plan_drafts(lone, costs) == [0] * 8  # a second pass for one sequence's rows does not pay
+    every = [Candidate(1, [7] * 8, acceptance=0.97)] * 8
+    assert plan_drafts(every, costs)[0] > 0  # all eight feeding alike: one pass
+
+
+def test_the_cost_model_learns_a_line_and_keeps_the_lone_row_apart():
+    costs = DecodeCosts()
+    costs.record(1, 1, 1, 0.0096)  # one lone row: llama.cpp's faster path
+    for _ in range(40):
+        costs.record(1, 120, 1, 0.008 + 0.0045 * (1 + 0.8 * 119))  # prompt chunks: many rows, logits on one
+        costs.record(1, 5, 5, 0.008 + 0.0045 * 5)
+        costs.record(2, 9, 9, 0.016 + 0.0045 * 9)
+        costs.record(1, 1, 1, 0.0096)
+    assert costs.estimate(1, 1, 1) == pytest.approx(0.0096)
+    assert costs.estimate(1, 17, 17) == pytest.approx(0.008 + 0.0045 * 17, rel=0.05)
+    assert costs.estimate(2, 24, 24) == pytest.approx(0.016 + 0.0045 * 24, rel=0.05)
+    steady = DecodeCosts()  # only plain steps of eight sequences, and prompt chunks, to learn from
+    for _ in range(60):
+        steady.record(1, 8, 8, 0.008 + 0.0045 * 8)
+        steady.record(1, 60, 1, 0.008 + 0.0045 * (1 + 0.8 * 59))
+    assert steady.estimate(2, 12, 12) == pytest.approx(0.016 + 0.0045 * 12, rel=0.1)
+
+
+def test_acceptance_is_learned_per_source_and_shared_as_a_new_sequences_start():
+    engine = AcceptanceRates()
+    copying, fresh = DraftState(16), DraftState(16)
+    untried = fresh.acceptance("prompt4", engine)
+    for _ in range(20):
+        copying.checked("prompt4", 8, 8)
+        engine.checked("prompt4", 8, 8)
+        copying.checked("output2", 4, 0)
+        engine.checked("output2", 4, 0)
+    assert copying.acceptance("prompt4", engine) > 0.95 and copying.acceptance("output2", engine) < 0.15
+    assert fresh.acceptance("prompt4", engine) > 0.9 > untried  # what the engine saw is where it starts
+    assert fresh.acceptance("output2", engine) < 0.25
+
+
+def test_a_proposal_says_where_it_came_from_and_is_short_while_that_is_little_known():
+    engine = AcceptanceRates()
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3, 4]
+    assert proposal(tokens, 11, DraftState(16), None, 8).source == "prompt4"
+    assert proposal(tokens, 4, DraftState(16), None, 8).source == "output4"  # what followed it is output
+    assert len(proposal(tokens, 11, DraftState(16), None, 8, engine=engine).tokens) == 4  # a probe
+    for _ in range(10):
+        engine.checked("prompt4", 8, 8)
+    assert len(proposal(tokens, 11, DraftState(16), None, 8, engine=engine).tokens) == 8
+    past = PastNgrams()
+    past.learn("a", [11, 12, 13, 14, 15, 16])
+    offer = proposal([9, 11, 12, 13, 14], 5, DraftState(16), None, 8, (past, "a"))
+    assert offer.tokens == [15, 16] and offer.source == "past"
+    assert proposal([1, 2, 3], 3, DraftState(16), None, 8, (past, "a")).tokens == []
 
 
 def test_greedy_output_is_the_same_and_takes_fewer_steps(model, check_every_proposal):

@@ -11,7 +11,7 @@ def run(tuner: ThreadTuner, per_row: dict[int, float], steps: int) -> list[int]:
     used = []
     for _ in range(steps):
         used.append(tuner.threads)
-        tuner.record(1, 3, 4 * per_row[tuner.threads])
+        tuner.record(1, 3, 3, 4 * per_row[tuner.threads])
     return used
 
 

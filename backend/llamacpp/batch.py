@@ -18,6 +18,7 @@ class Batch:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._batch = llama_cpp.llama_batch_init(capacity, 0, 1)
+        self.logit_rows = 0
 
     @property
     def rows(self) -> int:
@@ -25,6 +26,7 @@ class Batch:
 
     def clear(self) -> None:
         self._batch.n_tokens = 0
+        self.logit_rows = 0
 
     def add(self, slot: int, position: int, tokens: Sequence[int], logit_rows: int) -> list[int]:
         """Adds `tokens` to `slot`'s stream from `position`; returns the indices of the rows with logits."""
@@ -39,6 +41,7 @@ class Batch:
             batch.seq_id[row][0] = slot
             batch.logits[row] = row >= with_logits_from
         batch.n_tokens = first + len(tokens)
+        self.logit_rows += logit_rows
         return list(range(with_logits_from, batch.n_tokens))
 
     def decode(self, ctx: llama_cpp.llama_context_p) -> int:

@@ -39,7 +39,7 @@ from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
-from backend.llamacpp.speculation import passes_for
+from backend.llamacpp.costs import passes_for
 from backend.llamacpp.threads import ThreadTuner
 from backend.llamacpp.rows import RowsToSample, add_feed, sample_rows
 from backend.sequence import ConstraintFailed
@@ -55,7 +55,7 @@ class LlamaCppCore:
         self.config = config
         own = config.llamacpp
         slots = config.max_batch_size + (own.prefix_cache_slots if own.prefix_cache else 0)
-        self.threads = ThreadTuner(own.threads)
+        self.threads = ThreadTuner(own.threads, plain_row_share=model.plain_row_share)
         self.ctx = model.new_context(slots, config.context_length, own.batch_tokens, self.threads.threads)
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
         self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache)
@@ -177,9 +177,8 @@ class LlamaCppCore:
             return
         for seq, start, rows in to_score:  # before sampling: the scores go out with the first token
             score_rows(self.ctx, self.model, seq, start, rows)
-        if not feeds[0].prefill:
-            rows = [feed.count + len(feed.proposed) for feed in feeds]
-            self._decoded(passes_for(rows), sum(rows), time.perf_counter() - start)
+        rows = [feed.count + len(feed.proposed) for feed in feeds]
+        self._decoded(passes_for(rows), sum(rows), self.batch.logit_rows, time.perf_counter() - start, feeds[0].prefill)
         constrained = [entry.sequence for entry in to_sample if entry.sequence.output.constraint is not None]
         self.picker.fill_masks([(seq.output.constraint, seq.slot) for seq in constrained])
         for entry in to_sample:
@@ -204,6 +203,8 @@ class LlamaCppCore:
         if entry.proposed:
             self.counters.draft_tokens_total += len(entry.proposed)
             self.counters.accepted_draft_tokens_total += accepted
+            seq.draft.checked(entry.source, len(entry.proposed), accepted)
+            self.scheduler.acceptance.checked(entry.source, len(entry.proposed), accepted)
         if not output.finished and output.constraint is not None:
             for forced in output.constraint.forced_tokens(self._max_forced):  # no choice left: skip sampling
                 seq.sampler.accept(forced)
@@ -227,10 +228,10 @@ class LlamaCppCore:
                 self.picker.fill_masks([(seq.output.constraint, seq.slot)])
             self._sample_guarded(RowsToSample(seq, [row], ()))
 
-    def _decoded(self, passes: int, rows: int, seconds: float) -> None:
-        """A decode step's time, for the thread count and the cost model the planner weighs."""
+    def _decoded(self, passes: int, rows: int, logit_rows: int, seconds: float, prefill: bool) -> None:
+        """A decode's time, for the cost model the planner weighs and (decoding steps) the thread count."""
         before = self.threads.threads
-        after = self.threads.record(passes, rows, seconds)
+        after = self.threads.record(passes, rows, logit_rows, seconds, prefill)
         if after != before:
             llama_cpp.llama_set_n_threads(self.ctx, after, after)
         self.scheduler.costs = self.threads.current_costs

@@ -76,6 +76,10 @@ class GgufModel:
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.vocab_size: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.context_length_trained: int = llama_cpp.llama_model_n_ctx_train(model)
+        output_layer = self.vocab_size * llama_cpp.llama_model_n_embd(model)
+        self.plain_row_share = max(0.5, 1 - output_layer / max(llama_cpp.llama_model_n_params(model), 1))
+        """The work of a row without logits relative to one with: all but the output layer's (which a
+        model whose input embeddings are its output layer counts once among its parameters)."""
         self.name = self.metadata("general.name") or path.stem
         description = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(model, description, len(description))

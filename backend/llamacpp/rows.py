@@ -29,6 +29,8 @@ class RowsToSample:
     rows: list[int]
     """The batch rows with logits: after its last known token, then after each proposed one."""
     proposed: tuple[int, ...]
+    source: str = ""
+    """Where the proposed tokens came from."""
 
 
 def add_feed(batch: Batch, feed: Feed, every_row: bool = False) -> tuple[RowsToSample | None, list[int]]:
@@ -41,7 +43,7 @@ def add_feed(batch: Batch, feed: Feed, every_row: bool = False) -> tuple[RowsToS
     rows = batch.add(seq.slot, seq.cached, tokens, logit_rows=len(tokens) if every_row else logit_rows)
     seq.cached += feed.count  # the proposed tokens' cells count once accepted
     to_sample = rows[len(rows) - logit_rows :] if logit_rows else []
-    return (RowsToSample(seq, to_sample, feed.proposed) if to_sample else None), (rows if every_row else [])
+    return (RowsToSample(seq, to_sample, feed.proposed, feed.source) if to_sample else None), (rows if every_row else [])
 
 
 def sample_rows(
@@ -65,5 +67,4 @@ def sample_rows(
     finally:
         if proposed:
             slots.keep_cells(seq, seq.cached + accepted)
-            seq.draft.checked(len(proposed), accepted)
     return accepted

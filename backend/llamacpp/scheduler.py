@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from backend.fairness import FairnessPolicy, caller_of
 from backend.llamacpp.sequence import Sequence
-from backend.llamacpp.speculation import Candidate, DecodeCosts, PastNgrams, plan_drafts, proposal
+from backend.llamacpp.costs import DecodeCosts
+from backend.llamacpp.speculation import AcceptanceRates, Candidate, PastNgrams, Proposal, plan_drafts, proposal
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class Feed:
     sequence: Sequence
     count: int
     proposed: tuple[int, ...] = ()
+    source: str = ""
+    """Where the proposed tokens came from (see backend.llamacpp.speculation.SOURCES)."""
     prefill: bool = False
 
 
@@ -86,6 +89,8 @@ class Scheduler:
         """What decoding rows costs on this machine, as the core measures it."""
         self.past_ngrams = PastNgrams()
         """N-grams of finished sequences, per caller, for proposals (the core teaches it)."""
+        self.acceptance = AcceptanceRates()
+        """How often each source's proposals were accepted lately (the core teaches it)."""
 
     def add(self, seq: Sequence) -> list[Sequence]:
         """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
@@ -235,21 +240,25 @@ class Scheduler:
         """
         decoding = [seq for seq in sorted(self.running.values(), key=lambda seq: seq.slot) if seq.decodes]
         rows_each = self.batch_tokens // max(1, len(decoding))  # every sequence's rows fit one batch
-        candidates = []
+        candidates, proposals = [], []
         for seq in decoding:
             replaying = seq.cached < seq.replay_until - 1  # fed again one a step, as first computed
             known = 1 if replaying else min(rows_each, len(seq.tokens) - seq.cached)
             complete = seq.cached + known == len(seq.tokens)
             room = min(rows_each - known, self.context_length - len(seq.tokens), seq.output.tokens_left - 1)
-            speculates = seq.draft is not None and complete and room > 0
-            past = (self.past_ngrams, caller_of(seq))
-            proposed = proposal(seq.tokens, seq.draft, seq.output.constraint, room, past) if speculates else []
-            candidates.append(Candidate(known, proposed, seq.draft))
+            offer = Proposal([])
+            if seq.draft is not None and complete and room > 0:
+                past = (self.past_ngrams, caller_of(seq))
+                offer = proposal(seq.tokens, seq.prompt_length, seq.draft, seq.output.constraint, room, past, self.acceptance)
+            acceptance = seq.draft.acceptance(offer.source, self.acceptance) if offer.tokens else 0.0
+            candidates.append(Candidate(known, offer.tokens, acceptance))
+            proposals.append(offer)
         checked = plan_drafts(candidates, self.costs)
-        for candidate, n in zip(candidates, checked):
-            if candidate.draft is not None and not n:
-                candidate.draft.checked(0, 0)  # a step without a check
-        return [Feed(seq, c.known_rows, tuple(c.proposed[:n])) for seq, c, n in zip(decoding, candidates, checked)]
+        for seq, n in zip(decoding, checked):
+            if seq.draft is not None and not n:
+                seq.draft.idle()
+        return [Feed(seq, c.known_rows, tuple(c.proposed[:n]), offer.source if n else "")
+                for seq, c, offer, n in zip(decoding, candidates, proposals, checked)]
 
     def resumed(self, seq: Sequence) -> None:
         """Its caller reads again. Preempted while not reading, it queues from now on: a slow reader coming

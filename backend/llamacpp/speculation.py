@@ -14,13 +14,14 @@ followed it then, as llama.cpp's ngram modes do; failing that, from what followe
 its last 4-gram in its caller's finished sequences (PastNgrams). A constrained
 sequence's proposal is cut where its grammar would reject it.
 
-Whether checking pays depends on the machine and the batch: every extra row
-costs compute, and llama.cpp splits a batch into equal pieces per sequence, so
-sequences feeding different row counts cost extra forward passes. DecodeCosts
-fits each decode's time as `passes * pass_s + rows * row_s` from the decodes
-so far, and the planner picks, each step, the draft length that gives the most
-tokens per second by that estimate and each sequence's acceptance so far
-(none at all when no length beats plain decoding).
+How likely a proposal is to be accepted depends on where it came from: a long
+match in a passage being copied is right nearly every time, a two-token match
+in free prose seldom. Each sequence keeps its acceptance per source, starting
+from what the engine has seen of that source in every sequence lately
+(AcceptanceRates). What checking costs depends on the machine and the batch
+(backend.llamacpp.costs). Each step the planner picks the draft length that
+gives the most tokens per second by those estimates, and none at all when no
+length beats plain decoding.
 """
 
 from __future__ import annotations
@@ -30,23 +31,36 @@ from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 
 from backend.constraints import ConstraintState
+from backend.llamacpp.costs import DecodeCosts, passes_for
 
 MATCH_LENGTHS = (4, 3, 2)
 """n-gram lengths matched, longest first."""
 DRAFT_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
 """Common draft lengths the planner weighs each step (up to the request's max_draft_tokens)."""
-_ACCEPTANCE_PRIOR = (2.0, 1.0)
-"""Pseudo-counts of accepted and rejected proposals: an untried sequence is expected to accept 2 in 3,
-enough for the planner to try it where checking is cheap."""
+SOURCES = ("prompt4", "prompt3", "prompt2", "output4", "output3", "output2", "past")
+"""Where a proposal comes from: a match in the sequence's prompt or its output so far, by the length of
+the n-gram matched, or its caller's finished sequences. They fare very differently (measured over the
+speculation benchmark's workloads, 8-token drafts: a 4-gram in the prompt 0.79-0.90 of proposed tokens
+accepted, a 2-gram in the output 0.04-0.25)."""
+_EXPLORED = 8.0
+"""Until a sequence and the engine together have seen this many proposals of a source, a draft of it is
+at most _PROBE_TOKENS long: a guess costs a few rows, not sixteen."""
+_PROBE_TOKENS = 4
+_FIRST_GUESS = 0.6
+"""The acceptance assumed of a source the engine has not seen checked yet ..."""
+_CURIOSITY = 0.3
+"""... and the planner's benefit of the doubt, which shrinks as 1/sqrt(1 + proposals seen): a source
+never tried would never be learned."""
+_PRIOR_WEIGHT = 3.0
+"""A sequence starts from the engine's rate for a source as if it had seen this many of its proposals."""
 _ACCEPTANCE_MEMORY = 0.9
-"""What a check taught weighs this much less after each proposed token checked later ..."""
+"""What a check taught a sequence weighs this much less after each proposed token checked later ..."""
 _IDLE_MEMORY = 0.98
 """... and after each step without a check, so a sequence that stopped paying is tried again."""
+_ENGINE_MEMORY = 0.995
+"""The engine's rates remember the last few hundred proposed tokens checked."""
 _MIN_GAIN = 1.02
 """Checking must promise this much more than plain decoding: the estimates are noisy."""
-_COST_MEMORY = 0.98
-_COST_PRIOR_WEIGHT = 1.0
-"""The cost model's prior (a pass and a row cost the same) weighs as much as this many decodes."""
 
 
 class NgramIndex:
@@ -56,15 +70,16 @@ class NgramIndex:
         self._ends: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending before this position are in _ends
 
-    def propose(self, tokens: Tokens[int], limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the longest earlier occurrence of the tokens' last n-gram."""
+    def propose(self, tokens: Tokens[int], limit: int) -> tuple[list[int], int, int]:
+        """Up to `limit` tokens that followed the longest earlier occurrence of the tokens' last n-gram,
+        that n-gram's length and where that occurrence ended (0, 0: none matched)."""
         self._index(tokens, len(tokens) - 1)  # not the suffix itself: it would find only itself
         for n in MATCH_LENGTHS:
             if len(tokens) > n:
                 end = self._ends.get(tuple(tokens[-n:]))
                 if end is not None:
-                    return list(tokens[end : end + limit])
-        return []
+                    return list(tokens[end : end + limit]), n, end
+        return [], 0, 0
 
     def _index(self, tokens: Tokens[int], upto: int) -> None:
         for end in range(self._indexed + 1, upto + 1):
@@ -74,30 +89,58 @@ class NgramIndex:
         self._indexed = max(self._indexed, upto)
 
 
+class AcceptanceRates:
+    """How often the proposals of each source were accepted lately, over every sequence: where a new
+    sequence's own estimates start. An acceptance is the chance that a proposed token is accepted when
+    every one before it in its draft was (a geometric model: a check counts its accepted tokens, and one
+    rejection if it stopped short)."""
+
+    def __init__(self) -> None:
+        self._weights = {source: [0.0, 0.0] for source in SOURCES}  # accepted, rejected
+
+    def rate(self, source: str) -> float:
+        accepted, rejected = self._weights[source]
+        return (accepted + _FIRST_GUESS) / (accepted + rejected + 1.0)
+
+    def seen(self, source: str) -> float:
+        """How many proposals of the source have taught it (decayed)."""
+        return sum(self._weights[source])
+
+    def checked(self, source: str, proposed: int, accepted: int) -> None:
+        _learn(self._weights[source], _ENGINE_MEMORY**proposed, proposed, accepted)
+
+
 @dataclass
 class DraftState:
-    """One sequence's speculation: its n-gram index and how well its proposals have fared."""
+    """One sequence's speculation: its n-gram index and how well its proposals of each source have fared."""
 
     max_draft_tokens: int
     index: NgramIndex = field(default_factory=NgramIndex)
-    accepted_weight: float = 0.0
-    rejected_weight: float = 0.0
+    weights: dict[str, list[float]] = field(default_factory=lambda: {source: [0.0, 0.0] for source in SOURCES})
 
-    @property
-    def acceptance(self) -> float:
-        """The chance that a proposal is accepted when every one before it was (a geometric model)."""
-        accepted, rejected = _ACCEPTANCE_PRIOR
-        return (self.accepted_weight + accepted) / (self.accepted_weight + self.rejected_weight + accepted + rejected)
+    def acceptance(self, source: str, engine: AcceptanceRates) -> float:
+        """The acceptance to plan with: what this sequence and the engine have seen, and the benefit of the
+        doubt while they have seen little."""
+        accepted, rejected = self.weights[source]
+        estimate = (accepted + _PRIOR_WEIGHT * engine.rate(source)) / (accepted + rejected + _PRIOR_WEIGHT)
+        return min(1.0, estimate + _CURIOSITY / (1 + self.seen(source, engine)) ** 0.5)
 
-    def expected_accepted(self, k: int) -> float:
-        a = self.acceptance
-        return sum(a**i for i in range(1, k + 1))
+    def seen(self, source: str, engine: AcceptanceRates) -> float:
+        return sum(self.weights[source]) + engine.seen(source)
 
-    def checked(self, proposed: int, accepted: int) -> None:
-        """`accepted` of `proposed` tokens were; 0 proposed is a step without a check."""
-        memory = _ACCEPTANCE_MEMORY**proposed if proposed else _IDLE_MEMORY
-        self.accepted_weight = self.accepted_weight * memory + accepted
-        self.rejected_weight = self.rejected_weight * memory + (accepted < proposed)
+    def checked(self, source: str, proposed: int, accepted: int) -> None:
+        """`accepted` of `proposed` tokens from `source` were."""
+        _learn(self.weights[source], _ACCEPTANCE_MEMORY**proposed, proposed, accepted)
+
+    def idle(self) -> None:
+        """A step without a check: what the checks taught fades a little."""
+        for weights in self.weights.values():
+            _learn(weights, _IDLE_MEMORY, 0, 0)
+
+
+def _learn(weights: list[float], memory: float, proposed: int, accepted: int) -> None:
+    weights[0] = weights[0] * memory + accepted
+    weights[1] = weights[1] * memory + (accepted < proposed)
 
 
 class PastNgrams:
@@ -138,61 +181,30 @@ class PastNgrams:
         return list(self._continuations.get((caller, *tokens[-self.MATCH :]), ())[:limit])
 
 
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]
+    source: str = ""
+    """One of SOURCES ("" when there are no tokens)."""
+
+
 def proposal(
-    tokens: Tokens[int], draft: DraftState, constraint: ConstraintState | None, limit: int,
-    past: tuple[PastNgrams, str] | None = None,
-) -> list[int]:
+    tokens: Tokens[int], prompt_length: int, draft: DraftState, constraint: ConstraintState | None, limit: int,
+    past: tuple[PastNgrams, str] | None = None, engine: AcceptanceRates | None = None,
+) -> Proposal:
     """What a sequence proposes to check this step: n-gram continuation from its own tokens, else from its
-    caller's past sequences (`past`: the pool and the caller), cut to what its grammar allows."""
+    caller's past sequences (`past`: the pool and the caller), cut to what its grammar allows, and short
+    while its source is little known (`engine`: what the engine has seen)."""
     limit = min(limit, draft.max_draft_tokens)
-    proposed = draft.index.propose(tokens, limit)
+    proposed, matched, end = draft.index.propose(tokens, limit)
+    source = f"{'prompt' if end < prompt_length else 'output'}{matched}"  # where the continuation starts
     if not proposed and past is not None:
-        proposed = past[0].propose(past[1], tokens, limit)
+        proposed, source = past[0].propose(past[1], tokens, limit), "past"
+    if proposed and engine is not None and draft.seen(source, engine) < _EXPLORED:
+        proposed = proposed[:_PROBE_TOKENS]
     if proposed and constraint is not None:
         proposed = proposed[: constraint.matcher.validate_tokens(proposed)]
-    return proposed
-
-
-class DecodeCosts:
-    """A decode's time as `passes * pass_s + rows * row_s`, fitted by least squares to the decodes so
-    far (recent ones weigh more) and to a prior, from the first decode, that a pass and a row cost the same.
-    Every decode step records one: plain arithmetic, no arrays (numpy's overhead was a third of a
-    millisecond a step)."""
-
-    def __init__(self) -> None:
-        self._pp = self._pr = self._rr = 0.0  # decayed sums of passes^2, passes * rows, rows^2
-        self._pt = self._rt = 0.0  # ... and of passes * seconds, rows * seconds
-        self._prior: float | None = None
-        self.pass_s = self.row_s = 0.0
-
-    @property
-    def known(self) -> bool:
-        return self._prior is not None
-
-    def record(self, passes: int, rows: int, seconds: float) -> None:
-        if self._prior is None:
-            self._prior = seconds / (passes + rows)
-        m, w, prior = _COST_MEMORY, _COST_PRIOR_WEIGHT, self._prior
-        self._pp = m * self._pp + passes * passes
-        self._pr = m * self._pr + passes * rows
-        self._rr = m * self._rr + rows * rows
-        self._pt = m * self._pt + passes * seconds
-        self._rt = m * self._rt + rows * seconds
-        # Solve [[pp + w, pr], [pr, rr + w]] (pass_s, row_s) = (pt + w prior, rt + w prior).
-        a, b, d = self._pp + w, self._pr, self._rr + w
-        u, v = self._pt + w * prior, self._rt + w * prior
-        determinant = a * d - b * b
-        self.pass_s = max((u * d - b * v) / determinant, 0.0)
-        self.row_s = max((a * v - b * u) / determinant, 0.0)
-
-    def estimate(self, passes: int, rows: int) -> float:
-        return passes * self.pass_s + rows * self.row_s
-
-
-def passes_for(rows_per_sequence: Tokens[int]) -> int:
-    """Forward passes llama.cpp makes for a batch of these per-sequence row counts: it splits a batch
-    into pieces taking the same number of rows from every sequence still in it."""
-    return len(set(rows_per_sequence))
+    return Proposal(proposed, source) if proposed else Proposal([])
 
 
 @dataclass(frozen=True)
@@ -200,16 +212,21 @@ class Candidate:
     known_rows: int
     """Rows the sequence feeds anyway: its last token and any forced ones."""
     proposed: list[int]
-    draft: DraftState | None
+    acceptance: float = 0.0
+    """The chance that each proposed token is accepted when the ones before it were."""
+
+
+def expected_accepted(acceptance: float, k: int) -> float:
+    return sum(acceptance**i for i in range(1, k + 1))
 
 
 def plan_drafts(candidates: list[Candidate], costs: DecodeCosts) -> list[int]:
     """How many proposed tokens each candidate checks this step: the common draft length (each
     candidate capped at what it has) that gives the most expected tokens per second, or none."""
-    known = [c.known_rows for c in candidates]
     if not costs.known or not any(c.proposed for c in candidates):
         return [0] * len(candidates)
-    plain_time = costs.estimate(passes_for(known), sum(known))
+    known = [c.known_rows for c in candidates]
+    plain_time = costs.estimate(passes_for(known), sum(known), len(candidates))
     best, best_rate = [0] * len(candidates), _MIN_GAIN * len(candidates) / plain_time
     longest = max(len(c.proposed) for c in candidates)
     for k in DRAFT_LENGTHS:
@@ -217,8 +234,8 @@ def plan_drafts(candidates: list[Candidate], costs: DecodeCosts) -> list[int]:
             break
         checked = [min(k, len(c.proposed)) for c in candidates]
         rows = [r + n for r, n in zip(known, checked)]
-        tokens = len(candidates) + sum(c.draft.expected_accepted(n) for c, n in zip(candidates, checked) if n)
-        rate = tokens / costs.estimate(passes_for(rows), sum(rows))
+        tokens = len(candidates) + sum(expected_accepted(c.acceptance, n) for c, n in zip(candidates, checked))
+        rate = tokens / costs.estimate(passes_for(rows), sum(rows), len(candidates) + sum(checked))
         if rate > best_rate:
             best, best_rate = checked, rate
     return best

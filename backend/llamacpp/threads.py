@@ -20,7 +20,7 @@ import logging
 import os
 import statistics
 
-from backend.llamacpp.speculation import DecodeCosts
+from backend.llamacpp.costs import DecodeCosts
 
 FIRST_INTERVAL = 200
 """Decode steps before the first probe, and after a probe that wins."""
@@ -35,10 +35,10 @@ ABORT = 3.0
 
 
 class ThreadTuner:
-    def __init__(self, fixed: int = 0, cores: int | None = None) -> None:
+    def __init__(self, fixed: int = 0, cores: int | None = None, plain_row_share: float = 0.8) -> None:
         cores = cores or os.cpu_count() or 1
         self.candidates = [fixed] if fixed else sorted({cores, max(1, cores - 1)}, reverse=True)
-        self.costs = {threads: DecodeCosts() for threads in self.candidates}
+        self.costs = {threads: DecodeCosts(plain_row_share) for threads in self.candidates}
         self.incumbent = self.candidates[-1]  # every core but one: safe on a loaded machine
         self.threads = self.incumbent
         self._interval = FIRST_INTERVAL
@@ -51,9 +51,12 @@ class ThreadTuner:
     def current_costs(self) -> DecodeCosts:
         return self.costs[self.threads]
 
-    def record(self, passes: int, rows: int, seconds: float) -> int:
-        """Takes one decode step's time; returns the thread count for the next step."""
-        self.current_costs.record(passes, rows, seconds)
+    def record(self, passes: int, rows: int, logit_rows: int, seconds: float, prefill: bool = False) -> int:
+        """Takes one decode's time; returns the thread count for the next. Prompt chunks teach the cost
+        model only: the counts are compared on decoding steps, which are alike from one to the next."""
+        self.current_costs.record(passes, rows, logit_rows, seconds)
+        if prefill:
+            return self.threads
         per_row = seconds / (passes + rows)  # crude, but probe and incumbent steps are neighbours
         if self.threads == self.incumbent:
             self._recent = [*self._recent, per_row][-PROBE_STEPS:]
