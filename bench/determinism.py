@@ -24,7 +24,7 @@ from backend.llamacpp.model import GgufModel  # noqa: E402
 from backend.models import default_model_path  # noqa: E402
 from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams  # noqa: E402
 from core_driver import Recorder, make_core, run_until_idle, token_ids  # noqa: E402
-from speculation import WORKLOADS  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
 
 QUESTIONS = [
     "Why is the sky blue?", "Explain photosynthesis to a child.", "Write a haiku about winter.",
@@ -75,7 +75,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     model = GgufModel(default_model_path())
-    prompts = [tuple(model.render_chat([ChatMessage("user", text)])) for text in [*WORKLOADS.values(), *QUESTIONS]]
+    texts = [*(text for prompts in WORKLOADS.values() for text in prompts), *QUESTIONS]
+    prompts = [tuple(model.render_chat([ChatMessage("user", text)])) for text in texts]
     scheduler_module.plan_drafts = CHECK_EVERY
     for group in (1, 8):
         off, _, _ = outputs(model, prompts, SpeculationMode.OFF, group, args.tokens, args.threads)
