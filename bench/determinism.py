@@ -4,7 +4,10 @@ llama.cpp says its kernels may differ by batch shape; speculation changes the sh
 checked in one pass, several at once). Each prompt runs greedy with speculation off, then with n-gram
 proposals where the planner is made to check every one it is offered (the most rows a step can carry,
 so the most exposure), alone and in groups of 8, the engine core driven in-process. Prints how many
-outputs differ and at which token, and how many proposed tokens were checked and kept.
+outputs differ and at which token, and how many proposed tokens were checked and kept; and, as the
+baseline speculation is judged against, how many differ between speculation off alone and off in a
+group of 8 (a batch's company changes a lone sequence's numbers past 256 cached tokens:
+docs/benchmarks.md).
 
     python bench/determinism.py [--tokens 96] [--threads 2]
 """
@@ -78,15 +81,24 @@ def main() -> int:
     texts = [*(text for prompts in WORKLOADS.values() for text in prompts), *QUESTIONS]
     prompts = [tuple(model.render_chat([ChatMessage("user", text)])) for text in texts]
     scheduler_module.plan_drafts = CHECK_EVERY
+    plain = {}
     for group in (1, 8):
         off, _, _ = outputs(model, prompts, SpeculationMode.OFF, group, args.tokens, args.threads)
         on, checked, kept = outputs(model, prompts, SpeculationMode.NGRAM, group, args.tokens, args.threads)
-        differ = [(i, first_difference(a, b)) for i, (a, b) in enumerate(zip(off, on)) if a != b]
-        print(f"{group} at a time: {len(differ)} of {len(prompts)} greedy outputs differ "
-              f"({args.tokens} tokens each); proposed tokens checked {checked}, kept {kept}"
-              + (f"; first differing token (prompt, index): {differ}" if differ else ""))
+        plain[group] = off
+        report(f"{group} at a time, speculation off against on", off, on, prompts,
+               f"; proposed tokens checked {checked}, kept {kept}")
+    report("speculation off, alone against 8 at a time", plain[1], plain[8], prompts)
     model.close()
     return 0
+
+
+def report(what: str, a: list[list[int]], b: list[list[int]], prompts: list[tuple[int, ...]], extra: str = "") -> None:
+    """How many outputs differ, and where: (prompt, output index, cache position)."""
+    differ = [(i, first_difference(x, y)) for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    where = [(i, index, len(prompts[i]) + index) for i, index in differ]
+    print(f"{what}: {len(differ)} of {len(prompts)} greedy outputs differ ({len(a[0])} tokens each){extra}"
+          + (f"; first differing token (prompt, output index, position): {where}" if differ else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -200,6 +200,24 @@ def test_greedy_output_is_the_same_and_takes_fewer_steps(model, check_every_prop
     assert len({e.step for e in accepted_events}) < len(accepted_events)  # several tokens in one step
 
 
+def test_past_256_cached_tokens_beside_another_stream_the_tokens_are_still_plain_decodings(model, check_every_proposal):
+    """Past 256 cached tokens llama.cpp rounds a lone sequence's single row its own way (docs/benchmarks.md);
+    beside another stream every row, checked in a group or not, is computed alike."""
+    prompt = copy_prompt(model, f"{PASSAGE} {PASSAGE} {PASSAGE}")
+    outputs = []
+    for speculation in (OFF, NGRAM):
+        core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=256)
+        try:
+            recs = run(core, request(model, "r", speculation, max_new_tokens=150, prompt=prompt),
+                       request(model, "company", OFF, max_new_tokens=150, prompt=copy_prompt(model, "Name three rivers.")))
+            outputs.append(token_ids(recs["r"]))
+            accepted = recs["r"].finish.usage.accepted_draft_tokens
+        finally:
+            core.close()
+    assert len(prompt) + 150 > 300 and len(outputs[1]) == 150 and accepted > 50
+    assert outputs[1] == outputs[0]
+
+
 @pytest.mark.parametrize("sampling", [
     SamplingParams(temperature=0.0, repetition_penalty=1.1, penalty_last_n=16),
     SamplingParams(temperature=0.0, frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=16),
