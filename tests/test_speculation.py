@@ -15,7 +15,7 @@ from backend.engine import ChatMessage
 from backend.llamacpp import scheduler as scheduler_module
 from backend.llamacpp.costs import DecodeCosts
 from backend.llamacpp.speculation import (
-    AcceptanceRates, Candidate, DraftState, NgramIndex, PastNgrams, plan_drafts, proposal,
+    AcceptanceRates, Candidate, CopyCursor, DraftState, NgramIndex, PastNgrams, plan_drafts, proposal,
 )
 from backend.types import (
     FinishReason, GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams, TokenEvent,
@@ -403,3 +403,20 @@ def test_sampling_keeps_its_distribution_with_speculation(model, check_every_pro
     assert len(rows) >= 3, rows  # a distribution with choices in it, or the test would prove nothing
     assert accepted_before > samples // 2
     assert statistic < chi_square_bound(len(rows) - 1), (statistic, rows)
+
+
+def test_the_copy_cursor_follows_a_copy_across_an_added_and_a_left_out_token():
+    cursor = CopyCursor()
+    passage = [10, 11, 12, 13, 14, 15, 16, 17]
+    tokens = [*passage, 99, 10, 11]  # a prompt, then a copy under way
+    cursor.follow(tokens)
+    cursor.sync(2)  # a 4-gram matched: what follows 10, 11 comes next
+    tokens += [12, 50]  # the copy, then an added token (a comma)
+    cursor.follow(tokens)
+    assert cursor.propose(tokens, 3) == [13, 14, 15]  # goes on where it left off
+    tokens += [13, 15]  # 14 left out
+    cursor.follow(tokens)
+    assert cursor.propose(tokens, 2) == [16, 17]
+    tokens += [70, 71, 72]  # three that follow nothing: the copy is over
+    cursor.follow(tokens)
+    assert cursor.propose(tokens, 2) == []

@@ -37,11 +37,11 @@ MATCH_LENGTHS = (4, 3, 2)
 """n-gram lengths matched, longest first."""
 DRAFT_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
 """Common draft lengths the planner weighs each step (up to the request's max_draft_tokens)."""
-SOURCES = ("prompt4", "prompt3", "prompt2", "output4", "output3", "output2", "past")
+SOURCES = ("prompt4", "prompt3", "prompt2", "output4", "output3", "output2", "follow", "past")
 """Where a proposal comes from: a match in the sequence's prompt or its output so far, by the length of
-the n-gram matched, or its caller's finished sequences. They fare very differently (measured over the
-speculation benchmark's workloads, 8-token drafts: a 4-gram in the prompt 0.79-0.90 of proposed tokens
-accepted, a 2-gram in the output 0.04-0.25)."""
+the n-gram matched; where a copy left off (CopyCursor); or its caller's finished sequences. They fare
+very differently (docs/benchmarks.md: a 4-gram in the prompt is accepted most of the time, a 2-gram in
+the output seldom)."""
 _EXPLORED = 8.0
 """Until a sequence and the engine together have seen this many proposals of a source, a draft of it is
 at most _PROBE_TOKENS long: a guess costs a few rows, not sixteen."""
@@ -51,8 +51,10 @@ _FIRST_GUESS = 0.6
 _CURIOSITY = 0.3
 """... and the planner's benefit of the doubt, which shrinks as 1/sqrt(1 + proposals seen): a source
 never tried would never be learned."""
-_PRIOR_WEIGHT = 3.0
-"""A sequence starts from the engine's rate for a source as if it had seen this many of its proposals."""
+_PRIOR_WEIGHT = 6.0
+"""A sequence starts from the engine's rate for a source as if it had seen this many of its proposals (a
+streak of accepted ones in a copy is no promise that the next will be: the model departs every few dozen
+tokens)."""
 _ACCEPTANCE_MEMORY = 0.9
 """What a check taught a sequence weighs this much less after each proposed token checked later ..."""
 _IDLE_MEMORY = 0.98
@@ -89,6 +91,46 @@ class NgramIndex:
         self._indexed = max(self._indexed, upto)
 
 
+class CopyCursor:
+    """Where in its earlier tokens a sequence is copying from, followed across small departures. A model
+    copying a passage adds a comma or leaves out a word; no recent 4-gram then matches for a few tokens,
+    while the copy goes on where it left off."""
+
+    MAX_MISSES = 2
+    """Tokens in a row that follow neither the next source token nor the one after it: the copy is over."""
+
+    def __init__(self) -> None:
+        self.at: int | None = None
+        """The index of the token the copy comes to next (None: no copy is followed)."""
+        self._followed = 0  # tokens up to here are accounted for
+        self._misses = 0
+
+    def sync(self, at: int) -> None:
+        """A 4-gram matched: the copy continues from `at`."""
+        self.at, self._misses = at, 0
+
+    def follow(self, tokens: Tokens[int]) -> None:
+        """Moves along the tokens appended since the last call: one that is the next source token (or the
+        one after it, a token left out) moves the cursor past it; another is taken as added, up to
+        MAX_MISSES in a row."""
+        for j in range(self._followed, len(tokens)):
+            at = self.at
+            if at is None:
+                break
+            if at < j and tokens[at] == tokens[j]:
+                self.at, self._misses = at + 1, 0
+            elif at + 1 < j and tokens[at + 1] == tokens[j]:
+                self.at, self._misses = at + 2, 0
+            else:
+                self._misses += 1
+                if self._misses > self.MAX_MISSES:
+                    self.at = None
+        self._followed = len(tokens)
+
+    def propose(self, tokens: Tokens[int], limit: int) -> list[int]:
+        return [] if self.at is None else list(tokens[self.at : min(self.at + limit, len(tokens))])
+
+
 class AcceptanceRates:
     """How often the proposals of each source were accepted lately, over every sequence: where a new
     sequence's own estimates start. An acceptance is the chance that a proposed token is accepted when
@@ -116,6 +158,7 @@ class DraftState:
 
     max_draft_tokens: int
     index: NgramIndex = field(default_factory=NgramIndex)
+    cursor: CopyCursor = field(default_factory=CopyCursor)
     weights: dict[str, list[float]] = field(default_factory=lambda: {source: [0.0, 0.0] for source in SOURCES})
 
     def acceptance(self, source: str, engine: AcceptanceRates) -> float:
@@ -192,12 +235,18 @@ def proposal(
     tokens: Tokens[int], prompt_length: int, draft: DraftState, constraint: ConstraintState | None, limit: int,
     past: tuple[PastNgrams, str] | None = None, engine: AcceptanceRates | None = None,
 ) -> Proposal:
-    """What a sequence proposes to check this step: n-gram continuation from its own tokens, else from its
-    caller's past sequences (`past`: the pool and the caller), cut to what its grammar allows, and short
-    while its source is little known (`engine`: what the engine has seen)."""
+    """What a sequence proposes to check this step: the continuation of a 4-gram match in its own tokens;
+    else of the copy it was following; else of a shorter match; else from its caller's past sequences
+    (`past`: the pool and the caller). Cut to what its grammar allows, and short while its source is
+    little known (`engine`: what the engine has seen)."""
     limit = min(limit, draft.max_draft_tokens)
+    draft.cursor.follow(tokens)
     proposed, matched, end = draft.index.propose(tokens, limit)
     source = f"{'prompt' if end < prompt_length else 'output'}{matched}"  # where the continuation starts
+    if matched == MATCH_LENGTHS[0]:
+        draft.cursor.sync(end)
+    elif following := draft.cursor.propose(tokens, limit):
+        proposed, source = following, "follow"
     if not proposed and past is not None:
         proposed, source = past[0].propose(past[1], tokens, limit), "past"
     if proposed and engine is not None and draft.seen(source, engine) < _EXPLORED:
