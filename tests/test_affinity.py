@@ -123,12 +123,15 @@ def test_a_replica_killed_mid_run_moves_its_sessions_and_only_those(cluster):
         on_victim = {s for s, r in homes.items() if r == victim}
         REPORT.append(f"affinity: {name}, kill -9 mid-run: {len(failed)} of {len(run.turns)} turns failed "
                       f"({sorted(Counter(t.outcome for t in failed).items())}); {len(on_victim)} sessions moved")
-        # Only streams on the victim failed: at most one turn of each session it held.
-        assert {t.session for t in failed} <= on_victim, (failed, homes)
-        assert len(failed) <= len(on_victim)
-        # Its sessions went on elsewhere: one failed turn at most, and the later ones on survivors.
+        # Only streams on the victim failed: no survivor logged the end of a failed turn (every
+        # request end is logged with its id). A failed turn's session need not live on the victim:
+        # bounded-load hashing (HAProxy's hash-balance-factor) sends a turn past a busy home.
+        survivors_logs = [replica.log() for index, replica in enumerate(replicas) if index != victim]
+        for turn in failed:
+            assert not any(f"request {turn.request_id} " in log for log in survivors_logs), (turn, homes)
+        # At most one turn of each session failed; the victim's sessions went on on survivors.
+        assert max(Counter(t.session for t in failed).values(), default=0) <= 1, failed
         for session in on_victim:
-            assert sum(t.session == session for t in failed) <= 1
             assert all(t.replica != victim for t in ok if t.session == session and t.turn >= 3)
     # Once the health checks have taken the victim out: its keys moved, and only its keys.
     proxies["envoy"].wait_for(lambda hosts: not hosts[replicas[victim].address])
