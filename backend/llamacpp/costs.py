@@ -3,10 +3,10 @@
 llama.cpp's per-sequence cache splits a batch into forward passes that take the
 same number of rows from every sequence still in it, so a decode's shape is its
 passes and its rows. Measured here (2 cores, the embedded model,
-`docs/benchmarks.md`): time = 8 ms a pass + 4.5 ms a row within a few percent,
-over 1 to 17 rows and 1 to 4 passes, but for one lone row (one sequence, plain
-decoding), which llama.cpp computes on a faster path: 9.6 ms, where the line
-says 12.5. So DecodeCosts keeps that case apart (a moving average), and fits
+`docs/benchmarks.md`): time = 8.5 ms a pass + 4.6 ms a row within a few percent,
+over 2 to 40 rows and 1 to 4 passes, but for one lone row (one sequence, plain
+decoding), which llama.cpp computes on a faster path: 9.8 ms, where the line
+says 13.1. So DecodeCosts keeps that case apart (a moving average), and fits
 the others as `passes * pass_s + rows * row_s` by least squares on relative
 error, recent decodes weighing more. Prompt chunks count too, so the row cost
 stays known when every decoding step has the same shape; a row without logits
