@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import os
 import pathlib
 import statistics
 import sys
@@ -30,7 +29,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
 
 import grpc  # noqa: E402
 
-from common import PROMPTS, greedy_request, timed_request  # noqa: E402
+from common import PROMPTS, cpu_seconds, greedy_request, timed_request  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
 from service.auth import KeyStore  # noqa: E402
 from service.guard import guarded  # noqa: E402
@@ -57,11 +56,6 @@ class Keyed:
     def GetModelInfo(self, request, timeout=None):
         return self._stub.GetModelInfo(request, timeout=timeout, metadata=self._metadata)
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def unary_calls(stub, pid: int, calls: int) -> tuple[float, float]:

@@ -28,17 +28,12 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 
-from common import PROMPTS, aggregate_rate  # noqa: E402
+from common import PROMPTS, aggregate_rate, cpu_seconds  # noqa: E402
 from proxies import HAProxy, start_replicas, stop_replicas  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
 BATCH = 8  # REPLICA_FLAGS' --max-batch-size
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rate(address: str, streams: int, tokens: int) -> float:

@@ -31,24 +31,19 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 
-from common import aggregate_rate, timed_stream  # noqa: E402
+from common import aggregate_rate, cpu_seconds, timed_stream  # noqa: E402
 from conftest import start_server, stop_server  # noqa: E402
 from prefix import chat, multi_turn, ours, shared_prompt_ttft  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 from threads import first_token_s  # noqa: E402
 
 
-def cpu_s(pid: int) -> float:
-    """User and system CPU seconds of a process, every thread included."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 def figures(stub, pid: int, rep: int, tokens: int) -> dict[str, float]:
-    cpu_before = cpu_s(pid)
+    cpu_before = cpu_seconds(pid)
     single = timed_stream(stub, "The history of the printing press", tokens)[1]
     eight = aggregate_rate(stub, 8, tokens)
-    cpu_per_token = (cpu_s(pid) - cpu_before) / (9 * tokens)
+    cpu_per_token = (cpu_seconds(pid) - cpu_before) / (9 * tokens)
     ttft = statistics.median(first_token_s(stub, f"Question {rep}.{i}: why is the sky blue?") for i in range(8))
     one_by_one = statistics.median(shared_prompt_ttft(stub, None, rep, at_once=False)[0])
     at_once = statistics.median(shared_prompt_ttft(stub, None, rep, at_once=True)[0])
