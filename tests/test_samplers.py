@@ -133,7 +133,6 @@ def test_the_plain_greedy_shortcut_picks_what_llama_cpps_greedy_sampler_picks(mo
     """A plain greedy chain takes numpy's argmax; on the same logits, ties included (the first highest
     wins in both), it picks what llama.cpp's greedy sampler picks."""
     import llama_cpp
-    import numpy as np
 
     from backend.llamacpp.batch import Batch
     from backend.llamacpp.sampling import Sampler
@@ -150,7 +149,7 @@ def test_the_plain_greedy_shortcut_picks_what_llama_cpps_greedy_sampler_picks(mo
         for step in range(12):
             assert batch.decode(ctx) == 0
             row = batch.rows - 1
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, row), shape=(model.vocab_size,))
+            logits = model.logits_row(ctx, row)
             if step % 3 == 2:  # a tie for the highest logit between two tokens
                 logits[[7, 4000]] = logits.max() + 1.0
             token = shortcut.sample(ctx, row)

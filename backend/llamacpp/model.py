@@ -13,6 +13,7 @@ from typing import Sequence
 
 import llama_cpp
 import llguidance
+import numpy as np
 
 from backend.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, SpecialTokens, tokenize_chat
 from backend.constraints import build_tokenizer
@@ -164,6 +165,11 @@ class GgufModel:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
+
+    def logits_row(self, ctx: llama_cpp.llama_context_p, row: int) -> np.ndarray:
+        """A decoded row's logits, a view into llama.cpp's buffer (no copy: writes mask them), valid until the
+        next decode."""
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, row), shape=(self.vocab_size,))
 
     def new_context(self, sequences: int, tokens_per_sequence: int, batch_tokens: int, threads: int):
         """A llama.cpp context for `sequences` sequences of up to `tokens_per_sequence` tokens each."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence as Rows
 
 import llama_cpp
-import numpy as np
 
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sequence import Sequence
@@ -35,8 +34,7 @@ def score_rows(ctx: llama_cpp.llama_context_p, model: GgufModel, seq: Sequence, 
             break
         if position != len(scored):
             continue
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, row), shape=(model.vocab_size,))
-        scored.append(with_logprobs(seq.tokens[position], logits, model.pieces.__getitem__,
+        scored.append(with_logprobs(seq.tokens[position], model.logits_row(ctx, row), model.pieces.__getitem__,
                                     seq.request.prompt_logprobs))
     if len(scored) == seq.prompt_length:
         seq.output.prompt_tokens = tuple(scored)

@@ -43,7 +43,7 @@ class Sampler:
         self.chain = build_sampler_chain(params, model.vocab, model.vocab_size, context_length)
         self._looks_back = params.penalized or params.dry_on
         self._argmax = params.greedy and not (params.logit_bias or self._looks_back)
-        self._vocab_size = model.vocab_size
+        self._model = model
 
     def start(self, prompt: tuple[int, ...]) -> None:
         """Penalties and DRY look back into the prompt too."""
@@ -58,8 +58,7 @@ class Sampler:
     def sample(self, ctx: llama_cpp.llama_context_p, row: int) -> int:
         """Samples from a row's logits and accepts the token."""
         if self._argmax:
-            logits = llama_cpp.llama_get_logits_ith(ctx, row)
-            return int(np.ctypeslib.as_array(logits, shape=(self._vocab_size,)).argmax())
+            return int(self._model.logits_row(ctx, row).argmax())
         return llama_cpp.llama_sampler_sample(self.chain, ctx, row)
 
     def free(self) -> None:
@@ -101,11 +100,11 @@ class TokenPicker:
 
         Raises ConstraintFailed when the sequence's matcher failed computing that mask.
         """
-        logits = llama_cpp.llama_get_logits_ith(ctx, row)
+        logits = self._model.logits_row(ctx, row)
         if output.constraint is not None:
             output.check_constraint()
             start = time.perf_counter()
-            apply_bitmask(self._row(logits), self._bitmask[slot])
+            apply_bitmask(logits, self._bitmask[slot])
             output.constraint.mask_s += time.perf_counter() - start
         if not output.eos_allowed():
             for token in self._model.eos_token_ids:
@@ -117,14 +116,11 @@ class TokenPicker:
         """A token the grammar left no alternative to (no logits: no logprobs)."""
         return GeneratedToken(token, self._model.pieces[token])
 
-    def _describe(self, token: int, logits: ctypes.POINTER(ctypes.c_float), wanted: OutputParams) -> GeneratedToken:
+    def _describe(self, token: int, logits: np.ndarray, wanted: OutputParams) -> GeneratedToken:
         piece = self._model.pieces[token]
         if not wanted.return_logprobs and not wanted.top_logprobs:
             return GeneratedToken(token, piece)
-        return with_logprobs(token, self._row(logits), self._model.pieces.__getitem__, wanted.top_logprobs)
-
-    def _row(self, logits: ctypes.POINTER(ctypes.c_float)) -> np.ndarray:
-        return np.ctypeslib.as_array(logits, shape=(self._model.vocab_size,))
+        return with_logprobs(token, logits, self._model.pieces.__getitem__, wanted.top_logprobs)
 
 
 def build_sampler_chain(
