@@ -51,7 +51,7 @@ def main() -> int:
                             "fields were a grey sheet of water.")
     for slot in range(8):
         batch.clear()
-        batch.add(slot, 0, prompt, 1)
+        batch.add(slot, 0, prompt, [False] * (len(prompt) - 1) + [True])
         assert batch.decode(ctx) == 0
     times: dict[tuple[int, ...], list[float]] = {shape: [] for shape in SHAPES}
     order = SHAPES * args.reps
@@ -59,7 +59,7 @@ def main() -> int:
     for shape in order:
         batch.clear()
         for slot, rows in enumerate(shape):
-            batch.add(slot, len(prompt), [prompt[5 + slot]] * rows, rows)
+            batch.add(slot, len(prompt), [prompt[5 + slot]] * rows, [True] * rows)
         start = time.perf_counter()
         assert batch.decode(ctx) == 0
         times[shape].append(time.perf_counter() - start)

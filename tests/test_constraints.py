@@ -72,6 +72,35 @@ def test_forced_tokens_are_offered_and_not_consumed(model, compiler):
         assert state.consume(token)
 
 
+def test_a_proposal_is_split_as_plain_decoding_would_take_it(model, compiler):
+    """After each sampled token the grammar's forced run is taken unsampled: a proposal marks those tokens,
+    completes a run it stops inside, ends where it departs from one, and leaves the matcher untouched."""
+    schema = {"type": "object", "properties": {"customer_account_identifier": {"type": "integer"},
+                                               "is_active": {"type": "boolean"}},
+              "required": ["customer_account_identifier", "is_active"], "additionalProperties": False}
+    state = ConstraintState(compiler.compile(ConstraintSpec("json_schema", json.dumps(schema))))
+    for token in state.forced_tokens(limit=16):  # as the engine does after its first sample
+        state.consume(token)
+    text = model.tokenize('":12,"is_active":true}', add_special=False)
+    before = (state.forced_tokens(16), state.matcher.validate_tokens(text))
+
+    tokens, forced = state.split_forced(text, max_forced=16)
+    marked = [(model.pieces[t].decode(), f) for t, f in zip(tokens, forced)]
+    assert tokens == text and marked[0] == ('":', False)  # the first is sampled
+    assert ("1", False) in marked and ("true", False) in marked and ("active", True) in marked
+    assert (state.forced_tokens(16), state.matcher.validate_tokens(text)) == before  # the matcher is as it was
+
+    first_forced = forced.index(True)
+    short, short_forced = state.split_forced(text[: first_forced + 1], max_forced=16)  # stops inside the key
+    assert short == tokens[: len(short)] and len(short) > first_forced + 1 and all(short_forced[first_forced:])
+
+    departing = [*text[:first_forced], model.tokenize("i", add_special=False)[0]]  # valid, but not what is forced
+    assert state.split_forced(departing, max_forced=16) == (short, short_forced)  # the forced run replaces it
+
+    assert state.split_forced(text, max_forced=0) == (text, [False] * len(text))  # nothing forced: all sampled
+    assert state.split_forced(model.tokenize("true", add_special=False), 16) == ([], [])  # not allowed here
+
+
 def test_a_rejected_token_puts_the_state_in_error(model, compiler):
     state = ConstraintState(compiler.compile(ConstraintSpec("regex", "[0-9]+")))
     assert not state.consume(model.tokenize("abc", add_special=False)[0])

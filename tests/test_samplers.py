@@ -145,7 +145,7 @@ def test_the_plain_greedy_shortcut_picks_what_llama_cpps_greedy_sampler_picks(mo
     assert shortcut._argmax
     try:
         tokens, picked = model.tokenize("The capital of France is"), []
-        batch.add(0, 0, tokens, 1)
+        batch.add(0, 0, tokens, [False] * (len(tokens) - 1) + [True])
         for step in range(12):
             assert batch.decode(ctx) == 0
             row = batch.rows - 1
@@ -157,7 +157,7 @@ def test_the_plain_greedy_shortcut_picks_what_llama_cpps_greedy_sampler_picks(mo
             assert step % 3 != 2 or token == 7
             picked.append(token)
             batch.clear()
-            batch.add(0, len(tokens) + step, [token], 1)
+            batch.add(0, len(tokens) + step, [token], [True])
         assert len(set(picked)) > 3
     finally:
         shortcut.free()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 
 import grpc
 import pytest
@@ -14,6 +15,7 @@ from backend.constraints import ConstraintCompiler, ConstraintSpec
 from backend.engine import ChatMessage
 from backend.llamacpp import scheduler as scheduler_module
 from backend.llamacpp.costs import DecodeCosts
+from backend.llamacpp.sampling import TokenPicker
 from backend.llamacpp.speculation import (
     AcceptanceRates, Candidate, CopyCursor, DraftState, NgramIndex, PastNgrams, plan_drafts, proposal,
 )
@@ -138,6 +140,22 @@ def test_one_feeding_more_rows_than_the_others_costs_a_pass_the_planner_weighs()
     assert plan_drafts(lone, costs) == [0] * 8  # a second pass for one sequence's rows does not pay
     every = [Candidate(1, [7] * 8, acceptance=0.97)] * 8
     assert plan_drafts(every, costs)[0] > 0  # all eight feeding alike: one pass
+
+
+def test_a_check_never_ends_inside_a_forced_run_and_counts_forced_tokens_as_certain():
+    forced = [False, False, True, True, True, False, False]  # a value's two tokens, a key of three, a value
+    candidate = Candidate(1, [7] * 7, acceptance=0.5, forced=forced)
+    assert [candidate.cut(k) for k in (1, 2, 3, 4, 6, 8)] == [1, 5, 5, 5, 6, 7]
+    assert candidate.sampled(5) == 2  # rows with logits before the key only
+    assert candidate.expected_accepted(5) == pytest.approx(0.5 + 0.25 * 4)  # the key comes with its value
+    assert Candidate(1, [7] * 3, acceptance=0.5).expected_accepted(3) == pytest.approx(0.5 + 0.25 + 0.125)
+    costs = DecodeCosts()
+    for _ in range(30):  # a pass costs 8 ms, a row 4.5 ms: a plain step 12.5 ms
+        for passes, rows in ((1, 8), (2, 12), (1, 16), (3, 14)):
+            costs.record(passes, rows, rows, 0.008 * passes + 0.0045 * rows)
+    keyed = Candidate(1, [7] * 12, acceptance=0.8, forced=[False] + [True] * 10 + [False])
+    assert plan_drafts([keyed], costs) == [11]  # one guess, and the key that comes with it
+    assert plan_drafts([Candidate(1, [7] * 12, acceptance=0.8)], costs)[0] < 11  # were they all guesses, fewer pay
 
 
 def test_the_cost_model_learns_a_line_and_keeps_the_lone_row_apart():
@@ -276,6 +294,40 @@ def test_a_constraint_holds_on_accepted_tokens(model, check_every_proposal):
     (off, _), (on, stats) = both_ways(model, lambda s: constrained_request(model, "r", s))
     assert token_ids(on) == token_ids(off) and on.finish.reason is FinishReason.CONSTRAINT_COMPLETE
     assert on.finish.constraint_satisfied and stats.draft_tokens_total > 0
+
+
+KEY_HEAVY = {"type": "array", "minItems": 3, "maxItems": 3, "items": {
+    "type": "object", "additionalProperties": False,
+    "required": ["customer_account_identifier", "customer_display_name", "renewal_is_automatic"],
+    "properties": {"customer_account_identifier": {"type": "integer", "minimum": 0, "maximum": 99999},
+                   "customer_display_name": {"type": "string", "maxLength": 12},
+                   "renewal_is_automatic": {"type": "boolean"}}}}
+
+
+def test_forced_tokens_among_proposals_are_taken_unsampled_as_plain_decoding_takes_them(model, check_every_proposal,
+                                                                                         monkeypatch):
+    """Keys repeat in each object, so proposals run through them; a key's forced tokens are not sampled, and
+    the tokens are plain decoding's, forced and sampled ones alike (the same number of samples drawn)."""
+    compiled = ConstraintCompiler(model.constraint_tokenizer()).compile(
+        ConstraintSpec("json_schema", json.dumps(KEY_HEAVY)))
+    prompt = tuple(model.render_chat([ChatMessage("user", "List three customers of a bakery as JSON.")]))
+    picks = []
+    pick = TokenPicker.pick
+    monkeypatch.setattr(TokenPicker, "pick", lambda *args: (picks.append(1), pick(*args))[1])
+    results = []
+    for speculation in (OFF, NGRAM):
+        core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128)
+        picks.clear()
+        try:
+            recs = run(core, request(model, "r", speculation, prompt=prompt, stopping=StopParams(max_new_tokens=150),
+                                     constraint=compiled))
+            results.append((recs["r"], len(picks), core.stats.steps))
+        finally:
+            core.close()
+    (off, off_picks, off_steps), (on, on_picks, on_steps) = results
+    assert token_ids(on) == token_ids(off) and on.finish.reason is FinishReason.CONSTRAINT_COMPLETE
+    assert on_picks == off_picks < len(token_ids(on)) / 2  # most tokens are forced, in both
+    assert on.finish.usage.accepted_draft_tokens > 30 and on_steps < off_steps / 2
 
 
 def test_forced_tokens_go_at_once_beside_other_sequences_too(model):

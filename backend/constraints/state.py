@@ -23,6 +23,31 @@ class ConstraintState:
         """Up to `limit` tokens the grammar allows no alternative to (not consumed yet)."""
         return self.matcher.compute_ff_tokens()[:limit]
 
+    def split_forced(self, proposed: list[int], max_forced: int) -> tuple[list[int], list[bool]]:
+        """Proposed tokens as plain decoding would produce them, each marked forced or sampled: after each
+        sampled token the engine takes the grammar's forced tokens (up to `max_forced`) without sampling.
+
+        The proposal is cut where the grammar rejects it; where it enters a forced run, the run replaces
+        it to its end, so the token after the last one is always sampled. The matcher is left as it was.
+        """
+        matcher = self.matcher
+        proposed = proposed[: matcher.validate_tokens(proposed)]
+        tokens: list[int] = []
+        forced: list[bool] = []
+        run: list[int] = []  # what the grammar forces next
+        while run or len(tokens) < len(proposed):
+            is_forced = bool(run)
+            token = run.pop(0) if is_forced else proposed[len(tokens)]
+            if is_forced and len(tokens) < len(proposed) and proposed[len(tokens)] != token:
+                proposed = proposed[: len(tokens)]  # departs from what is forced: it cannot be accepted
+            matcher.consume_token(token)  # accepted: validated above, or forced
+            tokens.append(token)
+            forced.append(is_forced)
+            if not is_forced:
+                run = matcher.compute_ff_tokens()[:max_forced]
+        matcher.rollback(len(tokens))
+        return tokens, forced
+
     @property
     def complete(self) -> bool:
         """The output is a whole sentence of the grammar and nothing more can follow.

@@ -1,10 +1,10 @@
 """The rows of one llama_decode: which tokens of which sequences, at which positions, with logits where.
 
 Each sequence adds a run of consecutive tokens to its own cache stream; the
-batch asks for logits on the last `logit_rows` rows of the run and returns
-their row indices, which is where the sampler reads them after the decode.
-One row with logits is a plain decoding step; several let a step check tokens
-fed ahead of sampling, with logits after each one.
+batch asks for logits on the rows flagged for them and returns their row
+indices, which is where the sampler reads them after the decode. One row with
+logits (the last) is a plain decoding step; several let a step check tokens fed
+ahead of sampling, with logits after each one a sample is drawn after.
 """
 
 from __future__ import annotations
@@ -28,21 +28,22 @@ class Batch:
         self._batch.n_tokens = 0
         self.logit_rows = 0
 
-    def add(self, slot: int, position: int, tokens: Sequence[int], logit_rows: int) -> list[int]:
-        """Adds `tokens` to `slot`'s stream from `position`; returns the indices of the rows with logits."""
+    def add(self, slot: int, position: int, tokens: Sequence[int], logits: Sequence[bool]) -> list[int]:
+        """Adds `tokens` to `slot`'s stream from `position`, with logits on the rows `logits` flags; returns
+        the indices of those rows."""
         batch, first = self._batch, self._batch.n_tokens
-        assert first + len(tokens) <= self.capacity and 0 <= logit_rows <= len(tokens)
-        with_logits_from = first + len(tokens) - logit_rows
-        for i, token in enumerate(tokens):
+        assert first + len(tokens) <= self.capacity and len(logits) == len(tokens)
+        for i, (token, with_logits) in enumerate(zip(tokens, logits)):
             row = first + i
             batch.token[row] = token
             batch.pos[row] = position + i
             batch.n_seq_id[row] = 1
             batch.seq_id[row][0] = slot
-            batch.logits[row] = row >= with_logits_from
+            batch.logits[row] = with_logits
         batch.n_tokens = first + len(tokens)
-        self.logit_rows += logit_rows
-        return list(range(with_logits_from, batch.n_tokens))
+        rows = [first + i for i, with_logits in enumerate(logits) if with_logits]
+        self.logit_rows += len(rows)
+        return rows
 
     def decode(self, ctx: llama_cpp.llama_context_p) -> int:
         """Runs the model over every row; 0 on success, llama.cpp's status otherwise."""

@@ -66,8 +66,6 @@ class LlamaCppCore:
         self.batch = Batch(own.batch_tokens)
         self.picker = TokenPicker(model, slots, max(self.threads.candidates))
         self.scheduler.costs = self.threads.current_costs
-        # Cap the forced tokens taken at once, so every sequence's feed fits a batch.
-        self._max_forced = max(0, min(16, own.batch_tokens // config.max_batch_size - 1))
         self._outputs: list[Output] = []
         self.steps = 0
         self.counters = EngineCounters()
@@ -203,10 +201,10 @@ class LlamaCppCore:
         if entry.proposed:
             self.counters.draft_tokens_total += len(entry.proposed)
             self.counters.accepted_draft_tokens_total += accepted
-            seq.draft.checked(entry.source, len(entry.proposed), accepted)
-            self.scheduler.acceptance.checked(entry.source, len(entry.proposed), accepted)
+            seq.draft.checked(entry.source, *entry.sampled(accepted))
+            self.scheduler.acceptance.checked(entry.source, *entry.sampled(accepted))
         if not output.finished and output.constraint is not None:
-            for forced in output.constraint.forced_tokens(self._max_forced):  # no choice left: skip sampling
+            for forced in output.constraint.forced_tokens(self.scheduler.max_forced):  # no choice left: skip sampling
                 seq.sampler.accept(forced)
                 self._take(seq, forced, output.on_token(self.picker.forced(forced), forced in self.model.eos_token_set))
                 if output.finished:

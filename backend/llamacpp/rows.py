@@ -2,12 +2,14 @@
 
 A feed is the sequence's next known tokens (a prompt group, or its last sampled
 and forced tokens), then any proposed ones. Once every known token is in, the
-rows after the last known token and after each proposal carry logits. Row by row
-the sequence's own sampling picks a token (the whole chain, the constraint's mask
-included); a proposal is accepted while it equals that pick, so the output is
-what plain decoding gives. The pick at the first row that disagrees (or after the
-last proposal) is output too, and the cells of the proposals not accepted are
-dropped (see Slots.keep_cells).
+row before each proposed token that plain decoding would sample, and the row
+after the last, carry logits. Row by row the sequence's own sampling picks a
+token (the whole chain, the constraint's mask included); a proposal is accepted
+while it equals that pick, so the output is what plain decoding gives. A
+proposed token the grammar forces is taken as plain decoding takes it, without
+sampling. The pick at the first row that disagrees (or after the last proposal)
+is output too, and the cells of the proposals not accepted are dropped (see
+Slots.keep_cells).
 """
 
 from __future__ import annotations
@@ -27,10 +29,19 @@ from backend.types import Event
 class RowsToSample:
     sequence: Sequence
     rows: list[int]
-    """The batch rows with logits: after its last known token, then after each proposed one."""
+    """The batch rows with logits: after its last known token, then after each proposed one that is
+    followed by a sampled token (the last always is)."""
     proposed: tuple[int, ...]
     source: str = ""
     """Where the proposed tokens came from."""
+    forced: tuple[bool, ...] = ()
+    """Per proposed token: forced by the grammar, so taken without sampling."""
+
+    def sampled(self, accepted: int) -> tuple[int, int]:
+        """(proposed, accepted) counting only the tokens sampling decided: what the check taught about
+        the proposals' source (a forced token is accepted whenever the ones before it were)."""
+        forced = sum(self.forced)
+        return len(self.proposed) - forced, accepted - sum(self.forced[:accepted])
 
 
 def add_feed(batch: Batch, feed: Feed, every_row: bool = False) -> tuple[RowsToSample | None, list[int]]:
@@ -39,11 +50,17 @@ def add_feed(batch: Batch, feed: Feed, every_row: bool = False) -> tuple[RowsToS
     seq = feed.sequence
     tokens = [*seq.tokens[seq.cached : seq.cached + feed.count], *feed.proposed]
     complete = seq.cached + feed.count == len(seq.tokens)  # sample only once every known token is in
-    logit_rows = 1 + len(feed.proposed) if complete else 0
-    rows = batch.add(seq.slot, seq.cached, tokens, logit_rows=len(tokens) if every_row else logit_rows)
+    # From the last known token's row on: whether a token is sampled after the row (the first proposed one
+    # and the one after the last always are; a forced one never is).
+    sampled_after = [True, *(not forced for forced in feed.forced[1:]), True][: len(feed.proposed) + 1]
+    sampled_after = sampled_after if complete else []
+    logits = [every_row] * (len(tokens) - len(sampled_after)) + [every_row or s for s in sampled_after]
+    first = batch.rows
+    rows = batch.add(seq.slot, seq.cached, tokens, logits)
     seq.cached += feed.count  # the proposed tokens' cells count once accepted
-    to_sample = rows[len(rows) - logit_rows :] if logit_rows else []
-    return (RowsToSample(seq, to_sample, feed.proposed, feed.source) if to_sample else None), (rows if every_row else [])
+    to_sample = [first + feed.count - 1 + i for i, sampled in enumerate(sampled_after) if sampled]
+    entry = RowsToSample(seq, to_sample, feed.proposed, feed.source, feed.forced) if to_sample else None
+    return entry, (rows if every_row else [])
 
 
 def sample_rows(
@@ -54,11 +71,19 @@ def sample_rows(
     seq, output, proposed = entry.sequence, entry.sequence.output, entry.proposed
     output.draft_tokens += len(proposed)
     accepted = 0
+    rows = iter(entry.rows)
     try:
-        for i, row in enumerate(entry.rows):
-            if i and output.constraint is not None:  # its matcher has taken the row before's token
+        for i in range(len(proposed) + 1):
+            if i < len(proposed) and entry.forced and entry.forced[i]:  # taken as plain decoding takes it
+                seq.sampler.accept(proposed[i])
+                take(seq, proposed[i], output.on_token(picker.forced(proposed[i]), proposed[i] in eos, True))
+                if output.finished:
+                    break
+                accepted += 1
+                continue
+            if i and output.constraint is not None:  # its matcher has taken the token before
                 picker.fill_masks([(output.constraint, seq.slot)])
-            token = picker.pick(ctx, row, seq.slot, seq.sampler, output)
+            token = picker.pick(ctx, next(rows), seq.slot, seq.sampler, output)
             is_proposal = i < len(proposed) and token.token_id == proposed[i]
             take(seq, token.token_id, output.on_token(token, token.token_id in eos, is_proposal))
             if output.finished or not is_proposal:

@@ -56,6 +56,8 @@ class Feed:
     source: str = ""
     """Where the proposed tokens came from (see backend.llamacpp.speculation.SOURCES)."""
     prefill: bool = False
+    forced: tuple[bool, ...] = ()
+    """Per proposed token: forced by the grammar once the ones before it are in (taken unsampled)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class Scheduler:
         self._comeback_cost = comeback_cost
         """Tokens a sequence would compute again if preempted now (the slots know what they keep)."""
         self.batch_tokens = batch_tokens
+        self.max_forced = max(0, min(16, batch_tokens // max_batch_size - 1))
+        """Most forced tokens a sequence takes at once, so every sequence's feed fits a batch."""
         self.context_length = context_length
         self.max_pause_s = max_pause_s
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -249,15 +253,16 @@ class Scheduler:
             offer = Proposal([])
             if seq.draft is not None and complete and room > 0:
                 past = (self.past_ngrams, caller_of(seq))
-                offer = proposal(seq.tokens, seq.prompt_length, seq.draft, seq.output.constraint, room, past, self.acceptance)
+                offer = proposal(seq.tokens, seq.prompt_length, seq.draft, seq.output.constraint, room, past,
+                                 self.acceptance, self.max_forced)
             acceptance = seq.draft.acceptance(offer.source, self.acceptance) if offer.tokens else 0.0
-            candidates.append(Candidate(known, offer.tokens, acceptance))
+            candidates.append(Candidate(known, offer.tokens, acceptance, offer.forced))
             proposals.append(offer)
         checked = plan_drafts(candidates, self.costs)
         for seq, n in zip(decoding, checked):
             if seq.draft is not None and not n:
                 seq.draft.idle()
-        return [Feed(seq, c.known_rows, tuple(c.proposed[:n]), offer.source if n else "")
+        return [Feed(seq, c.known_rows, tuple(c.proposed[:n]), offer.source if n else "", forced=tuple(c.forced[:n]))
                 for seq, c, offer, n in zip(decoding, candidates, proposals, checked)]
 
     def resumed(self, seq: Sequence) -> None:

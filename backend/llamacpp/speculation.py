@@ -12,7 +12,10 @@ Proposals come from n-gram lookup in the sequence's own prompt and output: the
 longest recent n-gram (MATCH_LENGTHS) that occurred before is continued by what
 followed it then, as llama.cpp's ngram modes do; failing that, from what followed
 its last 4-gram in its caller's finished sequences (PastNgrams). A constrained
-sequence's proposal is cut where its grammar would reject it.
+sequence's proposal is cut where its grammar would reject it, and its tokens the
+grammar forces are marked: plain decoding takes them without sampling, so the
+check does too (no logits on the row before one, and no guess: a key after a
+value comes with the value).
 
 How likely a proposal is to be accepted depends on where it came from: a long
 match in a passage being copied is right nearly every time, a two-token match
@@ -231,16 +234,20 @@ class Proposal:
     tokens: list[int]
     source: str = ""
     """One of SOURCES ("" when there are no tokens)."""
+    forced: list[bool] = field(default_factory=list)
+    """Per token, whether the grammar forces it once the tokens before it are in (constrained sequences):
+    certain then, so it is taken without sampling (and its row before it needs no logits)."""
 
 
 def proposal(
     tokens: Tokens[int], prompt_length: int, draft: DraftState, constraint: ConstraintState | None, limit: int,
-    past: tuple[PastNgrams, str] | None = None, engine: AcceptanceRates | None = None,
+    past: tuple[PastNgrams, str] | None = None, engine: AcceptanceRates | None = None, max_forced: int = 16,
 ) -> Proposal:
     """What a sequence proposes to check this step: the continuation of a 4-gram match in its own tokens;
     else of the copy it was following; else of a shorter match; else from its caller's past sequences
-    (`past`: the pool and the caller). Cut to what its grammar allows, and short while its source is
-    little known (`engine`: what the engine has seen)."""
+    (`past`: the pool and the caller). Short while its source is little known (`engine`: what the engine
+    has seen); for a constrained sequence, cut to what its grammar allows, the forced runs it enters
+    completed (up to `max_forced` tokens, as the engine takes them) but never past `limit`."""
     limit = min(limit, draft.max_draft_tokens)
     draft.cursor.follow(tokens)
     proposed, matched, end = draft.index.propose(tokens, limit)
@@ -253,9 +260,15 @@ def proposal(
         proposed, source = past[0].propose(past[1], tokens, limit), "past"
     if proposed and engine is not None and draft.seen(source, engine) < _EXPLORED:
         proposed = proposed[:_PROBE_TOKENS]
-    if proposed and constraint is not None:
-        proposed = proposed[: constraint.matcher.validate_tokens(proposed)]
-    return Proposal(proposed, source) if proposed else Proposal([])
+    if not proposed:
+        return Proposal([])
+    if constraint is None:
+        return Proposal(proposed, source, [False] * len(proposed))
+    proposed, forced = constraint.split_forced(proposed, max_forced)
+    cut = min(limit, len(proposed))
+    while cut < len(proposed) and forced[cut]:  # a check never ends inside a forced run (see Candidate.cut)
+        cut -= 1
+    return Proposal(proposed[:cut], source, forced[:cut]) if cut else Proposal([])
 
 
 @dataclass(frozen=True)
@@ -264,11 +277,31 @@ class Candidate:
     """Rows the sequence feeds anyway: its last token and any forced ones."""
     proposed: list[int]
     acceptance: float = 0.0
-    """The chance that each proposed token is accepted when the ones before it were."""
+    """The chance that each proposed token that is sampled is accepted when the ones before it were."""
+    forced: list[bool] = field(default_factory=list)
+    """Per proposed token: forced by the grammar (see Proposal.forced); empty means none is."""
 
+    def cut(self, k: int) -> int:
+        """How many proposed tokens a draft of `k` checks: `k` or all, and on to the end of a forced run it
+        stops in, so the token after the check is one plain decoding samples too (it would force it)."""
+        n = min(k, len(self.proposed))
+        while n < len(self.forced) and self.forced[n]:
+            n += 1
+        return n
 
-def expected_accepted(acceptance: float, k: int) -> float:
-    return sum(acceptance**i for i in range(1, k + 1))
+    def sampled(self, n: int) -> int:
+        """How many of the first `n` proposed tokens are sampled: rows with logits, and guesses."""
+        return n - sum(self.forced[:n])
+
+    def expected_accepted(self, n: int) -> float:
+        """How many of the first `n` proposed tokens are expected to be accepted (a forced one is, when
+        every one before it was)."""
+        expected, chance = 0.0, 1.0
+        for i in range(n):
+            if i >= len(self.forced) or not self.forced[i]:
+                chance *= self.acceptance
+            expected += chance
+        return expected
 
 
 def plan_drafts(candidates: list[Candidate], costs: DecodeCosts) -> list[int]:
@@ -283,10 +316,11 @@ def plan_drafts(candidates: list[Candidate], costs: DecodeCosts) -> list[int]:
     for k in DRAFT_LENGTHS:
         if k > longest:
             break
-        checked = [min(k, len(c.proposed)) for c in candidates]
+        checked = [c.cut(k) for c in candidates]
         rows = [r + n for r, n in zip(known, checked)]
-        tokens = len(candidates) + sum(expected_accepted(c.acceptance, n) for c, n in zip(candidates, checked))
-        rate = tokens / costs.estimate(passes_for(rows), sum(rows), len(candidates) + sum(checked))
+        tokens = len(candidates) + sum(c.expected_accepted(n) for c, n in zip(candidates, checked))
+        logit_rows = len(candidates) + sum(c.sampled(n) for c, n in zip(candidates, checked))
+        rate = tokens / costs.estimate(passes_for(rows), sum(rows), logit_rows)
         if rate > best_rate:
             best, best_rate = checked, rate
     return best
