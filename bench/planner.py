@@ -1,0 +1,127 @@
+"""The speculation planner replayed on the real model at fixed decode costs: what the policy alone gives.
+
+bench/speculation.py measures wall-clock rates, which move by 10-30% from run to run on a shared host,
+more than most changes to the planner. Here every decode is charged what the cost model says it costs
+on this machine (docs/benchmarks.md: 8.55 ms a forward pass, 4.58 ms a row, 0.8 of that for a row
+without logits, 9.8 ms for a lone row) and the planner plans with those same costs, so a run is
+deterministic: the same policy gives the same figures, and a changed constant shows its effect alone.
+The prompts of each workload (bench/workloads.py) run one at a time on one engine, in the bench's
+order, so what the engine learns of each source carries over as it does in a server.
+
+Prints, per workload and prompt, modelled n-gram tok/s over modelled plain decoding (a lone row a
+token), and the median and geometric mean over the prompts; beside them the same for an oracle, a
+planner that knows how many tokens of each proposal are right and checks exactly those (the same
+proposals, at the same costs): the most any planner could make of them here.
+
+    python bench/planner.py [--set NAME=VALUE ...] [--tokens 120]
+
+  --set   overrides a constant of backend/llamacpp/speculation.py for the run, e.g. --set _CURIOSITY=0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from backend.config import EngineConfig  # noqa: E402
+from backend.engine import ChatMessage  # noqa: E402
+from backend.llamacpp import speculation  # noqa: E402
+from backend.llamacpp.core import LlamaCppCore  # noqa: E402
+from backend.llamacpp.model import GgufModel, init_backend  # noqa: E402
+from backend.llamacpp.speculation import DraftState, proposal  # noqa: E402
+from backend.models import default_model_path  # noqa: E402
+from backend.types import (  # noqa: E402
+    GenerationRequest, SamplingParams, Scheduling, SpeculationMode, SpeculationParams, StopParams,
+)
+from workloads import WORKLOADS  # noqa: E402
+
+
+class MeasuredCosts:
+    """The decode costs measured here (docs/benchmarks.md, bench/decode_costs.py), fixed."""
+
+    known = True
+    pass_s, row_s, solo_s, plain_row_share = 0.00855, 0.00458, 0.0098, 0.8
+
+    def estimate(self, passes: int, rows: int, logit_rows: int) -> float:
+        if passes == rows == 1:
+            return self.solo_s
+        return self.pass_s * passes + self.row_s * (logit_rows + self.plain_row_share * (rows - logit_rows))
+
+
+def replay(core: LlamaCppCore, prompt: tuple[int, ...], tokens: int, name: str, mode: SpeculationMode):
+    """(modelled tok/s over plain decoding's, the output) of one greedy request alone."""
+    costs, charged, output = MeasuredCosts(), [0.0], []
+
+    def decoded(passes, rows, logit_rows, seconds, prefill):  # the core's hook for measured decodes
+        if not prefill:
+            charged[0] += costs.estimate(passes, rows, logit_rows)
+        core.scheduler.costs = costs
+
+    core._decoded, core.scheduler.costs = decoded, costs
+    request = GenerationRequest(
+        name, prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=tokens, ignore_eos=True),
+        speculation=SpeculationParams(mode, 16), scheduling=Scheduling(caller=name),
+    )
+    sink = lambda event: output.extend(t.token_id for t in getattr(event, "tokens", ()) or ())  # noqa: E731
+    for deliver, event in core.add(request, sink):
+        deliver(event)
+    while core.has_work():
+        for deliver, event in core.step():
+            deliver(event)
+    return (len(output) - 1) * costs.solo_s / charged[0], output  # the first token comes from the prompt's decode
+
+
+def oracle(prompt: tuple[int, ...], output: list[int]) -> float:
+    """Modelled tok/s over plain decoding's for a planner that knows how much of each proposal is right:
+    it checks exactly that (a pass and a row for each token it gets), or decodes plainly."""
+    costs, draft, charged, at = MeasuredCosts(), DraftState(16), 0.0, 1
+    while at < len(output):
+        offer = proposal([*prompt, *output[:at]], len(prompt), draft, None, min(16, len(output) - at - 1))
+        right = 0
+        while right < len(offer.tokens) and offer.tokens[right] == output[at + right]:
+            right += 1
+        charged += costs.estimate(1, right + 1, right + 1)
+        at += right + 1
+    return (len(output) - 1) * costs.solo_s / charged
+
+
+def summary(ratios: list[float]) -> str:
+    return (f"median {statistics.median(ratios):.3f} geomean {statistics.geometric_mean(ratios):.3f} "
+            f"({' '.join(f'{r:.2f}' for r in ratios)})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--tokens", type=int, default=120)
+    args = parser.parse_args()
+    for assignment in args.set:
+        name, value = assignment.split("=", 1)
+        if not hasattr(speculation, name):
+            parser.error(f"backend/llamacpp/speculation.py has no {name}")
+        setattr(speculation, name, type(getattr(speculation, name))(value))
+    init_backend()
+    model = GgufModel(default_model_path())
+    core = LlamaCppCore(model, EngineConfig.of(context_length=1024, max_batch_size=8, batch_tokens=512, threads=2))
+    print(f"modelled n-gram / plain, {args.tokens} greedy tokens, {' '.join(args.set) or 'the current policy'}")
+    try:
+        for workload, prompts in WORKLOADS.items():
+            ours, best = [], []
+            for i, text in enumerate(prompts):
+                prompt = tuple(model.render_chat([ChatMessage("user", text)]))
+                ratio, output = replay(core, prompt, args.tokens, f"{workload}{i}", SpeculationMode.NGRAM)
+                ours.append(ratio)
+                best.append(oracle(prompt, output))
+            print(f"{workload:6} planner {summary(ours)} | oracle {summary(best)}", flush=True)
+    finally:
+        core.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
