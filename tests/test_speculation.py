@@ -205,6 +205,9 @@ def test_a_proposal_says_where_it_came_from_and_is_short_while_that_is_little_kn
     tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1, 2, 3, 4]
     assert proposal(tokens, 11, DraftState(16), None, 8).source == "prompt4"
     assert proposal(tokens, 4, DraftState(16), None, 8).source == "output4"  # what followed it is output
+    copying = list(range(1, 21)) + list(range(1, 13))  # twelve tokens repeat the prompt's first twelve
+    assert proposal(copying, 20, DraftState(16), None, 8).source == "prompt4+"  # a copy well under way
+    assert proposal(copying[:-8], 20, DraftState(16), None, 8).source == "prompt4"  # four tokens in
     assert len(proposal(tokens, 11, DraftState(16), None, 8, engine=engine).tokens) == 4  # a probe
     for _ in range(10):
         engine.checked("prompt4", 8, 8)

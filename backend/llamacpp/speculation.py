@@ -40,11 +40,11 @@ MATCH_LENGTHS = (4, 3, 2)
 """n-gram lengths matched, longest first."""
 DRAFT_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
 """Common draft lengths the planner weighs each step (up to the request's max_draft_tokens)."""
-SOURCES = ("prompt4", "prompt3", "prompt2", "output4", "output3", "output2", "follow", "past")
+SOURCES = ("prompt4+", "prompt4", "prompt3", "prompt2", "output4+", "output4", "output3", "output2", "follow", "past")
 """Where a proposal comes from: a match in the sequence's prompt or its output so far, by the length of
-the n-gram matched; where a copy left off (CopyCursor); or its caller's finished sequences. They fare
-very differently (docs/benchmarks.md: a 4-gram in the prompt is accepted most of the time, a 2-gram in
-the output seldom)."""
+the n-gram matched (+: a 4-gram in a long agreement, see _DEEP); where a copy left off (CopyCursor); or
+its caller's finished sequences. They fare very differently (docs/benchmarks.md: a 4-gram in the prompt
+is accepted most of the time, a 2-gram in the output seldom)."""
 _EXPLORED = 8.0
 """Until a sequence and the engine together have seen this many proposals of a source, a draft of it is
 at most _PROBE_TOKENS long: a guess costs a few rows, not sixteen."""
@@ -66,6 +66,10 @@ _IDLE_MEMORY = 0.98
 """... and after each step without a check, so a sequence that stopped paying is tried again."""
 _ENGINE_MEMORY = 0.995
 """The engine's rates remember the last few hundred proposed tokens checked."""
+_DEEP = 8
+"""A 4-gram match whose tokens and the DEEP before it all repeat the text it matched is a source of its own
+("prompt4+", "output4+"): measured (docs/benchmarks.md), an edit's or a quote's copy departs less often
+once it has run a while (0.81 against 0.97 per token in edits), and apart the planner learns each."""
 _MIN_GAIN = 1.02
 """Checking must promise this much more than plain decoding: the estimates are noisy."""
 
@@ -254,6 +258,8 @@ def proposal(
     source = f"{'prompt' if end < prompt_length else 'output'}{matched}"  # where the continuation starts
     if matched == MATCH_LENGTHS[0]:
         draft.cursor.sync(end)
+        if _agreement(tokens, end) >= _DEEP:
+            source += "+"
     elif following := draft.cursor.propose(tokens, limit):
         proposed, source = following, "follow"
     if not proposed and past is not None:
@@ -269,6 +275,14 @@ def proposal(
     while cut < len(proposed) and forced[cut]:  # a check never ends inside a forced run (see Candidate.cut)
         cut -= 1
     return Proposal(proposed[:cut], source, forced[:cut]) if cut else Proposal([])
+
+
+def _agreement(tokens: Tokens[int], end: int) -> int:
+    """How many of the tokens before `end` the sequence's last tokens repeat (up to _DEEP)."""
+    n = 0
+    while n < _DEEP and n < end and tokens[end - 1 - n] == tokens[-1 - n]:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
