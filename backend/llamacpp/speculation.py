@@ -67,9 +67,9 @@ _IDLE_MEMORY = 0.98
 _ENGINE_MEMORY = 0.995
 """The engine's rates remember the last few hundred proposed tokens checked."""
 _DEEP = 8
-"""A 4-gram match whose tokens and the DEEP before it all repeat the text it matched is a source of its own
-("prompt4+", "output4+"): measured (docs/benchmarks.md), an edit's or a quote's copy departs less often
-once it has run a while (0.81 against 0.97 per token in edits), and apart the planner learns each."""
+"""A 4-gram match where the sequence's last _DEEP tokens or more repeat the text the match is in is a source
+of its own ("prompt4+", "output4+"): measured (docs/benchmarks.md), an edit's or a quote's copy departs
+less often once it has run a while (0.81 against 0.97 per token in edits); apart, the planner learns each."""
 _MIN_GAIN = 1.02
 """Checking must promise this much more than plain decoding: the estimates are noisy."""
 
