@@ -41,7 +41,7 @@ from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
 from backend.llamacpp.costs import passes_for
 from backend.llamacpp.threads import ThreadTuner
-from backend.llamacpp.rows import RowsToSample, add_feed, sample_rows
+from backend.llamacpp.rows import RowsToSample, add_feed, sample_rows, take_forced
 from backend.sequence import ConstraintFailed
 from backend.types import ErrorEvent, ErrorKind, Event, FinishReason, GenerationRequest, TokenEvent
 from backend.worker import Output
@@ -205,8 +205,7 @@ class LlamaCppCore:
             self.scheduler.acceptance.checked(entry.source, *entry.sampled(accepted))
         if not output.finished and output.constraint is not None:
             for forced in output.constraint.forced_tokens(self.scheduler.max_forced):  # no choice left: skip sampling
-                seq.sampler.accept(forced)
-                self._take(seq, forced, output.on_token(self.picker.forced(forced), forced in self.model.eos_token_set))
+                take_forced(seq, forced, self.picker, self.model.eos_token_set, self._take)
                 if output.finished:
                     break
         if output.finished:

@@ -75,8 +75,7 @@ def sample_rows(
     try:
         for i in range(len(proposed) + 1):
             if i < len(proposed) and entry.forced and entry.forced[i]:  # taken as plain decoding takes it
-                seq.sampler.accept(proposed[i])
-                take(seq, proposed[i], output.on_token(picker.forced(proposed[i]), proposed[i] in eos, True))
+                take_forced(seq, proposed[i], picker, eos, take, proposed=True)
                 if output.finished:
                     break
                 accepted += 1
@@ -93,3 +92,13 @@ def sample_rows(
         if proposed:
             slots.keep_cells(seq, seq.cached + accepted)
     return accepted
+
+
+def take_forced(
+    seq: Sequence, token: int, picker: TokenPicker, eos: frozenset[int], take: Callable[[Sequence, int, Event], None],
+    proposed: bool = False,
+) -> None:
+    """Outputs a token the grammar forces, unsampled (penalties and DRY still see it); `proposed`: it was
+    among a check's proposed tokens."""
+    seq.sampler.accept(token)
+    take(seq, token, seq.output.on_token(picker.forced(token), token in eos, proposed))
