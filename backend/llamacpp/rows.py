@@ -35,7 +35,7 @@ class RowsToSample:
     source: str = ""
     """Where the proposed tokens came from."""
     forced: tuple[bool, ...] = ()
-    """Per proposed token: forced by the grammar, so taken without sampling."""
+    """Per proposed token: forced by the grammar, so taken without sampling (empty: none is)."""
 
     def sampled(self, accepted: int) -> tuple[int, int]:
         """(proposed, accepted) counting only the tokens sampling decided: what the check taught about
@@ -52,7 +52,8 @@ def add_feed(batch: Batch, feed: Feed, every_row: bool = False) -> tuple[RowsToS
     complete = seq.cached + feed.count == len(seq.tokens)  # sample only once every known token is in
     # From the last known token's row on: whether a token is sampled after the row (the first proposed one
     # and the one after the last always are; a forced one never is).
-    sampled_after = [True, *(not forced for forced in feed.forced[1:]), True][: len(feed.proposed) + 1]
+    forced = feed.forced or (False,) * len(feed.proposed)
+    sampled_after = [True, *(not f for f in forced[1:]), True][: len(feed.proposed) + 1]
     sampled_after = sampled_after if complete else []
     logits = [every_row] * (len(tokens) - len(sampled_after)) + [every_row or s for s in sampled_after]
     first = batch.rows

@@ -57,7 +57,7 @@ class Feed:
     """Where the proposed tokens came from (see backend.llamacpp.speculation.SOURCES)."""
     prefill: bool = False
     forced: tuple[bool, ...] = ()
-    """Per proposed token: forced by the grammar once the ones before it are in (taken unsampled)."""
+    """Per proposed token: forced by the grammar once the ones before it are in (taken unsampled; empty: none is)."""
 
 
 @dataclass(frozen=True)

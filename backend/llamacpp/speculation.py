@@ -239,8 +239,8 @@ class Proposal:
     source: str = ""
     """One of SOURCES ("" when there are no tokens)."""
     forced: list[bool] = field(default_factory=list)
-    """Per token, whether the grammar forces it once the tokens before it are in (constrained sequences):
-    certain then, so it is taken without sampling (and its row before it needs no logits)."""
+    """Per token, whether the grammar forces it once the tokens before it are in (constrained sequences;
+    empty: none is): certain then, so it is taken without sampling (and the row before it needs no logits)."""
 
 
 def proposal(
@@ -266,10 +266,8 @@ def proposal(
         proposed, source = past[0].propose(past[1], tokens, limit), "past"
     if proposed and engine is not None and draft.seen(source, engine) < _EXPLORED:
         proposed = proposed[:_PROBE_TOKENS]
-    if not proposed:
-        return Proposal([])
-    if constraint is None:
-        return Proposal(proposed, source, [False] * len(proposed))
+    if not proposed or constraint is None:
+        return Proposal(proposed, source) if proposed else Proposal([])
     proposed, forced = constraint.split_forced(proposed, max_forced)
     cut = min(limit, len(proposed))
     while cut < len(proposed) and forced[cut]:  # a check never ends inside a forced run (see Candidate.cut)
