@@ -32,6 +32,7 @@ from backend.config import EngineConfig  # noqa: E402
 from backend.engine import ChatMessage  # noqa: E402
 from backend.llamacpp import speculation  # noqa: E402
 from backend.llamacpp.core import LlamaCppCore  # noqa: E402
+from backend.llamacpp.costs import DecodeCosts  # noqa: E402
 from backend.llamacpp.model import GgufModel, init_backend  # noqa: E402
 from backend.llamacpp.speculation import DraftState, proposal  # noqa: E402
 from backend.models import default_model_path  # noqa: E402
@@ -41,21 +42,13 @@ from backend.types import (  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 
-class MeasuredCosts:
-    """The decode costs measured here (docs/benchmarks.md, bench/decode_costs.py), fixed."""
-
-    known = True
-    pass_s, row_s, solo_s, plain_row_share = 0.00855, 0.00458, 0.0098, 0.8
-
-    def estimate(self, passes: int, rows: int, logit_rows: int) -> float:
-        if passes == rows == 1:
-            return self.solo_s
-        return self.pass_s * passes + self.row_s * (logit_rows + self.plain_row_share * (rows - logit_rows))
+MEASURED = dict(pass_s=0.00855, row_s=0.00458, solo_s=0.0098, plain_row_share=0.8)
+"""The decode costs measured here (docs/benchmarks.md, bench/decode_costs.py)."""
 
 
 def replay(core: LlamaCppCore, prompt: tuple[int, ...], tokens: int, name: str, mode: SpeculationMode):
     """(modelled tok/s over plain decoding's, the output) of one greedy request alone."""
-    costs, charged, output = MeasuredCosts(), [0.0], []
+    costs, charged, output = DecodeCosts.given(**MEASURED), [0.0], []
 
     def decoded(passes, rows, logit_rows, seconds, prefill):  # the core's hook for measured decodes
         if not prefill:
@@ -79,7 +72,7 @@ def replay(core: LlamaCppCore, prompt: tuple[int, ...], tokens: int, name: str, 
 def oracle(prompt: tuple[int, ...], output: list[int]) -> float:
     """Modelled tok/s over plain decoding's for a planner that knows how much of each proposal is right:
     it checks exactly that (a pass and a row for each token it gets), or decodes plainly."""
-    costs, draft, charged, at = MeasuredCosts(), DraftState(16), 0.0, 1
+    costs, draft, charged, at = DecodeCosts.given(**MEASURED), DraftState(16), 0.0, 1
     while at < len(output):
         offer = proposal([*prompt, *output[:at]], len(prompt), draft, None, min(16, len(output) - at - 1))
         right = 0

@@ -44,6 +44,14 @@ class DecodeCosts:
         self.solo_s: float | None = None
         """Seconds a decode of one lone row takes."""
 
+    @classmethod
+    def given(cls, pass_s: float, row_s: float, solo_s: float, plain_row_share: float = 0.8) -> DecodeCosts:
+        """Costs known beforehand instead of learned (bench/planner.py replays the planner at fixed costs)."""
+        costs = cls(plain_row_share)
+        costs.pass_s, costs.row_s, costs.solo_s = pass_s, row_s, solo_s
+        costs._prior = (pass_s, row_s)  # known: it never falls back on the first decode's guess
+        return costs
+
     @property
     def known(self) -> bool:
         return self._prior is not None
