@@ -47,7 +47,9 @@ def ids(messages) -> list[int]:
 
 
 def test_four_samples_compute_the_prompt_once_and_each_is_its_own(stub):
-    prompt = prompt_of(80)
+    # 60 words are about 190 tokens: a lone sequence past 256 cached tokens takes llama.cpp's
+    # split attention path and may part from its batched run (docs/benchmarks.md), so stay below.
+    prompt = prompt_of(60)
     before = stub.GetServerStatus(pb.GetServerStatusRequest())
     samples = by_sample(stub.GenerateStream(sampled(prompt, 4, seed=1000), timeout=120))
     after = stub.GetServerStatus(pb.GetServerStatusRequest())
