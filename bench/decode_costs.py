@@ -6,7 +6,9 @@ row, as checked proposals have), the shapes in shuffled order, each many times. 
 of each shape with its forward passes (llama.cpp's equal split per sequence) and rows, and the line
 `passes * pass + rows * row` fitted to every shape but the lone row.
 
-    python bench/decode_costs.py [--threads 2] [--reps 15]
+    python bench/decode_costs.py [--threads 2] [--reps 15] [--model GGUF]
+
+  --model  another GGUF (default: the embedded model)
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--model", type=pathlib.Path, default=None)
     args = parser.parse_args()
-    model = GgufModel(default_model_path())
+    model = GgufModel(args.model or default_model_path())
     ctx = model.new_context(8, 1024, 512, args.threads)
     memory = llama_cpp.llama_get_memory(ctx)
     batch = Batch(512)

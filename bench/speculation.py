@@ -18,7 +18,9 @@ token of all of them; ratios are medians of each repetition's ratio.
              unconstrained >= 1.3 at 1 and 8
   also       greedy output with speculation on against off, for every workload and rep
 
-    python bench/speculation.py --llama-server PATH [--reps 5] [--threads 2] [--tokens 120]
+    python bench/speculation.py --llama-server PATH [--reps 5] [--threads 2] [--tokens 120] [--model GGUF]
+
+  --model  another GGUF for both servers (default: the embedded model)
 """
 
 from __future__ import annotations
@@ -117,14 +119,15 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=120)
     parser.add_argument("--streams", default="1,8")
     parser.add_argument("--workloads", default=",".join([*WORKLOADS, "json"]))
+    parser.add_argument("--model", type=pathlib.Path, default=None)
     args = parser.parse_args()
-    model = default_model_path()
+    model = args.model or default_model_path()
     concurrency = [int(n) for n in args.streams.split(",")]
     chosen = args.workloads.split(",")
     print(f"model {model.name}, {args.threads} threads, {SLOTS} slots, {args.tokens} tokens, {os.cpu_count()} cores, "
           f"{args.reps} reps, llama-server speculation: {args.spec_args}")
     tmp = pathlib.Path(os.environ.get("TMPDIR", "/tmp"))
-    ours = start_server(tmp, "--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS),
+    ours = start_server(tmp, "--model", str(model), "--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS),
                         "--threads", str(args.threads), "--fairness-header", CALLER_HEADER)
     plain = start_llama_server(args.llama_server, model, CONTEXT, SLOTS, args.threads)
     speculating = start_llama_server(args.llama_server, model, CONTEXT, SLOTS, args.threads, args.spec_args.split())
