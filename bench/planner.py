@@ -1,17 +1,18 @@
 """The speculation planner replayed on the real model at fixed decode costs: what the policy alone gives.
 
 bench/speculation.py measures wall-clock rates, which move by 10-30% from run to run on a shared host,
-more than most changes to the planner. Here every decode is charged what the cost model says it costs
-on this machine (docs/benchmarks.md: 8.55 ms a forward pass, 4.58 ms a row, 0.8 of that for a row
-without logits, 9.8 ms for a lone row) and the planner plans with those same costs, so a run is
-deterministic: the same policy gives the same figures, and a changed constant shows its effect alone.
-The prompts of each workload (bench/workloads.py) run one at a time on one engine, in the bench's
-order, so what the engine learns of each source carries over as it does in a server.
+more than most changes to the planner. Here every decode is charged what it was measured to cost on this
+machine (bench/decode_costs.py: a line of a pass and a row, and one sequence's decodes of 1 to 17 rows
+with logits on each, which sit off the line), and the planner learns costs from those charges as the
+engine learns from the clock, starting from the line and the lone row. So a run is deterministic: the
+same policy gives the same figures, and a changed constant shows its effect alone. The prompts of each
+workload (bench/workloads.py) run one at a time on one engine, in the bench's order, so what the engine
+learns of each source and shape carries over as it does in a server.
 
 Prints, per workload and prompt, modelled n-gram tok/s over modelled plain decoding (a lone row a
 token), and the median and geometric mean over the prompts; beside them the same for an oracle, a
 planner that knows how many tokens of each proposal are right and checks exactly those (the same
-proposals, at the same costs): the most any planner could make of them here.
+proposals, at the same costs): about the most any planner could make of them here.
 
     python bench/planner.py [--set NAME=VALUE ...] [--tokens 120]
 
@@ -42,20 +43,32 @@ from backend.types import (  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
 
-MEASURED = dict(pass_s=0.00855, row_s=0.00458, solo_s=0.0098, plain_row_share=0.8)
-"""The decode costs measured here (docs/benchmarks.md, bench/decode_costs.py)."""
+LINE = dict(pass_s=0.00665, row_s=0.00331)
+ONE_SEQUENCE_MS = (8.02, 13.55, 18.39, 18.91, 24.27, 26.77, 31.64, 32.79, 37.83, 39.01, 43.60, 44.74, 48.33, 51.62,
+                   56.25, 60.40, 63.09)
+"""Measured here (bench/decode_costs.py, 2026-12-03 evening, docs/benchmarks.md): the line, and one sequence's
+decode of 1 to 17 rows with logits on each."""
 
 
-def replay(core: LlamaCppCore, prompt: tuple[int, ...], tokens: int, name: str, mode: SpeculationMode):
-    """(modelled tok/s over plain decoding's, the output) of one greedy request alone."""
-    costs, charged, output = DecodeCosts.given(**MEASURED), [0.0], []
+def measured() -> DecodeCosts:
+    return DecodeCosts.given(**LINE, shapes={(1, rows, rows): ms / 1000 for rows, ms in enumerate(ONE_SEQUENCE_MS, 1)})
+
+
+def replay(
+    core: LlamaCppCore, prompt: tuple[int, ...], tokens: int, name: str, mode: SpeculationMode, planned: DecodeCosts
+):
+    """(modelled tok/s over plain decoding's, the output) of one greedy request alone; `planned`: the costs
+    the planner plans with, learning from each decode's charge."""
+    truth, charged, output = measured(), [0.0], []
 
     def decoded(passes, rows, logit_rows, seconds, prefill):  # the core's hook for measured decodes
         if not prefill:
-            charged[0] += costs.estimate(passes, rows, logit_rows)
-        core.scheduler.costs = costs
+            cost = truth.estimate(passes, rows, logit_rows)
+            charged[0] += cost
+            planned.record(passes, rows, logit_rows, cost)
+        core.scheduler.costs = planned
 
-    core._decoded, core.scheduler.costs = decoded, costs
+    core._decoded, core.scheduler.costs = decoded, planned
     request = GenerationRequest(
         name, prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=tokens, ignore_eos=True),
         speculation=SpeculationParams(mode, 16), scheduling=Scheduling(caller=name),
@@ -66,13 +79,13 @@ def replay(core: LlamaCppCore, prompt: tuple[int, ...], tokens: int, name: str, 
     while core.has_work():
         for deliver, event in core.step():
             deliver(event)
-    return (len(output) - 1) * costs.solo_s / charged[0], output  # the first token comes from the prompt's decode
+    return (len(output) - 1) * truth.estimate(1, 1, 1) / charged[0], output  # the first token comes from the prompt
 
 
 def oracle(prompt: tuple[int, ...], output: list[int]) -> float:
     """Modelled tok/s over plain decoding's for a planner that knows how much of each proposal is right:
     it checks exactly that (a pass and a row for each token it gets), or decodes plainly."""
-    costs, draft, charged, at = DecodeCosts.given(**MEASURED), DraftState(16), 0.0, 1
+    costs, draft, charged, at = measured(), DraftState(16), 0.0, 1
     while at < len(output):
         offer = proposal([*prompt, *output[:at]], len(prompt), draft, None, min(16, len(output) - at - 1))
         right = 0
@@ -80,7 +93,7 @@ def oracle(prompt: tuple[int, ...], output: list[int]) -> float:
             right += 1
         charged += costs.estimate(1, right + 1, right + 1)
         at += right + 1
-    return (len(output) - 1) * costs.solo_s / charged
+    return (len(output) - 1) * costs.estimate(1, 1, 1) / charged
 
 
 def summary(ratios: list[float]) -> str:
@@ -102,12 +115,13 @@ def main() -> int:
     model = GgufModel(default_model_path())
     core = LlamaCppCore(model, EngineConfig.of(context_length=1024, max_batch_size=8, batch_tokens=512, threads=2))
     print(f"modelled n-gram / plain, {args.tokens} greedy tokens, {' '.join(args.set) or 'the current policy'}")
+    planned = DecodeCosts.given(**LINE, shapes={(1, 1, 1): ONE_SEQUENCE_MS[0] / 1000})  # as learned, carried over
     try:
         for workload, prompts in WORKLOADS.items():
             ours, best = [], []
             for i, text in enumerate(prompts):
                 prompt = tuple(model.render_chat([ChatMessage("user", text)]))
-                ratio, output = replay(core, prompt, args.tokens, f"{workload}{i}", SpeculationMode.NGRAM)
+                ratio, output = replay(core, prompt, args.tokens, f"{workload}{i}", SpeculationMode.NGRAM, planned)
                 ours.append(ratio)
                 best.append(oracle(prompt, output))
             print(f"{workload:6} planner {summary(ours)} | oracle {summary(best)}", flush=True)

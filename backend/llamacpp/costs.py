@@ -2,19 +2,26 @@
 
 llama.cpp's per-sequence cache splits a batch into forward passes that take the
 same number of rows from every sequence still in it, so a decode's shape is its
-passes and its rows. Measured here (2 cores, the embedded model,
-`docs/benchmarks.md`): time = 8.5 ms a pass + 4.6 ms a row within a few percent,
-over 2 to 40 rows and 1 to 4 passes, but for one lone row (one sequence, plain
-decoding), which llama.cpp computes on a faster path: 9.8 ms, where the line
-says 13.1. So DecodeCosts keeps that case apart (a moving average), and fits
-the others as `passes * pass_s + rows * row_s` by least squares on relative
-error, recent decodes weighing more. Prompt chunks count too, so the row cost
-stays known when every decoding step has the same shape; a row without logits
-counts as the share of a row's work that is not the output layer's.
+passes, its rows and its rows with logits. Measured here (2 cores, the embedded
+model, `docs/benchmarks.md`): time = 8.5 ms a pass + 4.6 ms a row within a few
+percent over 2 to 40 rows and 1 to 4 passes, so DecodeCosts fits that line by
+least squares on relative error, recent decodes weighing more. Prompt chunks
+count too, so the row cost stays known when every decoding step has the same
+shape; a row without logits counts as the share of a row's work that is not the
+output layer's.
+
+A few percent is not all: some shapes sit well off the line. A lone row (one
+sequence, plain decoding) takes a faster path, 9.8 ms where the line says 13.1,
+and the output layer's matrix kernel works in tiles of rows, so one sequence's
+decode of 3 rows with logits costs nearly what 4 do and 9 cost 5 ms more than 8.
+A planner that sees only the line drafts lengths that land on the dear side.
+So each shape seen lately keeps its own correction to the line (its time over
+the line's estimate), and the line answers for shapes not seen.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 
 _MEMORY = 0.98
@@ -25,7 +32,16 @@ and the row cost hard to tell apart, it still decides): decodes of _PRIOR_SHAPES
 _PRIOR_PASS_ROWS rows (as measured here) predicts, scaled to the first decode seen."""
 _PRIOR_PASS_ROWS = 1.8
 _PRIOR_SHAPES = ((1, 4), (2, 8), (1, 64))
-_SOLO_MEMORY = 0.9
+_SHAPE_MEMORY = 0.8
+"""A shape's correction follows its last few decodes; it starts from the line (a first decode moves it halfway)."""
+_SHAPE_BOUNDS = (0.5, 2.0)
+"""One decode moves a shape's correction by at most these factors (a decode stalled by another process
+must not make a shape look unaffordable for long)."""
+_SHAPES_KEPT = 256
+"""Shapes with a correction; the least recently seen is dropped first."""
+
+Shape = tuple[int, int, int]
+"""A decode's forward passes, rows, and rows with logits."""
 
 
 def passes_for(rows_per_sequence: Sequence[int]) -> int:
@@ -41,15 +57,20 @@ class DecodeCosts:
         self._sums = [0.0] * 5  # decayed sums of p^2, p r, r^2, p t, r t, each over t^2
         self._prior: tuple[float, float] | None = None
         self.pass_s = self.row_s = 0.0
-        self.solo_s: float | None = None
-        """Seconds a decode of one lone row takes."""
+        self._shapes: collections.OrderedDict[Shape, list[float]] = collections.OrderedDict()
+        """Per shape: decayed sums of its decodes' weights and of their time over the line's estimate."""
 
     @classmethod
-    def given(cls, pass_s: float, row_s: float, solo_s: float, plain_row_share: float = 0.8) -> DecodeCosts:
-        """Costs known beforehand instead of learned (bench/planner.py replays the planner at fixed costs)."""
+    def given(
+        cls, pass_s: float, row_s: float, shapes: dict[Shape, float], plain_row_share: float = 0.8
+    ) -> DecodeCosts:
+        """Costs known beforehand (bench/planner.py replays the planner at fixed costs): the line, and the
+        seconds of the shapes off it."""
         costs = cls(plain_row_share)
-        costs.pass_s, costs.row_s, costs.solo_s = pass_s, row_s, solo_s
+        costs.pass_s, costs.row_s = pass_s, row_s
         costs._prior = (pass_s, row_s)  # known: it never falls back on the first decode's guess
+        for (passes, rows, logit_rows), seconds in shapes.items():
+            costs._shapes[passes, rows, logit_rows] = [1.0, seconds / costs._line(passes, rows, logit_rows)]
         return costs
 
     @property
@@ -59,23 +80,37 @@ class DecodeCosts:
     def record(self, passes: int, rows: int, logit_rows: int, seconds: float) -> None:
         if seconds <= 0:
             return
-        if passes == rows == 1:
-            self.solo_s = seconds if self.solo_s is None else _SOLO_MEMORY * self.solo_s + (1 - _SOLO_MEMORY) * seconds
         rows_worth = self._rows_worth(rows, logit_rows)
         if self._prior is None:
             row_s = seconds / (_PRIOR_PASS_ROWS * passes + rows_worth)
             self._prior = (_PRIOR_PASS_ROWS * row_s, row_s)
             self.pass_s, self.row_s = self._prior
-        if passes == rows == 1:
-            return
-        m, p, r, t = _MEMORY, passes, rows_worth, seconds
-        self._sums = [m * s + v for s, v in zip(self._sums, (p * p / t**2, p * r / t**2, r * r / t**2, p / t, r / t))]
-        self.pass_s, self.row_s = self._fit()
+        if not passes == rows == 1:  # the lone row is far off the line and the commonest shape: it would bend it
+            p, r, t = passes, rows_worth, seconds
+            terms = (p * p / t**2, p * r / t**2, r * r / t**2, p / t, r / t)
+            self._sums = [_MEMORY * s + v for s, v in zip(self._sums, terms)]
+            self.pass_s, self.row_s = self._fit()
+        self._correct((passes, rows, logit_rows), seconds)
 
     def estimate(self, passes: int, rows: int, logit_rows: int) -> float:
-        if passes == rows == 1 and self.solo_s is not None:
-            return self.solo_s
+        weights = self._shapes.get((passes, rows, logit_rows))
+        correction = weights[1] / weights[0] if weights else 1.0
+        return self._line(passes, rows, logit_rows) * correction
+
+    def _line(self, passes: int, rows: int, logit_rows: int) -> float:
         return passes * self.pass_s + self._rows_worth(rows, logit_rows) * self.row_s
+
+    def _correct(self, shape: Shape, seconds: float) -> None:
+        line = self._line(*shape)
+        if line <= 0:
+            return
+        low, high = _SHAPE_BOUNDS
+        weights = self._shapes.pop(shape, None) or [1.0, 1.0]  # a shape not seen yet starts on the line
+        current = weights[1] / weights[0]
+        ratio = min(max(seconds / line, current * low), current * high)
+        self._shapes[shape] = [_SHAPE_MEMORY * weights[0] + 1, _SHAPE_MEMORY * weights[1] + ratio]
+        if len(self._shapes) > _SHAPES_KEPT:
+            self._shapes.popitem(last=False)
 
     def _rows_worth(self, rows: int, logit_rows: int) -> float:
         return logit_rows + self.plain_row_share * (rows - logit_rows)
