@@ -166,7 +166,7 @@ def test_the_cost_model_learns_a_line_and_keeps_the_lone_row_apart():
         costs.record(1, 5, 5, 0.008 + 0.0045 * 5)
         costs.record(2, 9, 9, 0.016 + 0.0045 * 9)
         costs.record(1, 1, 1, 0.0096)
-    assert costs.estimate(1, 1, 1) == pytest.approx(0.0096, rel=0.01)
+    assert costs.estimate(1, 1, 1) == pytest.approx(0.0096, rel=0.001)  # a shape: its mean over a moving line
     assert costs.estimate(1, 17, 17) == pytest.approx(0.008 + 0.0045 * 17, rel=0.05)
     assert costs.estimate(2, 24, 24) == pytest.approx(0.016 + 0.0045 * 24, rel=0.05)
     steady = DecodeCosts()  # only plain steps of eight sequences, and prompt chunks, to learn from
