@@ -266,8 +266,10 @@ def proposal(
         proposed, source = past[0].propose(past[1], tokens, limit), "past"
     if proposed and engine is not None and draft.seen(source, engine) < _EXPLORED:
         proposed = proposed[:_PROBE_TOKENS]
-    if not proposed or constraint is None:
-        return Proposal(proposed, source) if proposed else Proposal([])
+    if not proposed:
+        return Proposal([])
+    if constraint is None:
+        return Proposal(proposed, source)
     proposed, forced = constraint.split_forced(proposed, max_forced)
     cut = min(limit, len(proposed))
     while cut < len(proposed) and forced[cut]:  # a check never ends inside a forced run (see Candidate.cut)
