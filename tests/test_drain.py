@@ -69,6 +69,8 @@ def test_drain_is_visible_while_running_streams_finish(tmp_path):
                       rpc_error(lambda: stub.GenerateStream(greedy("Hi"), timeout=10)),
                       rpc_error(lambda: stub.Tokenize(pb.TokenizeRequest(text="Hi"), timeout=10))):
             assert error.code() == grpc.StatusCode.UNAVAILABLE and error_reason(error) == "DRAINING"
+            # Envoy reads this and takes the replica out of its balancing at once (deploy/envoy).
+            assert ("x-envoy-immediate-health-check-fail", "true") in error.trailing_metadata()
         status = stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10)
         assert status.draining and status.running_sequences == 2  # the streams were still running then
         for call in calls:
