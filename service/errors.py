@@ -74,17 +74,20 @@ class ServiceError(Exception):
                 break
             status = self._status_pb(self._bounded_violations(keep))
         grpc_status = rpc_status.to_status(status)
+        return grpc_status._replace(trailing_metadata=grpc_status.trailing_metadata + self._advice())
+
+    def _advice(self) -> tuple[tuple[str, str], ...]:
+        """Trailers beside the status that tell callers and proxies what to do next."""
+        advice = []
         if self.code is grpc.StatusCode.RESOURCE_EXHAUSTED and self.retry_after_s is not None:
             # gRPC's own retry policy honours this (gRFC A6), so clients back off as advised.
-            pushback = (("grpc-retry-pushback-ms", str(int(self.retry_after_s * 1000))),)
-            grpc_status = grpc_status._replace(trailing_metadata=grpc_status.trailing_metadata + pushback)
+            advice.append(("grpc-retry-pushback-ms", str(int(self.retry_after_s * 1000))))
         if self.replica_leaving:
             # Envoy takes the replica out of its balancing at this answer, not at its next health
             # check: until then a retry could be sent back here (a refused call answers in headers
             # only, where Envoy reads this).
-            leaving = ((IMMEDIATE_HEALTH_CHECK_FAIL, "true"),)
-            grpc_status = grpc_status._replace(trailing_metadata=grpc_status.trailing_metadata + leaving)
-        return grpc_status
+            advice.append((IMMEDIATE_HEALTH_CHECK_FAIL, "true"))
+        return tuple(advice)
 
     def _bounded_violations(self, keep: int) -> list[FieldViolation]:
         shown = [
