@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import threading
 from collections import Counter
 
@@ -43,13 +44,22 @@ def cluster(tmp_path_factory, model_path):
         stop_replicas([*replicas, alone])
 
 
+BASELINE_RUNS = 3
+"""The lone replica's cache share moves by a fifth between runs (which cached prefixes its 16 streams
+give up depends on the order turns arrive in), so the baseline is the median of a few runs."""
+
+
 @pytest.fixture(scope="module")
-def baseline(cluster) -> Run:
+def baseline(cluster) -> float:
+    """The cache share of one replica alone with room for every session (median of BASELINE_RUNS)."""
     _, alone, _ = cluster
-    run = run_sessions(alone.address, "alone", [alone], SESSIONS, TURNS)
-    REPORT.append("affinity: " + run.summary(1))
-    assert not run.failed()
-    return run
+    shares = []
+    for i in range(BASELINE_RUNS):
+        run = run_sessions(alone.address, f"alone-{i}", [alone], SESSIONS, TURNS)
+        REPORT.append("affinity: " + run.summary(1))
+        assert not run.failed()
+        shares.append(run.cache_share())
+    return statistics.median(shares)
 
 
 @pytest.mark.parametrize("proxy_name", ["envoy", "haproxy"])
@@ -59,9 +69,9 @@ def test_the_key_keeps_a_chat_on_the_replica_that_caches_it(cluster, baseline, p
     keyed = run_sessions(proxy.address, f"{proxy_name}-key", replicas, SESSIONS, TURNS)
     keyless = run_sessions(proxy.address, f"{proxy_name}-nokey", replicas, SESSIONS, TURNS, affinity=False)
     for run in (keyed, keyless):
-        REPORT.append(f"affinity: {run.summary(3)}; / alone {run.cache_share() / baseline.cache_share():.2f}")
+        REPORT.append(f"affinity: {run.summary(3)}; / alone {run.cache_share() / baseline:.2f}")
     assert not keyed.failed() and not keyless.failed()
-    assert keyed.cache_share() >= 0.9 * baseline.cache_share()
+    assert keyed.cache_share() >= 0.9 * baseline
     assert keyed.cache_share() > keyless.cache_share(), "without the key, turns land where their history is not"
     assert keyed.spread(3) <= 1.5, keyed.served(3)
     assert keyless.spread(3) <= 1.5, keyless.served(3)
