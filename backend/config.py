@@ -39,6 +39,21 @@ class CacheType(enum.StrEnum):
     Q4 = "q4"
 
 
+class AttentionSetting(enum.StrEnum):
+    """exllamav2's attention. Paged attention (continuous batching, shared prefix pages) needs a
+    flash_attn with block tables; without one exllamav2 runs one request at a time."""
+
+    AUTO = "auto"
+    """flash-attn when a paged one imports, else sdpa."""
+    FLASH_ATTN = "flash-attn"
+    """flash-attn >= 2.5.7 or the engine does not start."""
+    SDPA = "sdpa"
+    """tokenspout's own paged attention on torch's scaled_dot_product_attention
+    (backend.exllamav2.paged_attention), whatever else is installed."""
+    OFF = "off"
+    """No paged attention: exllamav2's own unpaged path, one request at a time."""
+
+
 MAX_DRAFT_TOKENS = 64
 """The most proposed tokens a request or the server may ask to check in one step."""
 
@@ -110,6 +125,8 @@ class ExLlamaV2Settings:
     """GB per GPU (empty: fill the GPUs in order)."""
     draft_model: str = ""
     """An EXL2 model directory with the same vocabulary, whose proposals the model checks (speculative decoding)."""
+    attention: AttentionSetting = AttentionSetting.AUTO
+    """Which paged attention exllamav2 runs on (backend.exllamav2.attention_provider)."""
 
     def __post_init__(self) -> None:
         _require([

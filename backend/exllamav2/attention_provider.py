@@ -1,0 +1,140 @@
+"""Which attention exllamav2 runs on, settled when it is imported.
+
+exllamav2 0.3.2 decides at import (exllamav2/attn.py, module globals) whether it may run paged:
+only when `import flash_attn` gives version >= 2.5.7 with `flash_attn_with_kvcache` and
+`flash_attn_2_cuda` imports too. PyPI has no such wheel for current torch and CUDA, so `sdpa` lends
+it tokenspout's own provider (backend.exllamav2.paged_attention) under the name `flash_attn`, for the
+length of the import only: exllamav2.attn keeps the functions it took, and no other library
+(transformers looks for flash_attn by its spec) ever finds the stand-in afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+import types
+from typing import Iterator
+
+from backend.config import AttentionSetting
+from backend.engine import EngineUnavailable
+
+log = logging.getLogger(__name__)
+
+FLASH_ATTN = "flash-attn"
+SDPA = "sdpa"
+NONE = "none"
+STAND_IN_VERSION = "2.8.3"
+"""The flash-attn version the stand-in claims: past 2.5.7, so exllamav2 enables paged mode."""
+_STAND_IN_NAMES = ("flash_attn", "flash_attn_2_cuda")
+
+_imported: tuple[AttentionSetting, str] | None = None
+"""The setting exllamav2 was imported under, and the provider that gave: one per process."""
+
+
+def import_exllamav2(setting: AttentionSetting | str) -> tuple[types.ModuleType, str]:
+    """exllamav2 imported with the attention `setting` asks for, and the provider's name
+    (`flash-attn`, `sdpa` or `none`). A process imports exllamav2 once: a later call with another
+    setting that would need another provider raises EngineUnavailable."""
+    global _imported
+    setting = AttentionSetting(setting)
+    if _imported is not None:
+        provider = _imported[1]
+        if _provider_for(setting, provider) != provider:
+            raise EngineUnavailable(f"exllamav2.attention {setting}: exllamav2 was already imported with {provider}")
+        return sys.modules["exllamav2"], provider
+    if setting is AttentionSetting.AUTO:
+        problem = flash_attn_problem()
+        setting = AttentionSetting.SDPA if problem else AttentionSetting.FLASH_ATTN
+        if problem:
+            log.info("exllamav2 attention: %s; using sdpa", problem)
+    if setting is AttentionSetting.FLASH_ATTN:
+        problem = flash_attn_problem()
+        if problem:
+            raise EngineUnavailable(f"exllamav2.attention flash-attn: {problem} (sdpa needs none)")
+        module = _import_with_env(no_flash_attn=False)
+    elif setting is AttentionSetting.SDPA:
+        with _stand_in_flash_attn():
+            module = _import_with_env(no_flash_attn=False)
+    else:
+        module = _import_with_env(no_flash_attn=True)
+    provider = _provider_of(setting, module)
+    _imported = (setting, provider)
+    return module, provider
+
+
+def flash_attn_problem() -> str:
+    """Why the installed flash-attn cannot run exllamav2 paged, or "" when it can. Checked in
+    isolation first: a flash_attn that fails to import would otherwise break `import exllamav2`."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return "flash-attn is not installed"
+    try:
+        flash_attn = importlib.import_module("flash_attn")
+        version = [int(part) for part in str(flash_attn.__version__).split(".") if part.isdigit()]
+        importlib.import_module("flash_attn_2_cuda")
+    except Exception as exc:  # built for another torch or CUDA: any error at all
+        return f"flash-attn does not import ({type(exc).__name__}: {exc})"
+    if version < [2, 5, 7] or not hasattr(flash_attn, "flash_attn_with_kvcache"):
+        return f"flash-attn {flash_attn.__version__} has no paged kvcache (needs >= 2.5.7)"
+    return ""
+
+
+def _provider_for(setting: AttentionSetting, current: str) -> str:
+    """The provider `setting` needs (`auto` is content with the current one)."""
+    return {AttentionSetting.FLASH_ATTN: FLASH_ATTN, AttentionSetting.SDPA: SDPA, AttentionSetting.OFF: NONE}.get(
+        setting, current
+    )
+
+
+def _provider_of(setting: AttentionSetting, module: types.ModuleType) -> str:
+    paged = bool(importlib.import_module("exllamav2.attn").has_flash_attn_with_paged)
+    if not paged:
+        return NONE
+    return SDPA if setting is AttentionSetting.SDPA else FLASH_ATTN
+
+
+def _import_with_env(no_flash_attn: bool) -> types.ModuleType:
+    """Imports exllamav2 and its attention module; EXLLAMA_NO_FLASH_ATTN (read by attn.py at import)
+    is set only for the import and restored after, so the process's environment stays as it was."""
+    before = os.environ.get("EXLLAMA_NO_FLASH_ATTN")
+    if no_flash_attn:
+        os.environ["EXLLAMA_NO_FLASH_ATTN"] = "1"
+    elif before is not None:
+        del os.environ["EXLLAMA_NO_FLASH_ATTN"]
+    try:
+        module = importlib.import_module("exllamav2")
+        importlib.import_module("exllamav2.attn")
+        return module
+    finally:
+        if before is None:
+            os.environ.pop("EXLLAMA_NO_FLASH_ATTN", None)
+        else:
+            os.environ["EXLLAMA_NO_FLASH_ATTN"] = before
+
+
+@contextlib.contextmanager
+def _stand_in_flash_attn() -> Iterator[None]:
+    """`flash_attn` and `flash_attn_2_cuda` in sys.modules backed by tokenspout's provider, then
+    whatever was there before (usually nothing) put back."""
+    from backend.exllamav2 import paged_attention
+
+    saved = {name: sys.modules.get(name) for name in _STAND_IN_NAMES}
+    flash_attn = types.ModuleType("flash_attn", "tokenspout's paged attention standing in for flash-attn")
+    flash_attn.__version__ = STAND_IN_VERSION  # type: ignore[attr-defined]
+    flash_attn.flash_attn_func = paged_attention.flash_attn_func  # type: ignore[attr-defined]
+    flash_attn.flash_attn_varlen_func = paged_attention.flash_attn_varlen_func  # type: ignore[attr-defined]
+    flash_attn.flash_attn_with_kvcache = paged_attention.flash_attn_with_kvcache  # type: ignore[attr-defined]
+    # attn.py imports it but only the tensor-parallel C++ path uses it, which one GPU never takes.
+    cuda = types.ModuleType("flash_attn_2_cuda", "empty: exllamav2 imports it, one GPU never calls it")
+    sys.modules.update(flash_attn=flash_attn, flash_attn_2_cuda=cuda)
+    try:
+        yield
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
