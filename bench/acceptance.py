@@ -6,7 +6,7 @@ proposal it is offered (at most --draft tokens), so every source is seen whateve
 Prints, per workload and source: checks, proposed tokens, accepted tokens, and the per-token acceptance
 a geometric model gives (accepted / (accepted + checks that stopped short)).
 
-    python bench/acceptance.py [--tokens 120] [--draft 8]
+    python -m bench.acceptance [--tokens 120] [--draft 8]
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
 
-from backend.engine import ChatMessage  # noqa: E402
-from backend.llamacpp import scheduler as scheduler_module  # noqa: E402
-from backend.llamacpp.model import GgufModel  # noqa: E402
-from backend.llamacpp.speculation import DraftState  # noqa: E402
-from backend.models import default_model_path  # noqa: E402
-from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams  # noqa: E402
-from core_driver import Recorder, make_core, run_until_idle  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from backend.engine import ChatMessage
+from backend.llamacpp import scheduler as scheduler_module
+from backend.llamacpp.model import GgufModel
+from backend.llamacpp.speculation import DraftState
+from backend.models import default_model_path
+from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams
+from tests.harness.core_driver import Recorder, make_core, run_until_idle
+from bench.workloads import WORKLOADS
 
 
 def main() -> int:

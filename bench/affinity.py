@@ -11,7 +11,7 @@ Each replica runs llama.cpp on one thread with --max-batch-size 8 (tests/proxies
 at most 10 prefixes (8 + prefix_cache_slots 2). On a 2-core machine the three replicas share the
 cores; the TTFTs are that machine's.
 
-    python bench/affinity.py [--sessions 12] [--turns 6] [--tokens 4] [--reps 1]
+    python -m bench.affinity [--sessions 12] [--turns 6] [--tokens 4] [--reps 1]
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-from chat_sessions import run_sessions  # noqa: E402
-from conftest import start_server  # noqa: E402
-from proxies import REPLICA_FLAGS, Envoy, HAProxy, start_replicas, stop_replicas  # noqa: E402
+from tests.harness.chat_sessions import run_sessions
+from tests.harness.servers import start_server
+from tests.harness.proxies import REPLICA_FLAGS, Envoy, HAProxy, start_replicas, stop_replicas
 
 
 def main() -> int:

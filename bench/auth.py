@@ -9,7 +9,7 @@ so that drift in the machine's speed affects both alike:
      the key check (sha256 and compare_digest against every configured key) for 1, 100 and 1,000
      keys, and what the auth wrapper adds to each streamed message
 
-    python bench/auth.py [--tokens 128] [--reps 5] [--calls 2000] [--keys 100]
+    python -m bench.auth [--tokens 128] [--reps 5] [--calls 2000] [--keys 100]
 """
 
 from __future__ import annotations
@@ -25,16 +25,15 @@ import time
 import timeit
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
 
-import grpc  # noqa: E402
+import grpc
 
-from common import PROMPTS, cpu_seconds, greedy_request, timed_request  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from service.auth import KeyStore  # noqa: E402
-from service.guard import guarded  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from bench.common import PROMPTS, cpu_seconds, greedy_request, timed_request
+from tests.harness.servers import start_server, stop_server
+from service.auth import KeyStore
+from service.guard import guarded
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 KEY = "bench-key-0"
 

@@ -7,7 +7,7 @@ Prints:
      message per second (ratio, target >= 0.95); the slow reader is paused while its buffer is
      full and resumed when it reads, so it still gets what it reads
 
-    python bench/cancellation.py [--reps 20]
+    python -m bench.cancellation [--reps 20]
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from common import PROMPTS, aggregate_rate, greedy_request  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from bench.common import PROMPTS, aggregate_rate, greedy_request
+from tests.harness.servers import start_server, stop_server
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 def cancel_latency(stub) -> tuple[int, float, float]:
     """(engine steps, server ms, caller-observed ms) for one cancellation mid-stream."""

@@ -12,7 +12,7 @@ Prints, from one server on the embedded model:
 Runs alternate stub and client, each going first in every other pair, so that drift in the
 machine's speed affects both alike.
 
-    python bench/client_overhead.py [--tokens 128] [--reps 7]
+    python -m bench.client_overhead [--tokens 128] [--reps 7]
 """
 
 from __future__ import annotations
@@ -27,17 +27,16 @@ import time
 import timeit
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
-import grpc.aio  # noqa: E402
+import grpc
+import grpc.aio
 
-from common import PROMPTS, greedy_request  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from tokenspout import AsyncClient, Client, Stopping  # noqa: E402
-from tokenspout import responses as rs  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from bench.common import PROMPTS, greedy_request
+from tests.harness.servers import start_server, stop_server
+from tokenspout import AsyncClient, Client, Stopping
+from tokenspout import responses as rs
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 
 def rates(arrivals: list[float], start: float, tokens: int) -> tuple[float, float]:

@@ -6,7 +6,7 @@ Prints:
   2. mask time per step (filling and applying the token mask), from the responses' timings
   3. cold compile time over the real schema corpus (p50, p99, max)
 
-    python bench/constraints.py [--tokens 128] [--reps 3]
+    python -m bench.constraints [--tokens 128] [--reps 3]
 """
 
 from __future__ import annotations
@@ -21,18 +21,17 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from backend.constraints import ConstraintCompiler, ConstraintError  # noqa: E402
-from backend.llamacpp.model import GgufModel  # noqa: E402
-from backend.models import default_model_path  # noqa: E402
-from backend.constraints import ConstraintSpec  # noqa: E402
-from common import timed_request  # noqa: E402
-from conftest import SHARED_DATA, start_server, stop_server  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from backend.constraints import ConstraintCompiler, ConstraintError
+from backend.llamacpp.model import GgufModel
+from backend.models import default_model_path
+from backend.constraints import ConstraintSpec
+from bench.common import timed_request
+from tests.harness.servers import SHARED_DATA, start_server, stop_server
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 # Long enough that no stream can finish before the token budget: lengths stay equal.
 PEOPLE = {

@@ -6,7 +6,7 @@ row, as checked proposals have), the shapes in shuffled order, each many times. 
 of each shape with its forward passes (llama.cpp's equal split per sequence) and rows, and the line
 `passes * pass + rows * row` fitted to every shape but the lone row.
 
-    python bench/decode_costs.py [--threads 2] [--reps 15] [--model GGUF]
+    python -m bench.decode_costs [--threads 2] [--reps 15] [--model GGUF]
 
   --model  another GGUF (default: the embedded model)
 """
@@ -21,15 +21,14 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
 
-import llama_cpp  # noqa: E402
-import numpy as np  # noqa: E402
+import llama_cpp
+import numpy as np
 
-from backend.llamacpp.batch import Batch  # noqa: E402
-from backend.llamacpp.costs import passes_for  # noqa: E402
-from backend.llamacpp.model import GgufModel  # noqa: E402
-from backend.models import default_model_path  # noqa: E402
+from backend.llamacpp.batch import Batch
+from backend.llamacpp.costs import passes_for
+from backend.llamacpp.model import GgufModel
+from backend.models import default_model_path
 
 SHAPES = [
     *((k,) for k in range(1, 18)),

@@ -9,7 +9,7 @@ baseline speculation is judged against, how many differ between speculation off 
 group of 8 (a batch's company changes a lone sequence's numbers past 256 cached tokens:
 docs/benchmarks.md).
 
-    python bench/determinism.py [--tokens 96] [--threads 2]
+    python -m bench.determinism [--tokens 96] [--threads 2]
 """
 
 from __future__ import annotations
@@ -19,15 +19,14 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-from backend.engine import ChatMessage  # noqa: E402
-from backend.llamacpp import scheduler as scheduler_module  # noqa: E402
-from backend.llamacpp.model import GgufModel  # noqa: E402
-from backend.models import default_model_path  # noqa: E402
-from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams  # noqa: E402
-from core_driver import Recorder, make_core, run_until_idle, token_ids  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from backend.engine import ChatMessage
+from backend.llamacpp import scheduler as scheduler_module
+from backend.llamacpp.model import GgufModel
+from backend.models import default_model_path
+from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams
+from tests.harness.core_driver import Recorder, make_core, run_until_idle, token_ids
+from bench.workloads import WORKLOADS
 
 QUESTIONS = [
     "Why is the sky blue?", "Explain photosynthesis to a child.", "Write a haiku about winter.",

@@ -14,7 +14,7 @@ Two servers, the same settings but `scheduling` (fair and fifo), both up at once
      after another: on the idle server (half before the flood, half after), and beside a 30-stream
      flood from another caller (target: <= 3x idle under fair); refusals counted.
 
-    python bench/fairness.py [--seconds 20] [--rounds 3] [--questions 20]
+    python -m bench.fairness [--seconds 20] [--rounds 3] [--questions 20]
 """
 
 from __future__ import annotations
@@ -24,20 +24,18 @@ import hashlib
 import os
 import pathlib
 import statistics
-import sys
 import tempfile
 import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from common import PROMPTS, greedy_request  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from bench.common import PROMPTS, greedy_request
+from tests.harness.servers import start_server, stop_server
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 CALLERS = {"one": 1, "four": 4, "sixteen": 16}
 KEYS = {name: f"{name}-key" for name in [*CALLERS, "flood", "interactive", "watch"]}

@@ -6,7 +6,7 @@ ended with each status code, how many errors were too big to deliver, whether
 health stayed SERVING, and the server's RSS once caches are warm and at the end.
 Targets: no UNKNOWN, no INTERNAL, RSS growth under 5%.
 
-    python bench/fuzz.py [--calls 5000] [--raw-calls 1000] [--warmup 2000]
+    python -m bench.fuzz [--calls 5000] [--raw-calls 1000] [--warmup 2000]
 """
 
 from __future__ import annotations
@@ -14,24 +14,22 @@ from __future__ import annotations
 import argparse
 import collections
 import pathlib
-import sys
 import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-from grpc_status import rpc_status  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from conftest import start_server, stop_server  # noqa: E402
-from hostile_requests import (  # noqa: E402
+from tests.harness.servers import start_server, stop_server
+from tests.harness.hostile_requests import (
     ALLOWED_CODES, MAX_ERROR_BYTES, generate_requests, raw_bytes, tokenize_requests,
 )
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 METHODS = [
     f"/tokenspout.v1.GenerationService/{name}"

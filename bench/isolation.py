@@ -5,7 +5,7 @@ compile, one sends multi-megabyte Tokenize texts, one long chats (tokenized off
 the event loop), and one malformed request bytes. Meanwhile a prober sends
 health checks and records their latency. Target: p99 under 50 ms.
 
-    python bench/isolation.py [--seconds 20] [--only compiles|tokenizes|chats|malformed]
+    python -m bench.isolation [--seconds 20] [--only compiles|tokenizes|chats|malformed]
 """
 
 from __future__ import annotations
@@ -14,20 +14,18 @@ import argparse
 import json
 import pathlib
 import statistics
-import sys
 import tempfile
 import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests")]
 
-import grpc  # noqa: E402
-from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import start_server, stop_server  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from tests.harness.servers import start_server, stop_server
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 
 def probe_health(channel, seconds: float) -> list[float]:

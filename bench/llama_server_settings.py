@@ -6,7 +6,7 @@ bench/speculation.py), sends every server the same prompts in turn, each prompt 
 the median over the prompts, per workload and as the geometric mean over them. The winner is what
 bench/speculation.py runs as BEST_SPEC.
 
-    python bench/llama_server_settings.py --llama-server PATH [--workloads copy,edit,quote]
+    python -m bench.llama_server_settings --llama-server PATH [--workloads copy,edit,quote]
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from backend.engine import ChatMessage  # noqa: E402
-from backend.llamacpp.model import GgufModel, init_backend  # noqa: E402
-from backend.models import default_model_path  # noqa: E402
-from llama_server import start_llama_server  # noqa: E402
-from speculation import CONTEXT, SLOTS  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from backend.engine import ChatMessage
+from backend.llamacpp.model import GgufModel, init_backend
+from backend.models import default_model_path
+from bench.llama_server import start_llama_server
+from bench.speculation import CONTEXT, SLOTS
+from bench.workloads import WORKLOADS
 
 CANDIDATES = {
     "ngram-mod 4/2/16": "--spec-type ngram-mod --spec-ngram-mod-n-match 4 --spec-ngram-mod-n-min 2 --spec-ngram-mod-n-max 16",

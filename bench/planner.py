@@ -14,7 +14,7 @@ token), and the median and geometric mean over the prompts; beside them the same
 planner that knows how many tokens of each proposal are right and checks exactly those (the same
 proposals, at the same costs): about the most any planner could make of them here.
 
-    python bench/planner.py [--set NAME=VALUE ...] [--tokens 120]
+    python -m bench.planner [--set NAME=VALUE ...] [--tokens 120]
 
   --set   overrides a constant of backend/llamacpp/speculation.py for the run, e.g. --set _CURIOSITY=0.5
 """
@@ -27,20 +27,19 @@ import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from backend.config import EngineConfig  # noqa: E402
-from backend.engine import ChatMessage  # noqa: E402
-from backend.llamacpp import speculation  # noqa: E402
-from backend.llamacpp.core import LlamaCppCore  # noqa: E402
-from backend.llamacpp.costs import DecodeCosts  # noqa: E402
-from backend.llamacpp.model import GgufModel, init_backend  # noqa: E402
-from backend.llamacpp.speculation import DraftState, proposal  # noqa: E402
-from backend.models import default_model_path  # noqa: E402
-from backend.types import (  # noqa: E402
+from backend.config import EngineConfig
+from backend.engine import ChatMessage
+from backend.llamacpp import speculation
+from backend.llamacpp.core import LlamaCppCore
+from backend.llamacpp.costs import DecodeCosts
+from backend.llamacpp.model import GgufModel, init_backend
+from backend.llamacpp.speculation import DraftState, proposal
+from backend.models import default_model_path
+from backend.types import (
     GenerationRequest, SamplingParams, Scheduling, SpeculationMode, SpeculationParams, StopParams,
 )
-from workloads import WORKLOADS  # noqa: E402
+from bench.workloads import WORKLOADS
 
 
 LINE = dict(pass_s=0.00665, row_s=0.00331)

@@ -10,7 +10,7 @@ finds the previous one's cache. Prints:
   2. an 8-turn chat, each turn resending the history: prompt tokens computed / prompt tokens sent
      target: <= 0.2 (i.e. <= 0.2x the tokens computed without reuse)
 
-    python bench/prefix.py --llama-server PATH [--reps 3] [--threads 2]
+    python -m bench.prefix --llama-server PATH [--reps 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from backend.models import default_model_path  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from llama_server import LlamaServer, start_llama_server  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from backend.models import default_model_path
+from tests.harness.servers import start_server, stop_server
+from bench.llama_server import LlamaServer, start_llama_server
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 CONTEXT, SLOTS = 2048, 8
 QUESTIONS = ["Where are the hammers?", "Do you sell blue paint?", "What saw cuts timber best?",

@@ -11,7 +11,7 @@ Each replica runs llama.cpp on one thread. On a 2-core machine the second replic
 of its own and the third shares one, so item 2 shows the proxy and oversubscription, not the
 scaling a node per replica would show.
 
-    python bench/replicas.py [--tokens 64] [--reps 5]
+    python -m bench.replicas [--tokens 64] [--reps 5]
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from common import PROMPTS, aggregate_rate, cpu_seconds  # noqa: E402
-from proxies import HAProxy, start_replicas, stop_replicas  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from bench.common import PROMPTS, aggregate_rate, cpu_seconds
+from tests.harness.proxies import HAProxy, start_replicas, stop_replicas
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 BATCH = 8  # REPLICA_FLAGS' --max-batch-size
 

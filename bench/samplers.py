@@ -4,7 +4,7 @@ Prints decode tokens/s with DRY, XTC, mirostat and the repetition penalties, eac
 by plain sampling (temperature 1, same seed) measured alternately in the same run, at 1 and
 8 concurrent streams.
 
-    python bench/samplers.py [--tokens 128] [--reps 3]
+    python -m bench.samplers [--tokens 128] [--reps 3]
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from common import aggregate_rate  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from bench.common import aggregate_rate
+from tests.harness.servers import start_server, stop_server
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 SETTINGS = {
     "plain": {},

@@ -8,7 +8,7 @@ The separate requests may share cells through the prefix cache too (a live neigh
 copied once computed), so the baseline is the server at its best, not a straw man; and with
 --no-prefix-cache, the server without it.
 
-    python bench/samples.py [--reps 5] [--samples 4] [--new-tokens 32] [--no-prefix-cache]
+    python -m bench.samples [--reps 5] [--samples 4] [--new-tokens 32] [--no-prefix-cache]
 """
 
 from __future__ import annotations
@@ -18,18 +18,16 @@ import concurrent.futures
 import pathlib
 import secrets
 import statistics
-import sys
 import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from conftest import start_server, stop_server  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from tests.harness.servers import start_server, stop_server
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 PROMPT_TOKENS = 1000
 

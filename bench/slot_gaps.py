@@ -4,7 +4,7 @@ Nine greedy sequences decode together; the one in slot 3 finishes after 4 tokens
 gap. Prints tokens/s of the other eight with and without moving a sequence into the gap
 (`Slots.compact`), and whether every sequence's tokens came out the same both ways.
 
-    python bench/slot_gaps.py [--reps 2]
+    python -m bench.slot_gaps [--reps 2]
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from backend.config import EngineConfig  # noqa: E402
-from backend.llamacpp.core import LlamaCppCore  # noqa: E402
-from backend.llamacpp.model import GgufModel  # noqa: E402
-from backend.models import default_model_path  # noqa: E402
-from backend.types import GenerationRequest, SamplingParams, StopParams  # noqa: E402
-from backend.worker import deliver_all  # noqa: E402
+from backend.config import EngineConfig
+from backend.llamacpp.core import LlamaCppCore
+from backend.llamacpp.model import GgufModel
+from backend.models import default_model_path
+from backend.types import GenerationRequest, SamplingParams, StopParams
+from backend.worker import deliver_all
 
 PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees grow", "Rivers run", "Bread is",
            "Snow is", "Sun is"]

@@ -18,7 +18,7 @@ token of all of them; ratios are medians of each repetition's ratio.
              unconstrained >= 1.3 at 1 and 8
   also       greedy output with speculation on against off, for every workload and rep
 
-    python bench/speculation.py --llama-server PATH [--reps 5] [--threads 2] [--tokens 120] [--model GGUF]
+    python -m bench.speculation --llama-server PATH [--reps 5] [--threads 2] [--tokens 120] [--model GGUF]
 
   --model  another GGUF for both servers (default: the embedded model)
 """
@@ -35,16 +35,15 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from backend.models import default_model_path  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from llama_server import start_llama_server  # noqa: E402
-from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
-from workloads import WORKLOADS  # noqa: E402
+from backend.models import default_model_path
+from tests.harness.servers import start_server, stop_server
+from bench.llama_server import start_llama_server
+from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+from bench.workloads import WORKLOADS
 
 CONTEXT, SLOTS = 1024, 8
 CALLER_HEADER = "x-bench-caller"

@@ -9,7 +9,7 @@ Prints:
   5. time to first token at 1 and 8 concurrent streams (short prompts, each rep unique so neither
      server finds it cached), and with --llama-server, ours divided by llama-server's (target <= 1.0)
 
-    python bench/streaming.py [--tokens 128] [--reps 5] [--threads 2] [--llama-server PATH]
+    python -m bench.streaming [--tokens 128] [--reps 5] [--threads 2] [--llama-server PATH]
 """
 
 from __future__ import annotations
@@ -25,18 +25,17 @@ import time
 from typing import NamedTuple
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from backend.config import EngineConfig  # noqa: E402
-from backend.llamacpp.engine import LlamaCppEngine  # noqa: E402
-from backend.models import default_model_path  # noqa: E402
-from backend.types import GenerationRequest, SamplingParams, StopParams  # noqa: E402
-from common import aggregate_rate, greedy_request, timed_stream  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from llama_server import LlamaServer, start_llama_server  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from backend.config import EngineConfig
+from backend.llamacpp.engine import LlamaCppEngine
+from backend.models import default_model_path
+from backend.types import GenerationRequest, SamplingParams, StopParams
+from bench.common import aggregate_rate, greedy_request, timed_stream
+from tests.harness.servers import start_server, stop_server
+from bench.llama_server import LlamaServer, start_llama_server
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 PROMPTS = [
     "The history of the printing press",

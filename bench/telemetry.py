@@ -3,7 +3,7 @@
 Prints decode tokens/s with tracing on (every span exported over OTLP/gRPC to a
 local receiver) divided by tracing off, at 1 and 8 streams (target >= 0.97).
 
-    python bench/telemetry.py [--tokens 128] [--reps 5]
+    python -m bench.telemetry [--tokens 128] [--reps 5]
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from common import PROMPTS, aggregate_rate, timed_stream  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from otlp_collector import start_collector  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from bench.common import PROMPTS, aggregate_rate, timed_stream
+from tests.harness.servers import start_server, stop_server
+from tests.harness.otlp_collector import start_collector
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 def main() -> int:
     parser = argparse.ArgumentParser()

@@ -6,7 +6,7 @@ adaptive setting has had its first probe), then measures decode tokens/s at 1 an
 and the time to first token, first on a quiet machine, then beside one busy process (another program
 wanting one core, as on any shared host).
 
-    python bench/threads.py [--reps 2] [--tokens 96]
+    python -m bench.threads [--reps 2] [--tokens 96]
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from common import aggregate_rate, greedy_request, timed_stream  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
+from bench.common import aggregate_rate, greedy_request, timed_stream
+from tests.harness.servers import start_server, stop_server
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 
 def spin(stop) -> None:

@@ -15,7 +15,7 @@ servers run back to back within a repetition, so a slow spell of the shared mach
 servers run with the same flags; speculation off on the new one unless --speculation says otherwise
 (an old server knows no such setting).
 
-    python bench/versions.py --old DIR [--reps 6] [--threads 2] [--speculation off]
+    python -m bench.versions --old DIR [--reps 6] [--threads 2] [--speculation off]
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-import grpc  # noqa: E402
+import grpc
 
-from common import aggregate_rate, cpu_seconds, timed_stream  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from prefix import chat, multi_turn, ours, shared_prompt_ttft  # noqa: E402
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
-from threads import first_token_s  # noqa: E402
+from bench.common import aggregate_rate, cpu_seconds, timed_stream
+from tests.harness.servers import start_server, stop_server
+from bench.prefix import chat, multi_turn, ours, shared_prompt_ttft
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+from bench.threads import first_token_s
 
 
 

@@ -8,7 +8,7 @@ import pathlib
 import subprocess
 import sys
 
-from conftest import ROOT
+from tests.harness.servers import ROOT
 from tokenspout.v1 import generation_pb2 as pb
 
 BUF = ROOT / "node_modules" / ".bin" / "buf"

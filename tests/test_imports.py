@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-from conftest import ROOT
+from tests.harness.servers import ROOT
 
 PACKAGES = ("backend", "service")
 

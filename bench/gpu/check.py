@@ -32,16 +32,16 @@ import time
 import traceback
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT / "bench" / "gpu")]
+sys.path[:0] = [str(ROOT)]  # run as a file on the GPU machine, beside no installed tokenspout
 
 import grpc  # noqa: E402
 import jsonschema  # noqa: E402
 
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS  # noqa: E402
-from common import greedy_request, timed_request, timed_stream  # noqa: E402
-from conftest import start_server, stop_server  # noqa: E402
-from helpers import stream, text_of  # noqa: E402
-from model_check import PROMPT, SAFE_MARGIN, STEPS, greedy_with_margins  # noqa: E402
+from bench.common import greedy_request, timed_request, timed_stream  # noqa: E402
+from tests.harness.servers import start_server, stop_server  # noqa: E402
+from tests.harness.helpers import stream, text_of  # noqa: E402
+from bench.gpu.model_check import PROMPT, SAFE_MARGIN, STEPS, greedy_with_margins  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 

@@ -75,9 +75,7 @@ stage_wheels() {
 
 stage_imports() {
     "$PYTHON" -c "
-import sys
-sys.path[:0] = ['tests', 'bench', 'bench/gpu']
-import service.cli, service.server, backend.exllamav2.engine, check
+import service.cli, service.server, backend.exllamav2.engine, bench.gpu.check
 print('tokenspout and check.py import; grpcio', __import__('grpc').__version__)"
 }
 

@@ -1,0 +1,102 @@
+"""Fair sharing in the exllamav2 core, against the fake generator that behaves like 0.3.2
+(tests/exllamav2_fakes.py): jobs wait in the core's own queue and enter the generator as places free,
+the most urgent and the least served caller's first; a caller at its limit waits; past capacity the
+flood's newest is shed; a job not started within its queue timeout ends. Nothing is preempted."""
+
+from __future__ import annotations
+
+import time
+
+from backend.config import EngineConfig
+from backend.exllamav2.core import ExLlamaV2Core
+from backend.types import ErrorEvent, ErrorKind, GenerationRequest, SamplingParams, Scheduling, StopParams
+from tests.harness.core_driver import Delivering
+from tests.harness.exllamav2_fakes import EOS, FakeGenerators, FakeJobs
+
+TOKENS = 3
+
+
+def request(request_id: str, caller: str, priority: int = 0, queue_timeout_s: float | None = None) -> GenerationRequest:
+    return GenerationRequest(request_id, (1, 5, 6), SamplingParams(temperature=0.0),
+                             StopParams(max_new_tokens=TOKENS),
+                             scheduling=Scheduling(caller, priority=priority, queue_timeout_s=queue_timeout_s))
+
+
+def make_core(**settings):
+    generators = FakeGenerators()
+    config = EngineConfig.of(**({"max_batch_size": 2, "max_queued_requests": 8} | settings))
+    core = Delivering(ExLlamaV2Core(generators, FakeJobs(), EOS, lambda t: b"x", vocab_size=16, cache_tokens=4096,
+                                    config=config))
+    return core, generators
+
+
+def add(core, generators, request_id: str, caller: str, events: dict, **scheduling) -> None:
+    events[request_id] = []
+    core.add(request(request_id, caller, **scheduling), events[request_id].append)
+    generators[0].samples[request_id] = [(10, b"x")] * TOKENS
+
+
+def enqueue_order(generators) -> list[str]:
+    return [job.identifier for job in generators[0].enqueued]
+
+
+def run(core) -> None:
+    for _ in range(200):
+        if not core.has_work():
+            return
+        core.step()
+    raise AssertionError("the core did not finish")
+
+
+def test_jobs_enter_the_generator_by_priority_then_least_served_caller():
+    core, generators = make_core()
+    events: dict = {}
+    for i in range(4):
+        add(core, generators, f"a{i}", "a", events)
+    add(core, generators, "b0", "b", events)
+    add(core, generators, "urgent", "c", events, priority=3)
+    assert enqueue_order(generators) == ["a0", "a1"]  # two places in the generator; the rest wait here
+    assert core.stats.queued_requests == 6
+    run(core)
+    # As places freed: the urgent one first, then b (served least), then a's in arrival order.
+    assert enqueue_order(generators) == ["a0", "a1", "urgent", "b0", "a2", "a3"]
+    assert all(not isinstance(e[-1], ErrorEvent) and e[-1].finish is not None for e in events.values())
+    tallies = {t.caller: t for t in core.stats.callers}
+    assert tallies["a"].generated_tokens_total == 4 * TOKENS and tallies["b"].prompt_tokens_total == 3
+
+
+def test_a_caller_at_its_running_limit_leaves_the_free_place_to_others():
+    core, generators = make_core(max_running_per_caller=1)
+    events: dict = {}
+    add(core, generators, "a0", "a", events)
+    add(core, generators, "a1", "a", events)
+    add(core, generators, "b0", "b", events)
+    assert enqueue_order(generators) == ["a0", "b0"]
+    run(core)
+    assert enqueue_order(generators) == ["a0", "b0", "a1"]
+
+
+def test_past_capacity_the_floods_newest_waiting_job_is_shed():
+    core, generators = make_core(max_batch_size=1, max_queued_requests=2)
+    events: dict = {}
+    for i in range(3):
+        add(core, generators, f"a{i}", "a", events)
+    add(core, generators, "b0", "b", events)
+    assert isinstance(events["a2"][-1], ErrorEvent) and events["a2"][-1].kind is ErrorKind.SHED
+    run(core)
+    assert enqueue_order(generators) == ["a0", "b0", "a1"]
+    assert generators[0].cancelled == []  # a shed job never reached the generator
+
+
+def test_a_job_not_started_within_its_queue_timeout_ends():
+    core, generators = make_core(max_batch_size=1)
+    events: dict = {}
+    add(core, generators, "a0", "a", events)
+    add(core, generators, "b0", "b", events, queue_timeout_s=0.05)
+    time.sleep(0.05)
+    core.expire()
+    event = events["b0"][-1]
+    assert isinstance(event, ErrorEvent) and event.kind is ErrorKind.QUEUE_TIMEOUT
+    run(core)
+    assert enqueue_order(generators) == ["a0"]
+    assert {t.caller: t.queue_timeouts_total for t in core.stats.callers}["b"] == 1
