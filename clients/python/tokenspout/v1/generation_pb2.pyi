@@ -515,7 +515,7 @@ class GetServerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerStatusResponse(_message.Message):
-    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers", "draft_tokens_total", "accepted_draft_tokens_total")
+    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers", "draft_tokens_total", "accepted_draft_tokens_total", "attention_provider")
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -542,6 +542,7 @@ class GetServerStatusResponse(_message.Message):
     CALLERS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     queued_requests: int
     paused_sequences: int
@@ -568,7 +569,8 @@ class GetServerStatusResponse(_message.Message):
     callers: _containers.RepeatedCompositeFieldContainer[CallerStatus]
     draft_tokens_total: int
     accepted_draft_tokens_total: int
-    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ...) -> None: ...
+    attention_provider: str
+    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., attention_provider: _Optional[str] = ...) -> None: ...
 
 class CallerStatus(_message.Message):
     __slots__ = ("caller", "running_sequences", "queued_requests", "preempted_sequences", "prompt_tokens_total", "generated_tokens_total", "preempted_total", "refused_total", "shed_total", "queue_timeouts_total", "weight")
@@ -603,7 +605,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features")
+    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features", "attention_provider")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -617,6 +619,7 @@ class GetModelInfoResponse(_message.Message):
     SPECULATION_MODES_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     engine: str
     context_length: int
@@ -630,7 +633,8 @@ class GetModelInfoResponse(_message.Message):
     speculation_modes: _containers.RepeatedScalarFieldContainer[SpeculationMode]
     default_speculation: Speculation
     request_features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ...) -> None: ...
+    attention_provider: str
+    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ..., attention_provider: _Optional[str] = ...) -> None: ...
 
 class SpecialTokens(_message.Message):
     __slots__ = ("bos_token_id", "eos_token_ids", "pad_token_id")
