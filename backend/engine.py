@@ -46,6 +46,9 @@ class ModelInfo:
     request_features: tuple[str, ...] = ("prompt_token_ids", "truncate_input_tokens")
     """The request options it serves, by field name (the service does these two for every engine; "n" and
     "output.prompt_logprobs" are an engine's own)."""
+    attention_provider: str = ""
+    """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
+    attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
 
 
 ALL_REQUEST_FEATURES = ("prompt_token_ids", "n", "truncate_input_tokens", "output.prompt_logprobs")

@@ -110,6 +110,7 @@ def model_info(info: ModelInfo, limits) -> pb.GetModelInfoResponse:
         speculation_modes=[SPECULATION_MODES[mode] for mode in info.speculation_modes],
         default_speculation=speculation_pb(info.default_speculation),
         request_features=info.request_features,
+        attention_provider=info.attention_provider,
         limits=pb.Limits(
             max_batch_size=info.max_batch_size,
             max_new_tokens=info.context_length,

@@ -152,6 +152,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             recomputed_tokens_total=stats.recomputed_tokens_total,
             draft_tokens_total=stats.draft_tokens_total,
             accepted_draft_tokens_total=stats.accepted_draft_tokens_total,
+            attention_provider=self._engine.info.attention_provider,
             callers=convert.caller_statuses(stats.callers, self._shares.refused, self._callers.weight),
         )
 

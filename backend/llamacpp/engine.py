@@ -34,6 +34,7 @@ class LlamaCppEngine(WorkerEngine):
             speculation_modes=(SpeculationMode.OFF, SpeculationMode.NGRAM),
             default_speculation=SpeculationParams(config.speculation_mode(SpeculationMode.NGRAM), config.max_draft_tokens),
             request_features=ALL_REQUEST_FEATURES,
+            attention_provider="llama.cpp",  # its own kernels (flash attention where the build has it)
         )
         self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
         self._worker = EngineWorker(self.core, name="llama.cpp-engine")
