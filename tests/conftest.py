@@ -11,12 +11,7 @@ and there anything that would load the model fails, naming the fixture to ask fo
 
 from __future__ import annotations
 
-import os
 import pathlib
-import re
-import subprocess
-import sys
-import time
 from typing import Iterator
 
 import grpc

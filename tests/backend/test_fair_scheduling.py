@@ -10,7 +10,7 @@ import time
 import pytest
 
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, Scheduling, StopParams
-from test_engine_core import Recorder, make_core, run_until_idle
+from tests.backend.llamacpp.test_engine_core import Recorder, make_core, run_until_idle
 
 PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees grow", "Rivers run"]
 

@@ -240,7 +240,7 @@ def test_api_key_and_unauthenticated(tmp_path, monkeypatch, model_path):
 
 
 def test_tls_and_mutual_tls(tmp_path, model_path):
-    from test_tls import make_cert
+    from tests.service.test_tls import make_cert
 
     ca = make_cert(tmp_path, "test-ca")
     server_key, server_cert = make_cert(tmp_path, "server", ca)

@@ -10,7 +10,7 @@ import grpc
 
 from tests.harness.helpers import greedy, wait_for
 from tests.harness.proxies import AFFINITY_HEADER, Envoy, requests_finished, start_replicas, stop_replicas
-from test_replicas import Load
+from tests.deploy.test_replicas import Load
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 

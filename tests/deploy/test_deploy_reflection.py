@@ -8,7 +8,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2 as rpb
 
 from service.reflection import load_descriptor_set
-from test_grpcurl import grpcurl
+from tests.service.test_grpcurl import grpcurl
 from tokenspout.v1 import generation_pb2 as pb
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 
 from backend.config import EngineConfig
 from backend.engine import Engine

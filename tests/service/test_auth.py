@@ -201,7 +201,7 @@ def test_without_keys_auth_is_off_and_says_so(fake_server):
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_with_mtls_the_certificate_subject_owns_the_request(tmp_path):
-    from test_tls import make_cert
+    from tests.service.test_tls import make_cert
 
     ca = make_cert(tmp_path, "test-ca")
     server_key, server_cert = make_cert(tmp_path, "server", ca)

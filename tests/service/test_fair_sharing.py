@@ -280,7 +280,7 @@ def test_per_caller_metrics_keep_a_bounded_label_set(tmp_path, model_path):
 
 
 def test_spans_record_the_caller_priority_and_queue_time():
-    from test_telemetry import RPC_SPAN, TracedServer
+    from tests.service.test_telemetry import RPC_SPAN, TracedServer
 
     traced = TracedServer()
     try:

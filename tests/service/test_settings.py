@@ -180,7 +180,7 @@ def test_trace_content_false_really_is_off_on_the_server(tmp_path):
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_unusable_tls_files_are_refused_before_grpc_sees_them(tmp_path):
-    from test_tls import make_cert
+    from tests.service.test_tls import make_cert
 
     ca = make_cert(tmp_path, "ca")
     key, cert = make_cert(tmp_path, "server", ca)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.harness.servers import REPORT
 from tests.harness.helpers import bad_request_fields, greedy, rpc_error, stream, text_of, token_ids_of
-from test_constraint_corpus import load_corpus
+from tests.backend.constraints.test_constraint_corpus import load_corpus
 from tokenspout.v1 import generation_pb2 as pb
 
 FINISH = pb.FinishReason

@@ -161,7 +161,7 @@ def _core_samples(model, core, request_id: str, seeds: tuple[int, ...], **fields
 
     from backend.types import GenerationRequest, SamplingParams, StopParams, TokenEvent
     from tests.harness.core_driver import Recorder
-    from test_prefix_cache import check_cells
+    from tests.backend.llamacpp.test_prefix_cache import check_cells
 
     request = GenerationRequest(request_id, tuple(model.tokenize("Once upon a time, in a quiet village,")),
                                 SamplingParams(temperature=1.0, seed=seeds[0]), StopParams(max_new_tokens=10, ignore_eos=True),

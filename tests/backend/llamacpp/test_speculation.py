@@ -24,7 +24,7 @@ from backend.types import (
 )
 from tests.harness.helpers import greedy, rpc_error, stream, text_of
 from tests.harness.core_driver import Recorder, make_core
-from test_prefix_cache import check_cells
+from tests.backend.llamacpp.test_prefix_cache import check_cells
 from tokenspout.v1 import generation_pb2 as pb
 
 PASSAGE = (
