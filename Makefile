@@ -13,12 +13,13 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 LLAMA_CPP := $(shell grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
 LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
 
-.PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint run test test-fast bench clean
+.PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint check run test test-fast bench clean
 
 help:
 	@echo "make run    - create the environment, fetch the model, serve it and stream an answer"
 	@echo "make test   - run the test suite against a real server and model"
 	@echo "make test-fast - run only the tests that need no model (the service on a fake engine; minutes)"
+	@echo "make check - lint (ruff, buf) and type-check (mypy, strict on backend/ and service/)"
 	@echo "make proto  - regenerate the Python and TypeScript code from protos/"
 	@echo "make bench  - run the streaming benchmark"
 	@echo "make clients - generate and build the Go, Java and C++ examples (clients/README.md)"
@@ -65,6 +66,12 @@ release-protos: tools
 lint: tools
 	$(BUF) lint
 
+# Static gates, run before every test run: ruff over the Python tree, mypy strict on backend/ and service/.
+check: venv $(BUF)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(BUF) lint
+
 run: venv model
 	LISTEN=$(LISTEN) tools/run_demo.sh
 
@@ -100,11 +107,11 @@ client-tools:
 clients: client-tools venv $(BUF)
 	for language in go java cpp; do $(MAKE) -C clients/$$language PYTHON=$(CURDIR)/$(PY) || exit 1; done
 
-test: tools model deploy-tools client-tools
+test: check tools model deploy-tools client-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Every test that needs no model (tests/conftest.py marks the others `model` by the fixtures they ask for).
-test-fast: tools deploy-tools
+test-fast: check tools deploy-tools
 	$(PY) -m pytest -m "not model" $(PYTEST_ARGS)
 
 bench: venv model
