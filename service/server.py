@@ -22,9 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
-from backend.config import EngineConfig
-from backend.engine import Engine
-from backend.engines import build_engine
+from backend import Engine, EngineConfig, build_engine
 from service import auth
 from service.boundary import ErrorBoundary
 from service.config import ServeConfig
@@ -142,6 +140,7 @@ class TokenspoutServer:
     def attach(self, engine: Engine) -> None:
         """Serves generation with this engine; if its thread dies, the server stops serving (ENGINE_DOWN)."""
         self.engine = engine
+        self.telemetry.describe_engine(engine.info)
         if self.telemetry.enabled:
             self.telemetry.observe_engine(lambda: engine.stats)
         model = self.config.engine.model

@@ -15,7 +15,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from opentelemetry.metrics import Observation
 
-from backend.engine import EngineStats
+from backend import EngineStats, ModelInfo
 
 # Bucket boundaries from the GenAI semantic conventions (gen-ai-metrics.md).
 _DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
@@ -51,6 +51,8 @@ class Telemetry:
         self.enabled = enabled
         self.caller_label = CallerLabels(caller_labels)
         self.record_content = record_content
+        self.engine_attributes: dict[str, str] = {}
+        """Attributes of the engine on every request's span and metrics (describe_engine)."""
         """Prompt and output text go into spans only when this opt-in flag is set."""
         self._tracer_provider = tracer_provider
         self.tracer = trace.get_tracer("tokenspout", tracer_provider=tracer_provider)
@@ -96,6 +98,10 @@ class Telemetry:
         if not self.enabled:
             return []
         return [aio_server_interceptor(self._tracer_provider, filter_=filters.negate(filters.health_check()))]
+
+    def describe_engine(self, info: ModelInfo) -> None:
+        """What every request's span and metrics say of the engine serving it."""
+        self.engine_attributes = {"tokenspout.attention_provider": info.attention_provider} if info.attention_provider else {}
 
     def observe_engine(self, stats: Callable[[], EngineStats]) -> None:
         gauges = {

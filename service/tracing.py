@@ -15,7 +15,7 @@ from typing import Iterator
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from backend.types import Finish, GenerationRequest, TokenEvent
+from backend import Finish, GenerationRequest, TokenEvent
 from service.errors import ServiceError
 from service.telemetry import Telemetry
 from tokenspout.v1 import generation_pb2 as pb
@@ -43,6 +43,7 @@ class RequestTrace:
             "gen_ai.operation.name": self._operation,
             "gen_ai.provider.name": PROVIDER,
             "gen_ai.request.model": model_id,
+            **telemetry.engine_attributes,  # tokenspout.attention_provider
         }
         sampling, stopping = generation.sampling, generation.stopping
         attributes = {

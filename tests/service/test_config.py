@@ -66,6 +66,21 @@ def test_the_example_config_file_loads():
         "exllamav2", "q8", 32768, "/models/x-exl2")
 
 
+def test_exllamav2_attention_from_flag_environment_and_file(tmp_path):
+    from service.cli import _parser
+
+    config_file = tmp_path / "c.toml"
+    config_file.write_text('attention = "off"\n')
+    assert load_config({}, environ={}).engine.exllamav2.attention == "auto"
+    assert load_config({}, environ={}, config_file=str(config_file)).engine.exllamav2.attention == "off"
+    environ = {"TOKENSPOUT_ATTENTION": "flash-attn"}
+    assert load_config({}, environ=environ, config_file=str(config_file)).engine.exllamav2.attention == "flash-attn"
+    flags = vars(_parser().parse_args(["serve", "--attention", "sdpa"]))
+    assert load_config(flags, environ=environ, config_file=str(config_file)).engine.exllamav2.attention == "sdpa"
+    with pytest.raises(ValueError, match="attention must be auto, flash-attn, sdpa or off"):
+        load_config({"attention": "xformers"}, environ={})
+
+
 def test_a_local_gguf_is_served_under_its_name(tmp_path, model_path):
     import grpc
 

@@ -3,6 +3,7 @@ process exporting over OTLP): spans per token batch, GenAI attributes, metrics, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -36,14 +37,16 @@ RPC_SPAN = "/tokenspout.v1.GenerationService/GenerateStream"
 class TracedServer(InProcessServer):
     """A tokenspout server in this process (its own event loop thread) with in-memory exporters."""
 
-    def __init__(self, record_content: bool = False) -> None:
+    def __init__(self, record_content: bool = False, attention_provider: str = "") -> None:
         self.spans = InMemorySpanExporter()
         self.metrics = InMemoryMetricReader()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.spans))
         telemetry = Telemetry(provider, MeterProvider(metric_readers=[self.metrics]), record_content)
         config = serve_config("--context-length", "512", "--max-batch-size", "2")
-        super().__init__(FakeEngine(config.engine), config, telemetry)
+        engine = FakeEngine(config.engine)
+        engine.info = dataclasses.replace(engine.info, attention_provider=attention_provider)
+        super().__init__(engine, config, telemetry)
 
     def wait_for_span(self, name: str, count: int = 1, timeout: float = 10):
         deadline = time.monotonic() + timeout
@@ -264,3 +267,19 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_engines_attention_provider_is_on_every_requests_span_and_metrics():
+    traced = TracedServer(attention_provider="sdpa")
+    try:
+        with grpc.insecure_channel(traced.address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            list(stub.GenerateStream(greedy("The sky is", max_new_tokens=3), timeout=60))
+            assert stub.GetModelInfo(pb.GetModelInfoRequest()).attention_provider == "sdpa"
+            assert stub.GetServerStatus(pb.GetServerStatusRequest()).attention_provider == "sdpa"
+        (rpc,) = traced.wait_for_span(RPC_SPAN)
+        assert rpc.attributes["tokenspout.attention_provider"] == "sdpa"
+        (duration,) = traced.metric_points("gen_ai.server.request.duration")
+        assert duration.attributes["tokenspout.attention_provider"] == "sdpa"
+    finally:
+        traced.close()
