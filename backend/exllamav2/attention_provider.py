@@ -66,6 +66,13 @@ def import_exllamav2(setting: AttentionSetting | str) -> tuple[types.ModuleType,
     return module, provider
 
 
+def describe(provider: str, paged: bool, batch: int) -> str:
+    """The start-up line naming the attention exllamav2 runs on, and what it allows."""
+    names = {FLASH_ATTN: "flash-attn", SDPA: "sdpa (tokenspout's paged attention on torch SDPA)", NONE: "none"}
+    mode = f"paged, batch {batch}" if paged else "unpaged, one request at a time"
+    return f"exllamav2 attention: {names.get(provider, provider)}, {mode}"
+
+
 def flash_attn_problem() -> str:
     """Why the installed flash-attn cannot run exllamav2 paged, or "" when it can. Checked in
     isolation first: a flash_attn that fails to import would otherwise break `import exllamav2`."""

@@ -19,6 +19,7 @@ from backend.chat import ChatTemplate
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
 from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineUnavailable, ModelInfo
+from backend.exllamav2.attention_provider import NONE, describe, import_exllamav2
 from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
@@ -43,7 +44,7 @@ class ExLlamaV2Engine(WorkerEngine):
         if problem:
             raise EngineUnavailable(problem)
         try:  # importing exllamav2 compiles its CUDA extension, which can fail in many ways
-            import exllamav2
+            exllamav2, provider = import_exllamav2(config.exllamav2.attention)
             import torch
             from exllamav2.attn import has_flash_attn_with_paged
             from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
@@ -52,6 +53,7 @@ class ExLlamaV2Engine(WorkerEngine):
         except (ImportError, OSError, RuntimeError) as exc:
             raise EngineUnavailable(unavailable_message(exc)) from exc
 
+        own = config.exllamav2
         xconfig = exllamav2.ExLlamaV2Config(str(model_dir))
         xconfig.arch_compat_overrides()
         try:
@@ -59,13 +61,14 @@ class ExLlamaV2Engine(WorkerEngine):
         except ValueError as exc:
             raise EngineUnavailable(f"exllamav2 cannot run with these settings: {exc}") from exc
         if not sizes.paged:
-            why = "flash-attn is off for this model" if has_flash_attn_with_paged else "flash-attn >= 2.5.7 not found"
+            why = "this model turns paged attention off" if has_flash_attn_with_paged else f"attention {own.attention}"
             log.warning("%s: exllamav2 runs unpaged, one request at a time", why)
+            provider = NONE
+        log.info(describe(provider, sizes.paged, sizes.batch))
         xconfig.max_seq_len = sizes.max_seq_len
         xconfig.max_input_len = sizes.chunk
         xconfig.max_attention_size = sizes.chunk**2
         self.paged = sizes.paged
-        own = config.exllamav2
         self.model, self.cache = load_model_and_cache(exllamav2, xconfig, own.cache_type, sizes.cache_tokens, own.gpu_split)
         draft = {}
         if own.draft_model:  # its cache must have the main one's size (dynamic.py:345-351)
@@ -115,6 +118,7 @@ class ExLlamaV2Engine(WorkerEngine):
             # Token input and truncation are the service's; its generator has no prompt logprobs, and n
             # samples would be n jobs, not one prompt shared: both are UNIMPLEMENTED here.
             request_features=EXLLAMAV2_REQUEST_FEATURES,
+            attention_provider=provider,
         )
         filter_type = filter_class()
         pieces_with_special = self.tokenizer.get_id_to_piece_list(True)
