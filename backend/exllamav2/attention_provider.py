@@ -54,7 +54,10 @@ def import_exllamav2(setting: AttentionSetting | str) -> tuple[types.ModuleType,
     if setting is AttentionSetting.FLASH_ATTN:
         problem = flash_attn_problem()
         if problem:
-            raise EngineUnavailable(f"exllamav2.attention flash-attn: {problem} (sdpa needs none)")
+            raise EngineUnavailable(
+                f"attention = flash-attn: {problem}; install flash-attn >= 2.5.7 built for this torch and CUDA, "
+                "or set attention = sdpa (tokenspout's paged attention, which needs none) or auto"
+            )
         module = _import_with_env(no_flash_attn=False)
     elif setting is AttentionSetting.SDPA:
         with _stand_in_flash_attn():
