@@ -1,0 +1,117 @@
+"""The engine contract: what the service (or any caller) needs from a model backend.
+
+    types      requests, events and what an engine says about its model (neutral: no gRPC)
+    engine     the Engine protocol: submit, cancel, pause, resume, stats
+    worker     the one thread that owns a model, driving an engine core step by step
+    config     the engine's settings, checked when built
+    registry   builds the engine a config names
+
+Everything a caller uses is exported here. The parts engines share (output
+bookkeeping, text, logprobs, fairness, chat templates, stats, the model fetch)
+are in backend.common; each engine is a package of its own (backend.llamacpp,
+backend.exllamav2); constraints are backend.constraints.
+"""
+
+from backend.common.chat import ChatTemplateError
+from backend.common.fairness import CallerTally
+from backend.common.models import ModelError, default_model_path
+from backend.common.stats import EngineStats
+from backend.common.tokens import common_prefix
+from backend.config import (
+    MAX_DRAFT_TOKENS,
+    AttentionSetting,
+    CacheType,
+    EngineConfig,
+    EngineKind,
+    ExLlamaV2Settings,
+    FairnessSettings,
+    LlamaCppSettings,
+    SchedulingPolicy,
+    SpeculationSetting,
+)
+from backend.engine import Engine, EngineUnavailable, EventSink
+from backend.registry import build_engine
+from backend.types import (
+    ALL_REQUEST_FEATURES,
+    COMMON_SAMPLERS,
+    CONSTRAINT_KINDS,
+    DEFAULT_DRY_BREAKERS,
+    SAMPLE_SEPARATOR,
+    ChatMessage,
+    DryParams,
+    ErrorEvent,
+    ErrorKind,
+    Event,
+    Finish,
+    FinishReason,
+    GeneratedToken,
+    GenerationRequest,
+    MirostatParams,
+    ModelInfo,
+    OutputParams,
+    SamplingParams,
+    Scheduling,
+    SpeculationMode,
+    SpeculationParams,
+    StopParams,
+    Timings,
+    TokenEvent,
+    TopLogprob,
+    Usage,
+    XtcParams,
+)
+from backend.worker import EngineCore, EngineWorker, Output, WorkerEngine
+
+__all__ = [
+    "ALL_REQUEST_FEATURES",
+    "COMMON_SAMPLERS",
+    "CONSTRAINT_KINDS",
+    "DEFAULT_DRY_BREAKERS",
+    "MAX_DRAFT_TOKENS",
+    "SAMPLE_SEPARATOR",
+    "AttentionSetting",
+    "CacheType",
+    "CallerTally",
+    "ChatMessage",
+    "ChatTemplateError",
+    "DryParams",
+    "Engine",
+    "EngineConfig",
+    "EngineCore",
+    "EngineKind",
+    "EngineStats",
+    "EngineUnavailable",
+    "EngineWorker",
+    "ErrorEvent",
+    "ErrorKind",
+    "Event",
+    "EventSink",
+    "ExLlamaV2Settings",
+    "FairnessSettings",
+    "Finish",
+    "FinishReason",
+    "GeneratedToken",
+    "GenerationRequest",
+    "LlamaCppSettings",
+    "MirostatParams",
+    "ModelError",
+    "ModelInfo",
+    "Output",
+    "OutputParams",
+    "SamplingParams",
+    "Scheduling",
+    "SchedulingPolicy",
+    "SpeculationMode",
+    "SpeculationParams",
+    "SpeculationSetting",
+    "StopParams",
+    "Timings",
+    "TokenEvent",
+    "TopLogprob",
+    "Usage",
+    "WorkerEngine",
+    "XtcParams",
+    "build_engine",
+    "common_prefix",
+    "default_model_path",
+]

@@ -66,7 +66,7 @@ def _require(rules: list[tuple[bool, str]]) -> None:
 
 class SchedulingPolicy(enum.StrEnum):
     FAIR = "fair"
-    """Callers share the engine by weighted token counts; priority first; time-slicing (backend.fairness)."""
+    """Callers share the engine by weighted token counts; priority first; time-slicing (backend.common.fairness)."""
     FIFO = "fifo"
     """First come, first served, whoever the caller (the baseline bench/fairness.py measures against)."""
 

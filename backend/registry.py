@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from backend.common.models import DEFAULT_MODEL_ID, resolve_model_path
 from backend.config import EngineConfig, EngineKind
 from backend.engine import Engine
 from backend.exllamav2.model_files import find_model_dir
-from backend.models import DEFAULT_MODEL_ID, resolve_model_path
 
 
 def build_engine(config: EngineConfig) -> Engine:

@@ -147,7 +147,7 @@ class SpeculationParams:
 
 @dataclass(frozen=True)
 class Scheduling:
-    """Who a request is for and how urgent it is, as the service decided (see backend.fairness)."""
+    """Who a request is for and how urgent it is, as the service decided (see backend.common.fairness)."""
 
     caller: str = ""
     """The fairness key: requests with the same key share one caller's share of the engine."""
@@ -223,6 +223,49 @@ class GenerationRequest:
     def ends_at_deadline(self) -> bool:
         """The caller's deadline, not the request's own time limit, is what `end_by` names."""
         return self.deadline is not None and self.end_by == self.deadline
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_id: str
+    engine: str
+    context_length: int
+    vocab_size: int
+    max_batch_size: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    has_chat_template: bool
+    samplers: tuple[str, ...]
+    constraint_kinds: tuple[str, ...] = field(default_factory=tuple)
+    quantization: str = ""
+    speculation_modes: tuple[SpeculationMode, ...] = (SpeculationMode.OFF,)
+    """The modes a request may ask for."""
+    default_speculation: SpeculationParams = SpeculationParams()
+    draft_tokens_per_request: bool = True
+    """Whether a request's own max_draft_tokens is honoured (exllamav2 drafts the same for every job)."""
+    request_features: tuple[str, ...] = ("prompt_token_ids", "truncate_input_tokens")
+    """The request options it serves, by field name (the service does these two for every engine; "n" and
+    "output.prompt_logprobs" are an engine's own)."""
+    attention_provider: str = ""
+    """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
+    attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
+
+
+ALL_REQUEST_FEATURES = ("prompt_token_ids", "n", "truncate_input_tokens", "output.prompt_logprobs")
+
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+
+COMMON_SAMPLERS = (
+    "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "penalty_last_n", "seed", "logit_bias", "dry", "xtc", "mirostat",
+)
+"""SamplingParams fields every engine honours (GetModelInfo.samplers lists an engine's own)."""
 
 
 @dataclass(frozen=True)

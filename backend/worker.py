@@ -20,7 +20,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Protocol
 
-from backend.engine import CancelOrder, EngineStats, EventSink
+from backend.common.stats import CancelOrder, EngineStats
+from backend.engine import EventSink
 from backend.types import Event, GenerationRequest
 
 log = logging.getLogger(__name__)

@@ -18,11 +18,11 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from backend.engine import ChatMessage
+from backend.types import ChatMessage
 from backend.llamacpp import scheduler as scheduler_module
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.speculation import DraftState
-from backend.models import default_model_path
+from backend.common.models import default_model_path
 from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams
 from tests.harness.core_driver import Recorder, make_core, run_until_idle
 from bench.workloads import WORKLOADS

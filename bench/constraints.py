@@ -26,7 +26,7 @@ import grpc
 
 from backend.constraints import ConstraintCompiler, ConstraintError
 from backend.llamacpp.model import GgufModel
-from backend.models import default_model_path
+from backend.common.models import default_model_path
 from backend.constraints import ConstraintSpec
 from bench.common import timed_request
 from tests.harness.servers import SHARED_DATA, start_server, stop_server

@@ -28,7 +28,7 @@ import numpy as np
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.costs import passes_for
 from backend.llamacpp.model import GgufModel
-from backend.models import default_model_path
+from backend.common.models import default_model_path
 
 SHAPES = [
     *((k,) for k in range(1, 18)),

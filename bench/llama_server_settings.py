@@ -19,9 +19,9 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from backend.engine import ChatMessage
+from backend.types import ChatMessage
 from backend.llamacpp.model import GgufModel, init_backend
-from backend.models import default_model_path
+from backend.common.models import default_model_path
 from bench.llama_server import start_llama_server
 from bench.speculation import CONTEXT, SLOTS
 from bench.workloads import WORKLOADS

@@ -29,13 +29,13 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 from backend.config import EngineConfig
-from backend.engine import ChatMessage
+from backend.types import ChatMessage
 from backend.llamacpp import speculation
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.costs import DecodeCosts
 from backend.llamacpp.model import GgufModel, init_backend
 from backend.llamacpp.speculation import DraftState, proposal
-from backend.models import default_model_path
+from backend.common.models import default_model_path
 from backend.types import (
     GenerationRequest, SamplingParams, Scheduling, SpeculationMode, SpeculationParams, StopParams,
 )

@@ -18,7 +18,7 @@ import time
 from backend.config import EngineConfig
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
-from backend.models import default_model_path
+from backend.common.models import default_model_path
 from backend.types import GenerationRequest, SamplingParams, StopParams
 from backend.worker import deliver_all
 

@@ -38,7 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 import grpc
 
-from backend.models import default_model_path
+from backend.common.models import default_model_path
 from tests.harness.servers import start_server, stop_server
 from bench.llama_server import start_llama_server
 from tokenspout.v1 import generation_pb2 as pb

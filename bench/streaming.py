@@ -30,7 +30,7 @@ import grpc
 
 from backend.config import EngineConfig
 from backend.llamacpp.engine import LlamaCppEngine
-from backend.models import default_model_path
+from backend.common.models import default_model_path
 from backend.types import GenerationRequest, SamplingParams, StopParams
 from bench.common import aggregate_rate, greedy_request, timed_stream
 from tests.harness.servers import start_server, stop_server

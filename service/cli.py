@@ -29,10 +29,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, build: Callable | None = None) -> int:
-    """`build` replaces backend.engines.build_engine (tests wrap the engine it builds)."""
+    """`build` replaces backend.registry.build_engine (tests wrap the engine it builds)."""
     args = _parser().parse_args(argv)
     if args.command == "fetch-model":
-        from backend.models import default_model_path
+        from backend import default_model_path
 
         logs.configure("info", "text")  # progress lines when stderr is not a terminal
         print(default_model_path())
@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> int:
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)
-    from backend.engine import EngineUnavailable
-    from backend.models import ModelError
+    from backend import EngineUnavailable, ModelError
     from service import server
 
     try:

@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 
-from backend.constraints import CompiledConstraint, ConstraintCompiler
-from backend.constraints.compiler import source_chars
-from backend.constraints import ConstraintSpec
+from backend.constraints import CompiledConstraint, ConstraintCompiler, ConstraintSpec, source_chars
 from service.errors import compile_budget_exceeded, too_many_compiles
 
 SMALL_SOURCE_CHARS = 16_384

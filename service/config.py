@@ -22,7 +22,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from backend.config import EngineConfig
+from backend import EngineConfig
 from service.callers import ANY_CALLER, CallerWeight, parse_weights
 from service.keys import ApiKey, parse_keys
 

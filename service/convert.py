@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from backend.engine import ModelInfo
-from backend.fairness import CallerTally
-from backend.types import Finish, FinishReason, GeneratedToken, SpeculationMode, SpeculationParams, TokenEvent
+from backend import (
+    CallerTally, Finish, FinishReason, GeneratedToken, ModelInfo, SpeculationMode, SpeculationParams, TokenEvent,
+)
 from tokenspout.v1 import generation_pb2 as pb
 
 _FINISH_REASONS = {reason: pb.FinishReason.Value(f"FINISH_REASON_{reason.name}") for reason in FinishReason}

@@ -16,9 +16,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from backend.chat import ChatTemplateError
+from backend import ChatTemplateError, ErrorEvent, ErrorKind
 from backend.constraints import ConstraintError
-from backend.types import ErrorEvent, ErrorKind
 
 DOMAIN = "tokenspout.v1"
 

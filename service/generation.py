@@ -21,10 +21,8 @@ from typing import AsyncIterator, Callable, Iterator, TypeVar
 import grpc
 from opentelemetry import trace
 
-from backend.constraints.validation import json_output_problem
-from backend.engine import Engine
-from backend.offsets import token_offsets
-from backend.types import ErrorEvent, ErrorKind, Finish, FinishReason, GenerationRequest, Scheduling, TokenEvent
+from backend import Engine, ErrorEvent, ErrorKind, Finish, FinishReason, GenerationRequest, Scheduling, TokenEvent
+from backend.constraints import json_output_problem
 from service import auth, convert
 from service.callers import Callers
 from service.compiles import CompileGate
@@ -34,6 +32,7 @@ from service.errors import (
     unimplemented,
 )
 from service.lifecycle import Lifecycle, Phase
+from service.offsets import token_offsets
 from service.shares import Shares
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry

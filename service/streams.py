@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from backend.engine import Engine, EventSink
-from backend.types import ErrorEvent, Event, TokenEvent
+from backend import Engine, ErrorEvent, Event, EventSink, TokenEvent
 
 
 _INTERRUPT = object()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from backend.engine import ChatMessage
+from backend import ChatMessage
 
 
 def truncated_chat(

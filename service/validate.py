@@ -13,15 +13,11 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from backend.chat import ChatTemplateError
-from backend.constraints import ConstraintSpec
-from backend.engine import ChatMessage, Engine
-from backend.tokens import common_prefix
-from backend.config import MAX_DRAFT_TOKENS
-from backend.types import (
-    DEFAULT_DRY_BREAKERS, DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams,
-    SpeculationParams, StopParams, XtcParams,
+from backend import (
+    DEFAULT_DRY_BREAKERS, MAX_DRAFT_TOKENS, ChatMessage, ChatTemplateError, DryParams, Engine, GenerationRequest,
+    MirostatParams, OutputParams, SamplingParams, SpeculationParams, StopParams, XtcParams, common_prefix,
 )
+from backend.constraints import ConstraintSpec
 from service.convert import SPECULATION_MODES
 from service.truncation import truncated_chat
 from service.errors import FieldViolation, invalid_argument, not_found_model, out_of_range, unimplemented

@@ -29,9 +29,9 @@ MODEL_FIXTURES = frozenset({"model", "model_path", "server"})
 def pytest_configure(config) -> None:
     servers.FAST_LANE = "not model" in (config.getoption("markexpr") or "")
     if servers.FAST_LANE:
-        import backend.models
+        import backend.common.models
 
-        backend.models.default_model_path = lambda: refuse_in_the_fast_lane("loads the embedded model")
+        backend.common.models.default_model_path = lambda: refuse_in_the_fast_lane("loads the embedded model")
 
 
 def pytest_collection_modifyitems(items) -> None:
@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(items) -> None:
 @pytest.fixture(scope="session")
 def model_path() -> pathlib.Path:
     """The embedded model's file (fetched once): tests that start servers on it ask for this."""
-    from backend.models import default_model_path
+    from backend.common.models import default_model_path
 
     return default_model_path()
 

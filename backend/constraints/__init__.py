@@ -6,10 +6,17 @@ the engine fills that sequence's row of one batch bitmask, masks the logits,
 samples, and feeds the sampled token back to the matcher.
 """
 
-from backend.constraints.compiler import CompiledConstraint, ConstraintCompiler, ConstraintError, ConstraintLimits
+from backend.constraints.compiler import (
+    CompiledConstraint,
+    ConstraintCompiler,
+    ConstraintError,
+    ConstraintLimits,
+    source_chars,
+)
 from backend.constraints.spec import ConstraintSpec
 from backend.constraints.state import ConstraintState, apply_bitmask
 from backend.constraints.tokenizer import build_tokenizer
+from backend.constraints.validation import json_output_problem
 
 __all__ = [
     "CompiledConstraint",
@@ -20,4 +27,6 @@ __all__ = [
     "ConstraintState",
     "apply_bitmask",
     "build_tokenizer",
+    "json_output_problem",
+    "source_chars",
 ]

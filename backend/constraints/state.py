@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 import llguidance
+import numpy as np
 
 from backend.constraints.compiler import CompiledConstraint, llguidance_message
 

@@ -9,7 +9,7 @@ with an error and the generator is rebuilt, so the engine keeps serving. It
 publishes the same EngineStats as the llama.cpp core; the generator's own
 prefix reuse (deduplicated cache pages) shows in `usage.cached_tokens`.
 
-Admission is the shared fairness policy's (backend.fairness), as on llama.cpp: jobs
+Admission is the shared fairness policy's (backend.common.fairness), as on llama.cpp: jobs
 wait here, and one is enqueued whenever the generator holds fewer than
 max_batch_size, the most urgent and the least served caller's first; requests
 past the engine's capacity are shed, and a job not started within its queue
@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from backend.config import EngineConfig
-from backend.engine import CancelOrder, EngineCounters, EngineStats, EventSink
+from backend.common.stats import CancelOrder, EngineCounters, EngineStats
+from backend.engine import EventSink
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.exllamav2.results import JobResults
-from backend.fairness import FairnessPolicy, caller_of
+from backend.common.fairness import FairnessPolicy, caller_of
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest
 from backend.worker import Output
 

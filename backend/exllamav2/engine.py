@@ -15,10 +15,11 @@ import logging
 import pathlib
 from typing import Sequence
 
-from backend.chat import ChatTemplate
+from backend.common.chat import ChatTemplate
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
-from backend.engine import CONSTRAINT_KINDS, ChatMessage, EngineUnavailable, ModelInfo
+from backend.types import CONSTRAINT_KINDS, ChatMessage, ModelInfo
+from backend.engine import EngineUnavailable
 from backend.exllamav2.attention_provider import NONE, describe, import_exllamav2
 from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
 from backend.exllamav2.core import ExLlamaV2Core

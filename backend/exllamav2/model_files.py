@@ -6,7 +6,7 @@ import json
 import pathlib
 import struct
 
-from backend.models import ModelError
+from backend.common.models import ModelError
 
 
 def find_model_dir(path: str, setting: str) -> pathlib.Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import AbstractSet, Callable, Sequence
 
-from backend.engine import COMMON_SAMPLERS
+from backend.types import COMMON_SAMPLERS
 from backend.exllamav2.jobs import heals
 from backend.types import GenerationRequest
 

@@ -21,8 +21,8 @@ from typing import Sequence
 
 import tokenizers
 
-from backend.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
-from backend.engine import ChatMessage
+from backend.common.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
+from backend.types import ChatMessage
 
 
 class Vocabulary:

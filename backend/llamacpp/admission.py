@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from backend.engine import EngineCounters
+from backend.common.stats import EngineCounters
 from backend.llamacpp.scheduler import Scheduler
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.slots import Slots

@@ -26,23 +26,24 @@ import time
 
 import llama_cpp
 
+from backend.common.fairness import FairnessPolicy, caller_of
+from backend.common.output import ConstraintFailed
+from backend.common.stats import CancelOrder, EngineCounters, EngineStats
 from backend.config import EngineConfig
-from backend.engine import CancelOrder, EngineCounters, EngineStats, EventSink
-from backend.fairness import FairnessPolicy, caller_of
+from backend.engine import EventSink
 from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
+from backend.llamacpp.costs import passes_for
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prompt_logprobs import score_rows, wants_prompt_logprobs
+from backend.llamacpp.rows import RowsToSample, add_feed, sample_rows, take_forced
 from backend.llamacpp.sampling import Sampler, TokenPicker
 from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
-from backend.llamacpp.costs import passes_for
 from backend.llamacpp.threads import ThreadTuner
-from backend.llamacpp.rows import RowsToSample, add_feed, sample_rows, take_forced
-from backend.sequence import ConstraintFailed
 from backend.types import ErrorEvent, ErrorKind, Event, FinishReason, GenerationRequest, TokenEvent
 from backend.worker import Output
 

@@ -7,11 +7,17 @@ from typing import Sequence
 
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
-from backend.engine import ALL_REQUEST_FEATURES, CONSTRAINT_KINDS, ChatMessage, ModelInfo
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
-from backend.types import SpeculationMode, SpeculationParams
+from backend.types import (
+    ALL_REQUEST_FEATURES,
+    CONSTRAINT_KINDS,
+    ChatMessage,
+    ModelInfo,
+    SpeculationMode,
+    SpeculationParams,
+)
 from backend.worker import EngineWorker, WorkerEngine
 
 

@@ -15,10 +15,10 @@ import llama_cpp
 import llguidance
 import numpy as np
 
-from backend.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, SpecialTokens, tokenize_chat
+from backend.common.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, SpecialTokens, tokenize_chat
+from backend.common.models import ModelError
 from backend.constraints import build_tokenizer
-from backend.engine import ChatMessage
-from backend.models import ModelError
+from backend.types import ChatMessage
 
 log = logging.getLogger(__name__)
 

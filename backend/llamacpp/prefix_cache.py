@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
-from backend.tokens import common_prefix
+from backend.common.tokens import common_prefix
 
 
 @dataclass

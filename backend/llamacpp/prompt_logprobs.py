@@ -12,9 +12,9 @@ from collections.abc import Sequence as Rows
 
 import llama_cpp
 
+from backend.common.logprobs import with_logprobs
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sequence import Sequence
-from backend.logprobs import with_logprobs
 from backend.types import GeneratedToken
 
 

@@ -21,12 +21,11 @@ import llguidance
 import llguidance.numpy
 import numpy as np
 
+from backend.common.logprobs import with_logprobs
+from backend.common.output import SequenceOutput
 from backend.constraints import ConstraintState, apply_bitmask
-from backend.engine import COMMON_SAMPLERS
 from backend.llamacpp.model import GgufModel
-from backend.logprobs import with_logprobs
-from backend.sequence import SequenceOutput
-from backend.types import GeneratedToken, OutputParams, SamplingParams
+from backend.types import COMMON_SAMPLERS, GeneratedToken, OutputParams, SamplingParams
 
 SUPPORTED_SAMPLERS = COMMON_SAMPLERS
 

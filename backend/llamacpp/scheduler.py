@@ -4,7 +4,7 @@ Pure bookkeeping, no llama.cpp call: the core asks for decisions and carries
 them out (the slots place cells, the batch feeds rows).
 
 - Admission: who goes next, and whom a full batch gives up, is the fairness
-  policy's choice (backend.fairness): priority first, then the caller served
+  policy's choice (backend.common.fairness): priority first, then the caller served
   least, a preempted sequence of a caller before its new requests. When every
   batch place is taken, the sequence paused longest (its caller is not reading)
   gives up its slot, or one paused a third of its steps of a time slice or more
@@ -31,9 +31,9 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from backend.fairness import FairnessPolicy, caller_of
-from backend.llamacpp.sequence import Sequence
+from backend.common.fairness import FairnessPolicy, caller_of
 from backend.llamacpp.costs import DecodeCosts
+from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.speculation import AcceptanceRates, Candidate, PastNgrams, Proposal, plan_drafts, proposal
 
 
@@ -183,7 +183,7 @@ class Scheduler:
         )
 
     def admit(self, step: int) -> Iterator[Admission]:
-        """Starts waiting work while there is room or a sequence to preempt (see backend.fairness); each
+        """Starts waiting work while there is room or a sequence to preempt (see backend.common.fairness); each
         admission is in `running` when yielded, each preempted one in `preempted` (the caller moves their
         cells). `step` is the engine step about to run: a sequence runs a time slice before it may give way."""
         while True:

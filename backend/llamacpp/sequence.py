@@ -8,11 +8,11 @@ the batch feeds `tokens[cached:]`; its sampler picks what comes next.
 
 from __future__ import annotations
 
+from backend.common.output import SequenceOutput
 from backend.engine import EventSink
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.sampling import Sampler
 from backend.llamacpp.speculation import DraftState
-from backend.sequence import SequenceOutput
 from backend.types import SAMPLE_SEPARATOR, GeneratedToken, GenerationRequest, SpeculationMode
 
 

@@ -19,9 +19,9 @@ from collections.abc import Collection, Iterable
 
 import llama_cpp
 
+from backend.common.tokens import common_prefix
 from backend.llamacpp.prefix_cache import PrefixIndex
 from backend.llamacpp.sequence import Sequence
-from backend.tokens import common_prefix
 
 # Shorter shared prefixes are computed again: copying a cache stream costs about as much.
 MIN_REUSE_TOKENS = 16

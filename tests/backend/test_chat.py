@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from backend.chat import ChatTemplate
-from backend.engine import ChatMessage
+from backend.common.chat import ChatTemplate
+from backend.types import ChatMessage
 
 CONVERSATIONS = [
     [ChatMessage("user", "Hi")],

@@ -1,4 +1,4 @@
-"""The fair-sharing policy as pure logic (backend.fairness, service.shares, service.callers), on plain
+"""The fair-sharing policy as pure logic (backend.common.fairness, service.shares, service.callers), on plain
 stand-ins for the engine's sequences; the engines and the server are proven on the real model in
 tests/test_fair_scheduling.py and tests/test_fair_sharing.py."""
 
@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from backend.config import EngineConfig
-from backend.fairness import MAX_TRACKED_CALLERS, CallerTallies, FairnessPolicy, ServiceCounters
+from backend.common.fairness import MAX_TRACKED_CALLERS, CallerTallies, FairnessPolicy, ServiceCounters
 from backend.types import GenerationRequest, Scheduling
 from service.callers import Callers, parse_weights
 from service.config import load_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from backend.progress import Progress, parse_pip_progress
+from backend.common.progress import Progress, parse_pip_progress
 
 
 def test_pip_raw_progress_lines_are_parsed():
@@ -15,20 +15,20 @@ def test_pip_raw_progress_lines_are_parsed():
 
 
 def test_logs_get_one_plain_line_per_tenth(caplog, tmp_path):
-    caplog.set_level(logging.INFO, logger="backend.progress")
+    caplog.set_level(logging.INFO, logger="backend.common.progress")
     with open(tmp_path / "log", "w") as not_a_terminal:
         progress = Progress("fetching model", stream=not_a_terminal)
         for done in range(0, 98_000_001, 250_000):
             progress.update(done, 98_000_000)
         progress.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "backend.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "backend.common.progress"]
     assert len(lines) == 11 and lines[0].startswith("fetching model: 0%")
     assert lines[-1] == "fetching model: 100% (98.0 of 98.0 MB)"
     assert (tmp_path / "log").read_text() == ""  # no bar drawn into a log file
 
 
 def test_a_terminal_gets_a_progress_bar(caplog):
-    caplog.set_level(logging.INFO, logger="backend.progress")
+    caplog.set_level(logging.INFO, logger="backend.common.progress")
     controller, terminal_fd = os.openpty()
     with os.fdopen(terminal_fd, "w") as terminal:
         progress = Progress("fetching model", stream=terminal)
@@ -47,7 +47,7 @@ def test_a_terminal_gets_a_progress_bar(caplog):
     os.close(controller)
     drawn = raw.decode(errors="replace")
     assert "fetching model: 100%" in drawn and "3.81M/3.81M" in drawn  # tqdm's bar, in binary units
-    assert not [r for r in caplog.records if r.name == "backend.progress"]
+    assert not [r for r in caplog.records if r.name == "backend.common.progress"]
 
 
 def make_wheel(directory, size: int) -> str:
@@ -71,7 +71,7 @@ def test_a_real_pip_download_reports_its_progress(tmp_path, monkeypatch, caplog)
     import http.server
     import threading
 
-    from backend import models
+    from backend.common import models
 
     index = tmp_path / "index"
     (index / "simple" / "bigdata").mkdir(parents=True)
@@ -85,11 +85,11 @@ def test_a_real_pip_download_reports_its_progress(tmp_path, monkeypatch, caplog)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{httpd.server_port}/simple")
-    caplog.set_level(logging.INFO, logger="backend.progress")
+    caplog.set_level(logging.INFO, logger="backend.common.progress")
     try:
         models._pip_download("bigdata==1.0", str(tmp_path / "dest"))
     finally:
         httpd.shutdown()
     assert (tmp_path / "dest" / wheel).stat().st_size > 3_000_000
-    lines = [r.getMessage() for r in caplog.records if r.name == "backend.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "backend.common.progress"]
     assert lines and lines[-1].startswith("fetching bigdata==1.0: 100%"), lines

@@ -1,6 +1,6 @@
 """Unit tests of streamed-text safety: complete UTF-8 only, no leaked stop sequences."""
 
-from backend.text import StopSequenceFilter, Utf8Stream
+from backend.common.text import StopSequenceFilter, Utf8Stream
 
 
 def test_utf8_stream_waits_for_the_last_byte_of_a_code_point():

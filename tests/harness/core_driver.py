@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from backend.engine import CancelOrder
+from backend.common.stats import CancelOrder
 from backend.types import ErrorEvent, GenerationRequest, SamplingParams, StopParams, TokenEvent
 from backend.worker import deliver_all
 

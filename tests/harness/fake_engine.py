@@ -3,7 +3,7 @@
 `FakeEngine` honours the Engine protocol on backend.worker.EngineWorker, as the real engines do, with
 a `ScriptedCore` in place of a model. Each step, every sequence in a slot that is neither paused nor
 held takes its next token from a text fixed by its prompt (the same prompt, the same output), and
-its endings are the real ones (backend.sequence.SequenceOutput: stop sequences and tokens,
+its endings are the real ones (backend.common.output.SequenceOutput: stop sequences and tokens,
 max_new_tokens, the caller's deadline and time limit, UTF-8 held back until complete). What a model
 would do differently a test scripts per request id prefix (`FakeEngine.plan`): hold a sequence after
 some tokens until released, end it with EOS, or fail it with any ErrorKind. The engine can be paced
@@ -11,7 +11,7 @@ some tokens until released, end it with EOS, or fail it with any ErrorKind. The 
 tests/faults.py --fake-engine serves it from a real `tokenspout serve` process.
 
 The vocabulary is bytes: 0 is BOS, 1 EOS, 2 and 3 the chat markers, 4 + b the byte b; the chat
-template and the constraint compiler are the real ones (backend.chat, llguidance) over it.
+template and the constraint compiler are the real ones (backend.common.chat, llguidance) over it.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from backend.chat import ChatTemplate, RenderedChat, SpecialTokens, tokenize_chat
+from backend.common.chat import ChatTemplate, RenderedChat, SpecialTokens, tokenize_chat
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
 from backend.constraints.tokenizer import build_tokenizer
-from backend.engine import (
-    COMMON_SAMPLERS, CONSTRAINT_KINDS, CancelOrder, ChatMessage, EngineCounters, EngineStats, EventSink, ModelInfo,
-)
-from backend.sequence import SequenceOutput
+from backend.types import COMMON_SAMPLERS, CONSTRAINT_KINDS, ChatMessage, ModelInfo
+from backend.common.stats import CancelOrder, EngineCounters, EngineStats
+from backend.engine import EventSink
+from backend.common.output import SequenceOutput
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, GenerationRequest
 from backend.worker import EngineWorker, Output, WorkerEngine
 

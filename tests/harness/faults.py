@@ -14,7 +14,7 @@ import sys
 
 from backend.config import EngineConfig
 from backend.engine import Engine
-from backend.engines import build_engine
+from backend.registry import build_engine
 from tests.harness.fake_engine import FakeEngine
 from service import cli
 

@@ -8,8 +8,8 @@ import logging
 import grpc
 import pytest
 
-from backend.chat import ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
-from backend.engine import ChatMessage
+from backend.common.chat import ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
+from backend.types import ChatMessage
 from tests.harness.servers import start_server, stop_server
 from tests.harness.helpers import bad_request_fields, greedy, rpc_error
 from service.logs import JsonFormatter, TextFormatter

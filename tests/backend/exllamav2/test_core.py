@@ -15,7 +15,7 @@ import math
 import grpc
 import pytest
 
-from backend.engine import ModelInfo
+from backend.types import ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.jobs import budget_problem, job_fields
 from backend.exllamav2.settings import (

@@ -19,8 +19,8 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models, normalizers
 
-from backend.chat import ChatTemplate, ChatTemplateError
-from backend.engine import ChatMessage
+from backend.common.chat import ChatTemplate, ChatTemplateError
+from backend.types import ChatMessage
 from backend.exllamav2.vocabulary import Vocabulary
 from tests.harness.servers import ROOT
 

@@ -7,7 +7,7 @@ import llama_cpp
 import pytest
 
 from backend.constraints import ConstraintCompiler
-from backend.engine import ChatMessage
+from backend.types import ChatMessage
 from backend.llamacpp.slots import MIN_REUSE_TOKENS
 from backend.llamacpp.layout import TILE_ROWS
 from backend.constraints import ConstraintSpec

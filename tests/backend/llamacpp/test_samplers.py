@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from backend.engine import COMMON_SAMPLERS
+from backend.types import COMMON_SAMPLERS
 from backend.exllamav2.settings import EXLLAMAV2_ONLY_SAMPLERS
 from backend.types import DryParams, MirostatParams, SamplingParams, XtcParams
 from tests.harness.helpers import bad_request_fields, error_reason, greedy, rpc_error, stream, token_ids_of

@@ -184,7 +184,7 @@ def _core_samples(model, core, request_id: str, seeds: tuple[int, ...], **fields
 def test_in_the_core_samples_fork_from_the_first_ones_cells(model):
     """Driven step by step: the samples' cells are copies of the first one's prompt cells, one prompt's rows
     computed, each sample its own seed; cancelling the request ends every sample."""
-    from backend.engine import CancelOrder
+    from backend.common.stats import CancelOrder
     from tests.harness.core_driver import make_core
 
     core = make_core(model, context_length=256, max_batch_size=4, batch_tokens=64)

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintSpec
-from backend.engine import ChatMessage
+from backend.types import ChatMessage
 from backend.llamacpp import scheduler as scheduler_module
 from backend.llamacpp.costs import DecodeCosts
 from backend.llamacpp.sampling import TokenPicker

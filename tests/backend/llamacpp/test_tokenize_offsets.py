@@ -12,7 +12,7 @@ import concurrent.futures
 import grpc
 import pytest
 
-from backend.offsets import token_offsets
+from service.offsets import token_offsets
 from tests.harness.helpers import bad_request_fields, greedy, rpc_error, stream
 from tokenspout.v1 import generation_pb2 as pb
 
