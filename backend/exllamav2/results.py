@@ -22,8 +22,8 @@ import numpy as np
 
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.exllamav2.jobs import heals
-from backend.logprobs import with_logprobs
-from backend.sequence import make_finish
+from backend.common.logprobs import with_logprobs
+from backend.common.output import make_finish
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, GenerationRequest, TokenEvent, Timings
 
 
