@@ -1,11 +1,18 @@
-"""No import circle among the server's own modules: every import counts, at the top of a module,
-under TYPE_CHECKING or inside a function, so each module can be read after the ones it imports."""
+"""The server's imports: no circle among its own modules (every import counts, at the top of a module,
+under TYPE_CHECKING or inside a function, so each module can be read after the ones it imports), and
+service/ reaches backend through the engine contract alone (backend and backend.constraints, their
+__all__ pinned as httpx's test_exported_members pins its own)."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import types
 
+import pytest
+
+import backend
+import backend.constraints
 from tests.harness.servers import ROOT
 
 PACKAGES = ("backend", "service")
@@ -80,3 +87,65 @@ def test_no_import_circles():
 
 def test_a_circle_would_be_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# -- the engine contract ---------------------------------------------------------------------------------------
+
+CONTRACT = {"backend": backend, "backend.constraints": backend.constraints}
+"""The only backend modules service/ may import from, and only the names in their __all__."""
+
+
+def public_names(module: types.ModuleType) -> list[str]:
+    """What a package's __init__ defines or imports for its callers (not its submodules)."""
+    return [
+        name for name, value in vars(module).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType) and name != "annotations"
+    ]
+
+
+@pytest.mark.parametrize("module", CONTRACT.values(), ids=CONTRACT.keys())
+def test_the_contract_exports_what_it_imports_and_nothing_else(module):
+    """As httpx's test_exported_members: __all__ is the package's public names, sorted."""
+    assert module.__all__ == sorted(public_names(module), key=str.casefold)
+
+
+def backend_imports(path: pathlib.Path) -> list[tuple[int, str, str]]:
+    """(line, module, name) of every import of a backend module in `path` (name "" for `import backend.x`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, "") for alias in node.names if alias.name.split(".")[0] == "backend"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "backend":
+            found += [(node.lineno, node.module, alias.name) for alias in node.names]
+    return found
+
+
+def reaches_inside(path: pathlib.Path) -> list[str]:
+    """The imports in `path` of anything but a contract module's exported names."""
+    return [
+        f"{path.name}:{line}: {module} {name}".rstrip()
+        for line, module, name in backend_imports(path)
+        if module not in CONTRACT or name not in CONTRACT[module].__all__
+    ]
+
+
+def test_service_imports_the_contract_only():
+    """service/ sees backend through `backend` and `backend.constraints` (their __all__), never the
+    engines, the shared parts behind them, or a module's own names."""
+    assert [problem for path in sorted((ROOT / "service").rglob("*.py")) for problem in reaches_inside(path)] == []
+
+
+def test_the_contract_check_sees_every_reach_inside(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from backend import Engine, FairnessPolicy\n"
+        "from backend.constraints import ConstraintSpec\n"
+        "import backend.types\n"
+        "def f():\n"
+        "    from backend.common.fairness import CallerTally\n"
+        "    from backend.constraints.compiler import source_chars\n"
+    )
+    assert sorted(reaches_inside(module)) == [
+        "m.py:1: backend FairnessPolicy", "m.py:3: backend.types", "m.py:5: backend.common.fairness CallerTally",
+        "m.py:6: backend.constraints.compiler source_chars",
+    ]

@@ -19,14 +19,14 @@ from backend.constraints.tokenizer import build_tokenizer
 from backend.constraints.validation import json_output_problem
 
 __all__ = [
+    "apply_bitmask",
+    "build_tokenizer",
     "CompiledConstraint",
     "ConstraintCompiler",
     "ConstraintError",
     "ConstraintLimits",
     "ConstraintSpec",
     "ConstraintState",
-    "apply_bitmask",
-    "build_tokenizer",
     "json_output_problem",
     "source_chars",
 ]
