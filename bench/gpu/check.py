@@ -2,11 +2,21 @@
 
 bench/gpu/run.sh runs it on a CUDA machine for each variant of the tiny model (FP16, GPTQ,
 EXL2). Each check prints one line; the figures and results go to --json, rewritten after
-every step, so a run cut off at its limit still leaves what it found. The last figure is
-decode tokens/s through gRPC divided by exllamav2 driven directly in the same run.
+every step, so a run cut off at its limit still leaves what it found. The last figures are
+decode tokens/s through gRPC at 1, 4 and 16 concurrent streams, each divided by exllamav2 driven
+directly (a child process, the engine's generator settings and attention provider) on the same
+prompts: what the service costs (target: a ratio of at least 0.97).
+
+The server runs with its default attention (`auto`: flash-attn if a paged one imports, else
+tokenspout's SDPA paged attention), reported by GetModelInfo's attention_provider ("unknown" where
+the field is missing). When that is paged, the concurrent-streams check also proves the streams
+were batched: the engine ran at least two at once (GetServerStatus) in fewer steps than their tokens.
+transformers (--reference-hf) runs in this process, which never imports exllamav2, so it never
+sees the stand-in flash_attn the provider lends exllamav2.
 
     python bench/gpu/check.py --model DIR --name fp16 --json OUT.json [--reference-hf] [--time-limit S]
     python bench/gpu/check.py --address HOST:PORT   # an already running server, any engine
+    python bench/gpu/check.py --direct --model DIR --attention sdpa --prompts IDS.json --json OUT.json
 
 Every wait is bounded: the server gets at most 180 s to start (less if --time-limit says so),
 every RPC has a deadline, the checks still to run when time is short are reported as not run,
@@ -28,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -45,10 +56,16 @@ from bench.gpu.model_check import PROMPT, SAFE_MARGIN, STEPS, greedy_with_margin
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
-CONTEXT, BATCH, RATE_TOKENS = 2048, 8, 256
+CONTEXT, BATCH, RATE_TOKENS = 2048, 16, 256  # BATCH: 16 streams decode together
+RATE_STREAMS = (1, 4, 16)
+RATE_REPS = 3
+RATIO_TARGET = 0.97
+PAGED_PROVIDERS = ("sdpa", "flash-attn")
 SERVER_START_S = 180
 RPC_TIMEOUT_S = 30  # unary calls; a stream has helpers.stream's 120 s
 MIN_CHECK_S = 15  # a check is not started with less time than this left
+GRPC_RATES_S = 20  # the gRPC rates are not started with less left (they take ~10 s on the H200)
+DIRECT_RATES_S = 25  # nor the direct baseline (a child: torch and exllamav2 imports, the load, ~15 s)
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -95,6 +112,8 @@ class Checks:
         self.stub = stub
         self.info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=RPC_TIMEOUT_S)
         self.expect_exllamav2 = expect_exllamav2
+        self.provider = attention_provider(self.info)
+        self.paged = expect_exllamav2 and runs_paged(self.info, self.provider)
         self._free: list[pb.GenerateStreamResponse] | None = None
 
     def free_run(self) -> list[pb.GenerateStreamResponse]:
@@ -116,7 +135,8 @@ class Checks:
             assert set(SUPPORTED_SAMPLERS) <= samplers, set(SUPPORTED_SAMPLERS) - samplers
             assert self.info.quantization.split()[0] in ("EXL2", "GPTQ", "FP16"), self.info.quantization
         info = self.info
-        return f"engine {info.engine!r}, {info.quantization}, batch {info.limits.max_batch_size}, {len(samplers)} samplers"
+        return (f"engine {info.engine!r}, {info.quantization}, batch {info.limits.max_batch_size}, "
+                f"attention {self.provider} ({'paged' if self.paged else 'unpaged'}), {len(samplers)} samplers")
 
     def streams_incrementally(self) -> str:
         request = greedy_request(PROMPT, 64)
@@ -288,13 +308,19 @@ class Checks:
         raise AssertionError("a request over the context was accepted")
 
     def concurrent_streams(self) -> str:
-        prompts = [f"{PROMPT} {i}" for i in range(4)]
-        solo = [text_of(stream(self.stub, greedy_request(p, 48))) for p in prompts]
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            together = list(pool.map(lambda p: stream(self.stub, greedy_request(p, 48)), prompts))
-        assert all(m[-1].generated_tokens == 48 for m in together)
+        """Four streams at once complete; on paged attention the engine also ran them together:
+        at least two running at one time, and fewer steps than their tokens (one at a time takes 4 x 48)."""
+        prompts, tokens = [f"{PROMPT} {i}" for i in range(4)], 48
+        solo = [text_of(stream(self.stub, greedy_request(p, tokens))) for p in prompts]
+        with BatchWatcher(self.stub) as watched, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda p: stream(self.stub, greedy_request(p, tokens)), prompts))
+        assert all(m[-1].generated_tokens == tokens for m in together)
         same = sum(text_of(m) == s for m, s in zip(together, solo))
-        return f"4 at once all complete; {same}/4 identical to their solo runs"
+        seen = f"at most {watched.most_running} running at once, {watched.steps} engine steps for 4 x {tokens} tokens"
+        if self.paged:
+            assert watched.most_running >= 2, f"paged ({self.provider}) but never two streams in the engine at once: {seen}"
+            assert watched.steps < 4 * tokens, f"paged ({self.provider}) but the streams took turns: {seen}"
+        return f"4 at once all complete; {same}/4 identical to their solo runs; {seen}"
 
     def run_all(self, seconds_left=lambda: float("inf"), on_result=lambda result: None) -> list[dict]:
         results = []
@@ -319,53 +345,187 @@ class Checks:
         return results
 
 
-def grpc_rate(stub, reps: int = 3) -> float:
-    timed_stream(stub, PROMPT, 8)  # warm-up
-    return statistics.median(timed_stream(stub, PROMPT, RATE_TOKENS)[1] for _ in range(reps))
+def attention_provider(info: pb.GetModelInfoResponse) -> str:
+    """GetModelInfo's attention_provider, or "unknown" from a server (or proto) without the field."""
+    if "attention_provider" not in info.DESCRIPTOR.fields_by_name:
+        return "unknown"
+    return getattr(info, "attention_provider") or "unknown"
 
 
-def direct_rate(model_dir: pathlib.Path, reps: int = 3) -> float:
-    """Decode tokens/s of the same greedy job, exllamav2 driven directly with the engine's settings."""
-    from exllamav2 import ExLlamaV2, ExLlamaV2Cache, ExLlamaV2Config, ExLlamaV2Tokenizer
+def runs_paged(info: pb.GetModelInfoResponse, provider: str) -> bool:
+    """Whether the exllamav2 engine batches: its provider says so, or (no provider reported) its
+    engine name and batch do (unpaged it is "exllamav2 (unpaged: ...)" with a batch of 1)."""
+    if provider != "unknown":
+        return provider in PAGED_PROVIDERS
+    return info.engine == "exllamav2" and info.limits.max_batch_size > 1
+
+
+def direct_setting(provider: str, paged: bool) -> str:
+    """The exllamav2.attention setting that gives the direct baseline the server's provider."""
+    return {"sdpa": "sdpa", "flash-attn": "flash-attn", "none": "off"}.get(provider, "auto" if paged else "off")
+
+
+class BatchWatcher:
+    """GetServerStatus polled while streams run: the most sequences the engine ran at once, and the
+    engine steps the streams took."""
+
+    def __init__(self, stub, interval_s: float = 0.002) -> None:
+        self.stub, self.interval_s = stub, interval_s
+        self.most_running, self.steps = 0, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _status(self) -> pb.GetServerStatusResponse:
+        return self.stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=RPC_TIMEOUT_S)
+
+    def _poll(self) -> None:
+        while not self._done.is_set():
+            self.most_running = max(self.most_running, self._status().running_sequences)
+            self._done.wait(self.interval_s)
+
+    def __enter__(self) -> "BatchWatcher":
+        self._steps_before = self._status().engine_steps
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._done.set()
+        self._thread.join(timeout=RPC_TIMEOUT_S)
+        self.steps = self._status().engine_steps - self._steps_before
+
+
+Timeline = list[tuple[float, int]]
+"""One stream's (arrival time, tokens so far), one entry per arrival that brought tokens."""
+
+
+def tokens_at(timeline: Timeline, when: float) -> int:
+    return max((count for at, count in timeline if at <= when), default=0)
+
+
+def window_rate(timelines: list[Timeline]) -> float:
+    """Decode tokens/s of streams run together, measured alike through gRPC and directly: the tokens
+    all of them received while all of them were decoding (from the last one's first token to the
+    first one's last), over that time. One stream: tokens after the first over the time they took.
+    Streams that never overlapped (an unpaged engine takes them in turn): all tokens after each
+    stream's first, over the time from the first first token to the last last one."""
+    start, end = max(t[0][0] for t in timelines), min(t[-1][0] for t in timelines)
+    if end > start:
+        return sum(tokens_at(t, end) - tokens_at(t, start) for t in timelines) / (end - start)
+    span = max(t[-1][0] for t in timelines) - min(t[0][0] for t in timelines)
+    if span <= 0:
+        raise ValueError("every token arrived at once: no decode rate to measure")
+    return sum(t[-1][1] - t[0][1] for t in timelines) / span
+
+
+def rate_prompts(count: int = max(RATE_STREAMS)) -> list[str]:
+    return [f"{PROMPT} {i}" for i in range(count)]
+
+
+def stream_timeline(stub, request: pb.GenerateStreamRequest, start: threading.Barrier | None = None) -> Timeline:
+    if start is not None:
+        start.wait()
+    timeline: Timeline = []
+    for message in stub.GenerateStream(request, timeout=300):
+        if message.generated_tokens > (timeline[-1][1] if timeline else 0):
+            timeline.append((time.perf_counter(), message.generated_tokens))
+    return timeline
+
+
+def grpc_rates(stub, streams=RATE_STREAMS, tokens: int = RATE_TOKENS, reps: int = RATE_REPS) -> dict:
+    """Decode tokens/s through gRPC with 1, 4 and 16 greedy streams at once (median of reps), and
+    the engine steps each took."""
+    prompts = rate_prompts()
+
+    def together(count: int, length: int) -> tuple[float, int]:
+        start = threading.Barrier(count)
+        steps = stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=RPC_TIMEOUT_S).engine_steps
+        with concurrent.futures.ThreadPoolExecutor(count) as pool:
+            timelines = list(pool.map(lambda p: stream_timeline(stub, greedy_request(p, length), start), prompts[:count]))
+        assert all(t[-1][1] == length for t in timelines), [t[-1][1] for t in timelines]
+        steps = stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=RPC_TIMEOUT_S).engine_steps - steps
+        return window_rate(timelines), steps
+
+    together(max(streams), 16)  # warm-up: the batched path's first run
+    rates, steps = {}, {}
+    for count in streams:
+        runs = [together(count, tokens) for _ in range(reps)]
+        rates[str(count)] = statistics.median(rate for rate, _ in runs)
+        steps[str(count)] = max(step for _, step in runs)
+        print(f"  gRPC, {count} streams: {rates[str(count)]:.1f} tok/s, {steps[str(count)]} engine steps", flush=True)
+    return {"tok_s": rates, "engine_steps": steps}
+
+
+def direct_rates(model_dir: pathlib.Path, setting: str, prompt_ids: list[list[int]], streams=RATE_STREAMS,
+                 tokens: int = RATE_TOKENS, reps: int = RATE_REPS) -> dict:
+    """Decode tokens/s of the same greedy jobs, exllamav2 driven directly: imported through the
+    engine's attention provider with the server's setting, its generator built as the engine builds it."""
+    from backend.config import EngineConfig
+    from backend.exllamav2.attention_provider import import_exllamav2
+    from backend.exllamav2.loading import load_model_and_cache
+    from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
+
+    exllamav2, provider = import_exllamav2(setting)
+    import torch
     from exllamav2.attn import has_flash_attn_with_paged
     from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
 
-    config = ExLlamaV2Config(str(model_dir))
-    config.arch_compat_overrides()
-    config.max_seq_len = CONTEXT
-    paged = has_flash_attn_with_paged
-    batch = BATCH if paged else 1
-    model = ExLlamaV2(config)
-    cache = ExLlamaV2Cache(model, max_seq_len=CONTEXT * batch, lazy=True)
-    model.load_autosplit(cache)
-    tokenizer = ExLlamaV2Tokenizer(config)
+    config = EngineConfig(model=str(model_dir), context_length=CONTEXT, max_batch_size=BATCH)
+    xconfig = exllamav2.ExLlamaV2Config(str(model_dir))
+    xconfig.arch_compat_overrides()
+    sizes = generator_sizes(config, has_flash_attn_with_paged, xconfig.no_flash_attn)
+    xconfig.max_seq_len, xconfig.max_input_len, xconfig.max_attention_size = sizes.max_seq_len, sizes.chunk, sizes.chunk**2
+    own = config.exllamav2
+    model, cache = load_model_and_cache(exllamav2, xconfig, own.cache_type, sizes.cache_tokens, own.gpu_split)
+    tokenizer = exllamav2.ExLlamaV2Tokenizer(xconfig, lazy_init=False)
     generator = ExLlamaV2DynamicGenerator(
-        model=model, cache=cache, tokenizer=tokenizer, max_batch_size=batch, max_seq_len=CONTEXT, paged=paged
+        model=model, cache=cache, tokenizer=tokenizer, **generator_fields(sizes, speculation(config, False))
     )
-    input_ids = tokenizer.encode(PROMPT, add_bos=True)
 
-    def one(tokens: int) -> float:
-        job = ExLlamaV2DynamicJob(
-            input_ids=input_ids, max_new_tokens=tokens, stop_conditions=[],
-            gen_settings=ExLlamaV2Sampler.Settings.greedy(), identifier="direct",
-        )
-        generator.enqueue(job)
-        first = last = None
-        count = 0
+    def together(count: int, length: int) -> float:
+        for i, ids in enumerate(prompt_ids[:count]):
+            generator.enqueue(ExLlamaV2DynamicJob(
+                input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=length, stop_conditions=[],
+                gen_settings=ExLlamaV2Sampler.Settings.greedy(), identifier=i,
+            ))
+        timelines: list[Timeline] = [[] for _ in range(count)]
         while generator.num_remaining_jobs():
-            for result in generator.iterate():
+            results = generator.iterate()
+            now = time.perf_counter()
+            for result in results:
                 if result.get("token_ids") is not None:  # one result may carry several held-back tokens
-                    last = time.perf_counter()
-                    first = first or last
-                    count += result["token_ids"].shape[-1]
-        assert count == tokens, count
-        # The same measure as timed_request: tokens after the first arrival, over the time they took.
-        return (tokens - 1) / (last - first)
+                    timeline = timelines[result["identifier"]]
+                    timeline.append((now, (timeline[-1][1] if timeline else 0) + result["token_ids"].shape[-1]))
+        assert all(t[-1][1] == length for t in timelines), [t[-1][1] for t in timelines]
+        return window_rate(timelines)
 
-    one(8)
-    rate = statistics.median(one(RATE_TOKENS) for _ in range(reps))
-    model.unload()  # frees the weights; the cache goes with this frame
-    return rate
+    together(max(streams), 16)  # warm-up, as through gRPC
+    rates = {}
+    for count in streams:
+        rates[str(count)] = statistics.median(together(count, tokens) for _ in range(reps))
+        print(f"  directly, {count} streams: {rates[str(count)]:.1f} tok/s", flush=True)
+    model.unload()
+    return {"tok_s": rates, "provider": provider, "paged": sizes.paged, "setting": setting}
+
+
+def direct_in_child(model_dir: pathlib.Path, setting: str, prompt_ids: list[list[int]], timeout_s: float) -> dict:
+    """direct_rates in a child process: exllamav2 (and the stand-in flash_attn its provider lends it
+    during the import) never enter this one, where transformers runs; its GPU memory goes with it."""
+    with tempfile.TemporaryDirectory(prefix="tokenspout-direct-") as scratch:
+        prompts, out = pathlib.Path(scratch) / "prompts.json", pathlib.Path(scratch) / "direct.json"
+        prompts.write_text(json.dumps(prompt_ids))
+        command = [sys.executable, __file__, "--direct", "--model", str(model_dir), "--attention", setting,
+                   "--prompts", str(prompts), "--json", str(out)]
+        done = subprocess.run(command, timeout=timeout_s)
+        if done.returncode or not out.exists():
+            raise RuntimeError(f"the direct baseline exited {done.returncode} (its output is above)")
+        return json.loads(out.read_text())
+
+
+def rate_table(through_grpc: dict, direct: dict) -> dict:
+    """Per stream count: gRPC tok/s, direct tok/s and their ratio, where both were measured."""
+    ratios = {n: through_grpc[n] / direct[n] for n in through_grpc if direct.get(n)}
+    return {"streams": [int(n) for n in through_grpc], "grpc_tok_s": through_grpc, "direct_tok_s": direct, "ratio": ratios,
+            "target": RATIO_TARGET, "below_target": [int(n) for n, r in ratios.items() if r < RATIO_TARGET]}
 
 
 def hf_reference(model_dir: pathlib.Path, stub) -> dict:
@@ -375,6 +535,9 @@ def hf_reference(model_dir: pathlib.Path, stub) -> dict:
     or part only where transformers' own top two logits are a near tie (under SAFE_MARGIN): there
     FP16 rounding on either side legitimately picks the other token, and the rest diverges.
     """
+    # transformers looks for flash_attn by its spec: this process must never have imported exllamav2
+    # through the provider that lends it a stand-in (the direct baseline runs in a child for that).
+    assert not {"exllamav2", "flash_attn"} & set(sys.modules), "exllamav2 or a flash_attn is in this process"
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -465,31 +628,56 @@ def serve_and_check(args, report: Report) -> None:
         report.add_check({"check": "serve", "ok": False, "skipped": False, "detail": report.data["errors"][-1]})
         return
     report.data["load_s"] = round(time.perf_counter() - started, 1)
+    rates, prompt_ids, provider, paged = None, None, "unknown", False
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)
             checks = report.step("model info", Checks, stub, True)
             if checks is not None:
-                report.data["engine"] = checks.info.engine
+                provider, paged = checks.provider, checks.paged
+                report.data.update(engine=checks.info.engine, attention_provider=provider, paged=paged,
+                                   max_batch_size=checks.info.limits.max_batch_size)
                 checks.run_all(seconds_left, report.add_check)
             if args.reference_hf:
                 result = report.step("hf_reference", hf_reference, args.model, stub)
                 report.add_check(result or {"check": "hf_reference", "ok": False, "skipped": False,
                                             "detail": report.data["errors"][-1]})
-            if seconds_left() > 2 * MIN_CHECK_S:
-                report.data["grpc_tok_s"] = report.step("gRPC rate", grpc_rate, stub)
+            if seconds_left() > GRPC_RATES_S:
+                prompt_ids = report.step("rate prompts", tokenized, stub, rate_prompts())
+                rates = report.step("gRPC rates", grpc_rates, stub)
     finally:
         report.data["server_exit"] = report.step("server stop", stop_or_kill, server)
         if report.path:
             report.path.with_suffix(".log").write_text(server.log())
-    if seconds_left() > 2 * MIN_CHECK_S:
-        report.data["direct_tok_s"] = report.step("direct rate", direct_rate, args.model)
-    if report.data.get("grpc_tok_s") and report.data.get("direct_tok_s"):
-        report.data["ratio"] = report.data["grpc_tok_s"] / report.data["direct_tok_s"]
-        print(
-            f"  decode through gRPC {report.data['grpc_tok_s']:.1f} tok/s, exllamav2 directly"
-            f" {report.data['direct_tok_s']:.1f} tok/s, ratio {report.data['ratio']:.3f}"
-        )
+    direct = None
+    if rates and prompt_ids and seconds_left() > DIRECT_RATES_S:
+        setting = direct_setting(provider, paged)
+        direct = report.step("direct rates", direct_in_child, args.model, setting, prompt_ids, seconds_left() - 3)
+        if direct and provider in PAGED_PROVIDERS + ("none",) and direct["provider"] != provider:
+            report.data["errors"].append(f"direct rates: exllamav2 ran on {direct['provider']}, the server on {provider}")
+    record_rates(report, rates, direct)
+
+
+def tokenized(stub, prompts: list[str]) -> list[list[int]]:
+    """The ids the server feeds the engine for these text prompts, for the direct baseline to feed it too."""
+    return [list(stub.Tokenize(pb.TokenizeRequest(text=p), timeout=RPC_TIMEOUT_S).token_ids) for p in prompts]
+
+
+def record_rates(report: Report, through_grpc: dict | None, direct: dict | None) -> None:
+    """The rates in the report: the table per stream count, and the one-stream figures under their old names."""
+    if through_grpc:
+        report.data["engine_steps"] = through_grpc["engine_steps"]
+    if direct:
+        report.data["direct_provider"] = direct["provider"]
+    if through_grpc:
+        table = rate_table(through_grpc["tok_s"], (direct or {}).get("tok_s", {}))
+        report.data["rates"] = table
+        report.data["grpc_tok_s"] = table["grpc_tok_s"].get("1")
+        report.data["direct_tok_s"] = table["direct_tok_s"].get("1")
+        report.data["ratio"] = table["ratio"].get("1")
+        for n, ratio in table["ratio"].items():
+            print(f"  decode at {n} streams: gRPC {table['grpc_tok_s'][n]:.1f} tok/s, exllamav2 directly "
+                  f"{table['direct_tok_s'][n]:.1f} tok/s, ratio {ratio:.3f} (target {RATIO_TARGET})", flush=True)
     report.save()
 
 
@@ -513,6 +701,9 @@ def speculation_rates(args, report: Report) -> None:
         try:
             with grpc.insecure_channel(server.address) as channel:
                 stub = pb_grpc.GenerationServiceStub(channel)
+                info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=RPC_TIMEOUT_S)
+                provider = attention_provider(info)
+                report.data.update(engine=info.engine, attention_provider=provider, paged=runs_paged(info, provider))
                 _, rate, last = timed_request(stub, greedy_request(copy, 128))
                 outputs[setting] = (text_of(stream(stub, greedy_request(copy, 128))), last.finish.usage)
                 with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -547,11 +738,19 @@ def main() -> int:
     parser.add_argument("--address", help="check a running server instead (no direct baseline)")
     parser.add_argument("--speculation", action="store_true",
                         help="only compare exllamav2's n-gram drafting with none (two servers in turn)")
+    parser.add_argument("--direct", action="store_true",
+                        help="only the direct baseline's rates (what serving runs in a child), to --json")
+    parser.add_argument("--attention", default="auto", help="--direct: the exllamav2.attention setting")
+    parser.add_argument("--prompts", type=pathlib.Path, help="--direct: a JSON list of prompts' token ids")
     args = parser.parse_args()
     if args.address:
         with grpc.insecure_channel(args.address) as channel:
             results = Checks(pb_grpc.GenerationServiceStub(channel), expect_exllamav2=False).run_all()
         return 0 if all(r["ok"] for r in results) else 1
+    if args.direct:
+        rates = direct_rates(args.model, args.attention, json.loads(args.prompts.read_text()))
+        pathlib.Path(args.json).write_text(json.dumps(rates, indent=2))
+        return 0
     report = Report(args.name, args.json)
     report.step("serve and check", speculation_rates if args.speculation else serve_and_check, args, report)
     data = report.data

@@ -8,8 +8,9 @@
 #
 # python3 is build_ext.sh's venv (Python 3.12 with torch 2.11.0+cu130, transformers 5.17.0 and the
 # rest pinned as on that machine); the GPU stages are skipped, as run.sh does with no GPU. Real: the
-# preflight, the wheel install, the imports, the prebuilt extension's test import (a CUDA torch
-# imports it without a GPU), tiny_llama.py, the model in transformers, the report and the archive.
+# preflight, the wheel install, the imports and paged_smoke.py's self-check, the prebuilt extension's
+# test import (a CUDA torch imports it without a GPU), exllamav2 imported through tokenspout's
+# attention provider (paged on sdpa), tiny_llama.py, the model in transformers, the report and the archive.
 # Until build_ext.sh has built the real extension, a stand-in (an empty C module of that name,
 # built in a second) takes its place, so run.sh's prebuilt path is still rehearsed; the last line
 # says so. A corrupt prebuilt is always rehearsed: its stage fails, the rest runs.
@@ -51,8 +52,8 @@ if [ ! -f "$PREBUILT/exllamav2_ext.so.gz" ]; then
     echo "note: $stand_in"
 fi
 make_prebuilt "$SCRATCH/corrupt" corrupt
-NO_GPU_STAGES="jit_build serve_fp16 serve_gptq convert_exl2 serve_exl2"
-CPU_STAGES="preflight wheels imports extension tiny_model model_check"
+NO_GPU_STAGES="jit_build paged_smoke serve_gptq convert_exl2 paged_smoke_exl2 serve_exl2 serve_fp16 speculation"
+CPU_STAGES="preflight wheels imports extension provider tiny_model model_check"
 
 # rehearse NAME EXPECTED_RC "stage=STATUS ..." [VAR=value ...]: one run of run.sh and what it must report
 rehearse() {
@@ -85,7 +86,8 @@ rehearse() {
     fi
 }
 
-all_ok="preflight=ok wheels=ok imports=ok extension=ok jit_build=SKIP tiny_model=ok model_check=ok serve_fp16=SKIP serve_gptq=SKIP convert_exl2=SKIP serve_exl2=SKIP"
+all_ok="preflight=ok wheels=ok imports=ok extension=ok jit_build=SKIP provider=ok tiny_model=ok paged_smoke=SKIP"
+all_ok+=" serve_gptq=SKIP convert_exl2=SKIP paged_smoke_exl2=SKIP serve_exl2=SKIP model_check=ok serve_fp16=SKIP speculation=SKIP"
 echo "rehearsing bench/gpu/run.sh with $("$VENV/bin/python3" --version) from $VENV"
 rehearse clean 0 "$all_ok"
 grep -E "min_margin|bos_ok" "$SCRATCH/clean/work/report/model-check.json" 2>/dev/null | tr -d ' ,'
@@ -96,7 +98,8 @@ expect_after_failure() {  # the expectations when stage $1 fails: what needs it 
         stage=${expectation%%=*}
         case "$failed:$stage" in
             "$failed:$failed") result+=" $stage=FAIL" ;;
-            wheels:imports | wheels:extension | wheels:tiny_model | wheels:model_check | tiny_model:model_check)
+            wheels:imports | wheels:extension | wheels:provider | wheels:tiny_model | wheels:model_check | \
+                extension:provider | tiny_model:model_check)
                 result+=" $stage=SKIP" ;;
             *) result+=" $expectation" ;;
         esac

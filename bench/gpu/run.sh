@@ -1,30 +1,43 @@
 #!/usr/bin/env bash
-# The exllamav2 engine on a GPU, end to end, from this repository and what it carries, in at most 9 minutes.
+# The exllamav2 engine on a GPU, end to end, from this repository and what it carries, in at most 330 s.
 #
 #   here:  bash bench/gpu/fetch_wheels.sh    # wheels for Python 3.12 into .whl/ (git ignores it)
 #          bash bench/gpu/build_ext.sh       # exllamav2's extension, prebuilt, into bench/gpu/build/prebuilt/
 #   there: bash bench/gpu/run.sh             # carry .whl and bench/gpu/build/prebuilt
 #
-# Stages, each under its own limit (`timeout -k`), each failure caught and reported, never fatal:
-#   preflight     versions (Python, gcc, nvcc, torch, driver) first, then the CUDA root and headers
-#   wheels        the carried wheels into $WORK/site
-#   imports       tokenspout's server and check.py import beside them (seconds, not a failed server start)
-#   extension     the prebuilt exllamav2_ext test-imported in a child process
-#   jit_build     only if that failed: exllamav2's own JIT build (3-4 minutes on the H200)
-#   tiny_model    a tiny random Llama: FP16 and GPTQ (bench/gpu/tiny_llama.py)
-#   model_check   the FP16 files in transformers: one BOS, and a greedy margin FP16 cannot flip
-#   serve_fp16    tokenspout serving it, bench/gpu/check.py, transformers as reference
-#   serve_gptq    the same for GPTQ
-#   convert_exl2  EXL2 with exllamav2's converter
-#   serve_exl2    the same for EXL2, only if the converter wrote the files
-#   speculation   the EXL2 model (FP16 if there is none) served with exllamav2's n-gram drafting and
-#                 without: the same greedy output, drafts counted, decode tokens/s at 1 and 4 streams
+# Stages, each under its own limit (`timeout -k`), each failure caught and reported, never fatal,
+# the most important proof first (a run cut short still has it):
+#   preflight        versions (Python, gcc, nvcc, torch, driver) first, then the CUDA root and headers
+#   wheels           the carried wheels into $WORK/site
+#   imports          tokenspout's server, its attention provider and check.py import beside them;
+#                    paged_smoke.py's self-check (seconds, not a failed server start)
+#   extension        the prebuilt exllamav2_ext test-imported in a child process
+#   jit_build        only if that failed: exllamav2's own JIT build (3-4 minutes on the H200)
+#   provider         exllamav2 imported through backend.exllamav2.attention_provider (sdpa): paged
+#                    mode on, the stand-in flash_attn gone after the import (no GPU needed)
+#   tiny_model       a tiny random Llama: FP16 and GPTQ (bench/gpu/tiny_llama.py)
+#   paged_smoke      FP16 and GPTQ in exllamav2's paged generator on tokenspout's SDPA paged attention
+#                    against its own unpaged path: the same tokens, 5 jobs at once, batched attention
+#                    calls, shared prefix pages (bench/gpu/paged_smoke.py)
+#   serve_gptq       tokenspout serving GPTQ (default attention: auto, sdpa there), bench/gpu/check.py:
+#                    the contract, concurrent streams batched, decode tok/s at 1/4/16 streams against
+#                    exllamav2 driven directly
+#   convert_exl2     EXL2 with exllamav2's converter
+#   paged_smoke_exl2 the paged smoke on EXL2
+#   serve_exl2       check.py on EXL2, only if the converter wrote the files
+#   model_check      the FP16 files in transformers (CPU): one BOS, and a greedy margin FP16 cannot flip
+#   serve_fp16       check.py on FP16, with transformers' greedy tokens as reference
+#   speculation      the EXL2 model (FP16 if there is none) served with exllamav2's n-gram drafting and
+#                    without: the same greedy output, drafts counted, decode tokens/s at 1 and 4 streams
+# No flash_attn folder goes on PYTHONPATH: exllamav2 gets its paged attention only through
+# attention_provider, and transformers (model_check, check.py's reference) runs in processes that
+# never import exllamav2.
 # $OUT (default bench/results/gpu) gets run.log (everything printed, as it happens), preflight.txt,
 # summary.txt and gpu-report.tar.gz (every file written), the last two refreshed after each stage
 # and once more on exit, so a run cut off from outside still leaves them.
 #
 # For rehearsals: GPU_CHECK_FAIL=stage[,stage] makes those stages fail, GPU_CHECK_HANG=stage makes
-# one hang until its limit kills it (a 3 s limit), GPU_CHECK_BUDGET_S changes the 540 s budget, and
+# one hang until its limit kills it (a 3 s limit), GPU_CHECK_BUDGET_S changes the 330 s budget, and
 # GPU_CHECK_SLOWDOWN=N multiplies it and every limit for a slower machine (the rehearsal on 2 busy cores).
 set -uo pipefail  # no -e: a stage's failure is a finding, and the next stage runs
 shopt -s nullglob
@@ -37,7 +50,7 @@ PREBUILT=${PREBUILT:-$ROOT/bench/gpu/build/prebuilt}
 WHEELS=${WHEELS:-$ROOT/.whl}
 PYTHON=${PYTHON:-python3}
 SLOWDOWN=${GPU_CHECK_SLOWDOWN:-1}
-BUDGET_S=$((${GPU_CHECK_BUDGET_S:-540} * SLOWDOWN))
+BUDGET_S=$((${GPU_CHECK_BUDGET_S:-330} * SLOWDOWN))
 PACK_RESERVE_S=15  # kept back from the budget for the summary and the archive
 STARTED=$(date +%s)
 DEADLINE=$((STARTED + BUDGET_S))
@@ -75,8 +88,9 @@ stage_wheels() {
 
 stage_imports() {
     "$PYTHON" -c "
-import service.cli, service.server, backend.exllamav2.engine, bench.gpu.check
-print('tokenspout and check.py import; grpcio', __import__('grpc').__version__)"
+import service.cli, service.server, backend.exllamav2.engine, backend.exllamav2.attention_provider, bench.gpu.check
+print('tokenspout and check.py import; grpcio', __import__('grpc').__version__)" &&
+        "$PYTHON" bench/gpu/paged_smoke.py --self-check
 }
 
 stage_extension() {
@@ -90,6 +104,17 @@ stage_extension() {
     [ -z "$expected" ] || [ "$expected" = "$actual" ] || { echo "sha256 $actual, build-info says $expected"; return 1; }
     "$PYTHON" -c "import torch, exllamav2_ext; print('prebuilt imports:', exllamav2_ext.__file__)" || return 1
     "$PYTHON" -c "import exllamav2.ext as e, exllamav2; assert not e.build_jit, 'exllamav2 would build'; print('exllamav2', exllamav2.__version__, 'uses it')"
+}
+
+stage_provider() {
+    "$PYTHON" -c "
+import sys
+from backend.exllamav2.attention_provider import import_exllamav2
+exllamav2, provider = import_exllamav2('sdpa')
+import exllamav2.attn as attn
+assert provider == 'sdpa' and attn.has_flash_attn_with_paged, (provider, attn.has_flash_attn_with_paged)
+assert 'flash_attn' not in sys.modules, 'the stand-in flash_attn outlived the import'
+print('exllamav2', exllamav2.__version__, 'runs paged on', provider, '(the stand-in flash_attn gone after the import)')"
 }
 
 stage_jit_build() {
@@ -107,6 +132,13 @@ stage_tiny_model() {
 
 stage_model_check() {
     "$PYTHON" bench/gpu/model_check.py "$WORK/model/fp16" --json "$REPORT/model-check.json"
+}
+
+stage_paged_smoke() {
+    "$PYTHON" bench/gpu/paged_smoke.py "$WORK/model/fp16" "$WORK/model/gptq" --json "$REPORT/smoke-fp16-gptq.json"
+}
+stage_paged_smoke_exl2() {
+    "$PYTHON" bench/gpu/paged_smoke.py "$WORK/model/exl2" --json "$REPORT/smoke-exl2.json"
 }
 
 serve() {  # serve VARIANT SECONDS [check.py flags]
@@ -131,8 +163,9 @@ stage_convert_exl2() {
     [ -f "$WORK/model/exl2/config.json" ] && compgen -G "$WORK/model/exl2/*.safetensors" >/dev/null ||
         { echo "the converter wrote no EXL2 model"; return 1; }
 }
-export -f stage_preflight stage_wheels stage_imports stage_extension stage_jit_build stage_tiny_model stage_model_check serve \
-    stage_serve_fp16 stage_serve_gptq stage_serve_exl2 stage_convert_exl2 stage_speculation
+export -f stage_preflight stage_wheels stage_imports stage_extension stage_jit_build stage_provider stage_tiny_model \
+    stage_paged_smoke stage_paged_smoke_exl2 stage_model_check serve stage_serve_fp16 stage_serve_gptq stage_serve_exl2 \
+    stage_convert_exl2 stage_speculation
 
 # ---- running, recording, packing ----
 
@@ -148,8 +181,8 @@ pack() {  # summary.txt and the archive, rewritten whole each time (a kill from 
         echo "tokenspout GPU check, $(date -u '+%F %T') UTC, ${BUDGET_S}s budget, $(($(date +%s) - STARTED))s so far"
         head -8 "$OUT/preflight.txt" 2>/dev/null
         echo
-        "$PYTHON" bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/check-*.json 2>&1 ||
-            python3 bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/check-*.json 2>&1
+        "$PYTHON" bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/smoke-*.json "$REPORT"/check-*.json 2>&1 ||
+            python3 bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/smoke-*.json "$REPORT"/check-*.json 2>&1
     } >"$OUT/summary.txt.tmp" 2>&1
     mv -f "$OUT/summary.txt.tmp" "$OUT/summary.txt"
     cp -f "$OUT/summary.txt" "$OUT/preflight.txt" "$REPORT/" 2>/dev/null
@@ -213,22 +246,27 @@ trap 'stamp "stopped by a signal"; exit 143' TERM INT HUP
 stamp "GPU check: OUT=$OUT WORK=$WORK, ${BUDGET_S}s budget, GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)"
 : >"$REPORT/stages.tsv"
 
-stage preflight 60
+# Limits: about twice what each should take on the H200 (estimates, # ~N s; nothing here has run on
+# it yet: ~350 s in all by them, so the 330 s budget may cut speculation, the last and least needed).
+stage preflight 30                                        # ~5 s
 # shellcheck disable=SC1091
 [ -f "$WORK/cuda.env" ] && source "$WORK/cuda.env"  # CUDA_HOME and CPATH for a JIT build
-stage wheels 120
-stage imports 60 wheels
-if stage extension 90 wheels; then
+stage wheels 45                                           # ~8 s
+stage imports 45 wheels                                   # ~5 s
+if stage extension 60 wheels; then                        # ~10 s
     record jit_build SKIP 0 "the prebuilt extension imports"
 else
     rm -f "$WORK/ext/exllamav2_ext.so"  # a broken one on the path would break exllamav2's own loader
-    stage jit_build 330 wheels gpu && STATUS[extension]=ok
+    stage jit_build 300 wheels gpu && STATUS[extension]=ok  # 3-4 min: then the budget cuts the tail
 fi
-stage tiny_model 90 wheels
-stage model_check 90 tiny_model
-stage serve_fp16 180 gpu imports extension tiny_model
-stage serve_gptq 150 gpu imports extension tiny_model
-stage convert_exl2 150 gpu extension tiny_model
-stage serve_exl2 150 gpu imports convert_exl2
-stage speculation 120 gpu imports extension tiny_model
+stage provider 45 extension                               # ~5 s
+stage tiny_model 45 wheels                                # ~8 s
+stage paged_smoke 90 gpu extension tiny_model             # ~25 s
+stage serve_gptq 100 gpu imports extension tiny_model     # ~50 s
+stage convert_exl2 120 gpu extension tiny_model           # ~60 s
+stage paged_smoke_exl2 60 gpu convert_exl2                # ~15 s
+stage serve_exl2 100 gpu imports convert_exl2             # ~50 s
+stage model_check 60 tiny_model                           # ~10 s
+stage serve_fp16 110 gpu imports extension tiny_model     # ~60 s
+stage speculation 90 gpu imports extension tiny_model     # ~40 s
 exit 0  # finish() sets the status from the report, not from whether the last stage ran
