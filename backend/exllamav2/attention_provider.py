@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import types
-from typing import Iterator
+from collections.abc import Iterator
 
 from backend.config import AttentionSetting
 from backend.engine import EngineUnavailable

@@ -6,15 +6,17 @@ Results become events for each request's sink by job identifier, returned to
 the worker to deliver (see backend.worker); results for a job already
 cancelled are dropped. An exception from `iterate()` ends every running stream
 with an error and the generator is rebuilt, so the engine keeps serving. It
-publishes the same EngineStats as the llama.cpp core; the generator's own
-prefix reuse (deduplicated cache pages) shows in `usage.cached_tokens`.
+publishes the same EngineStats as the llama.cpp core (backend.exllamav2.figures).
 
 Admission is the shared fairness policy's (backend.common.fairness), as on llama.cpp: jobs
 wait here, and one is enqueued whenever the generator holds fewer than
 max_batch_size, the most urgent and the least served caller's first; requests
 past the engine's capacity are shed, and a job not started within its queue
-timeout ends. The generator cannot pause one job, so nothing is preempted here:
-a more urgent request takes the next place that frees (see the README).
+timeout ends. When the batch is full, a more urgent request, or one of a caller
+under its share after a time slice, preempts a running job: it is cancelled and
+comes back as a new job that continues its stream (backend.exllamav2.preemption;
+constrained jobs are never preempted). A request for n samples is n jobs
+(backend.exllamav2.held).
 """
 
 from __future__ import annotations
@@ -22,33 +24,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from backend.config import EngineConfig
 from backend.common.stats import CancelOrder, EngineCounters, EngineStats
+from backend.config import EngineConfig
 from backend.engine import EventSink
-from backend.exllamav2.filter_core import GrammarFilterCore
-from backend.exllamav2.results import JobResults
-from backend.common.fairness import FairnessPolicy, caller_of
+from backend.exllamav2.admission import Admission
+from backend.exllamav2.figures import engine_stats
+from backend.exllamav2.held import HeldJob, JobFactory, hold
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest
 from backend.worker import Output
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Job:
-    request: GenerationRequest
-    job: Any
-    sink: EventSink
-    results: JobResults
-    enqueued: bool = False
-    """In the generator (running, or waiting there for cache pages), not in our own queue."""
-
-
-JobFactory = Callable[[GenerationRequest], tuple[Any, GrammarFilterCore | None]]
-"""Builds a request's exllamav2 job, and the grammar filter core it carries, if constrained."""
 
 
 class ExLlamaV2Core:
@@ -66,18 +54,12 @@ class ExLlamaV2Core:
         self._make_generator = make_generator
         self._generator: Any = make_generator()
         self._make_job = make_job
-        self._eos_token_ids = frozenset(eos_token_ids)
-        self._piece = piece
-        self._vocab_size = vocab_size
-        self._jobs: dict[str, _Job] = {}
-        """Every job held, in our queue or in the generator."""
-        self._waiting: list[_Job] = []
-        """Not yet enqueued, in arrival order."""
-        self._max_batch_size = config.max_batch_size
-        self.policy = FairnessPolicy(config)
+        self._translation = (frozenset(eos_token_ids), piece, vocab_size)
+        self.counters = EngineCounters()
+        self.held = Admission(config, make_job, self.counters)
+        self.policy = self.held.policy
         self._outputs: list[Output] = []
         self.steps = 0
-        self.counters = EngineCounters()
         self._cache_tokens_total = cache_tokens
         self.stats = EngineStats(cache_tokens_total=cache_tokens)
 
@@ -85,56 +67,21 @@ class ExLlamaV2Core:
         if self._generator is None and not self._rebuild():
             return [(sink, ErrorEvent("the generator failed and could not be rebuilt; see the server log"))]
         try:
-            job, constraint = self._make_job(request)
+            leader = hold(request, sink, self._make_job, self._translation, self.held.turns)
         except Exception as exc:  # validation should have caught it; never let it reach iterate() or this thread
             log.exception("exllamav2 refused request %s", request.request_id)
             return [(sink, ErrorEvent(f"the generator refused the job: {exc}"))]
-        results = JobResults(request, self._eos_token_ids, self._piece, self._vocab_size, constraint)
-        entry = _Job(request, job, sink, results)
-        self.policy.arrived(entry, self._waiting, self._enqueued(), {caller_of(e) for e in self._jobs.values()})
-        self._jobs[request.request_id] = entry
-        self._waiting.append(entry)
-        while len(self._jobs) > self.policy.capacity:
-            shed = self.policy.to_shed(self._waiting, list(self._jobs.values()))
-            if shed is None:
-                break
-            self.policy.tallies.of(shed).shed_total += 1
-            self._remove(shed)
-            self._outputs.append((shed.sink, ErrorEvent(
-                "the server is full and this request gave its queue place to a caller under its share or of "
-                "higher priority; retry later or elsewhere", ErrorKind.SHED)))
-        self._admit()
-        self._publish()
-        return self._take_outputs()
-
-    def _enqueued(self) -> list[_Job]:
-        return [entry for entry in self._jobs.values() if entry.enqueued]
-
-    def _admit(self) -> None:
-        """Enqueues the jobs the policy picks while the generator holds fewer than max_batch_size."""
-        while self._generator is not None and self._waiting:
-            enqueued = self._enqueued()
-            entry = self.policy.next(self._waiting, enqueued) if len(enqueued) < self._max_batch_size else None
-            if entry is None:
-                return
-            self._waiting.remove(entry)
-            try:
-                self._generator.enqueue(entry.job)
-            except Exception as exc:  # e.g. 0.3.2 asserts when the job can never fit the cache
-                log.exception("exllamav2 refused request %s", entry.request.request_id)
-                self._forget(entry)
-                self._outputs.append((entry.sink, ErrorEvent(f"the generator refused the job: {exc}")))
-                continue
-            entry.enqueued = True
+        self.held.queue(leader, self._generator)
+        return self._done()
 
     def cancel(self, order: CancelOrder) -> list[Output]:
-        entry = self._jobs.get(order.request_id)
-        if entry is None:
+        group = self.held.group(order.request_id)
+        if not group:
             return []  # finished already: nothing to free
-        self._end(entry, FinishReason.CANCELLED)
+        for entry in group:
+            self._end(entry, FinishReason.CANCELLED)
         self.counters.cancelled(order, self.steps, time.monotonic())
-        self._publish()
-        return self._take_outputs()
+        return self._done()
 
     def pause(self, request_id: str) -> list[Output]:
         """A no-op: the generator cannot hold one job back. A slow reader's job runs on and its
@@ -147,26 +94,23 @@ class ExLlamaV2Core:
         return []
 
     def has_work(self) -> bool:
-        return bool(self._jobs)
+        return bool(self.held.jobs)
 
     def holds_sequences(self) -> bool:
-        return bool(self._jobs)
+        return bool(self.held.jobs)
 
     def expire(self) -> list[Output]:
         now = time.monotonic()
-        for entry in [e for e in self._jobs.values() if e.results.deadline_passed(now)]:
+        for entry in [e for e in self.held.jobs.values() if e.results.deadline_passed(now)]:
             self._end(entry, FinishReason.TIME_LIMIT)
-        for entry in [e for e in self._jobs.values() if e.results.started_at is None]:
+        for entry in [e for e in self.held.jobs.values() if e.results.started_at is None]:
             deadline = entry.request.queue_deadline
             if deadline is not None and now >= deadline:
                 self.policy.tallies.of(entry).queue_timeouts_total += 1
-                self._remove(entry)
-                timeout_ms = entry.request.scheduling.queue_timeout_s * 1000
+                timeout_ms = (entry.request.scheduling.queue_timeout_s or 0) * 1000
                 message = f"not started within its queue_timeout_ms ({timeout_ms:g} ms)"
-                self._outputs.append((entry.sink, ErrorEvent(message, ErrorKind.QUEUE_TIMEOUT)))
-        self._admit()
-        self._publish()
-        return self._take_outputs()
+                self.held.fail(entry, message, ErrorKind.QUEUE_TIMEOUT, self._generator)
+        return self._done()
 
     def step(self) -> list[Output]:
         self.steps += 1
@@ -175,23 +119,22 @@ class ExLlamaV2Core:
             results = self._generator.iterate()
         except Exception as exc:  # it would end every job anyway: fail them, rebuild, carry on
             log.exception("exllamav2 iterate() failed; rebuilding the generator")
-            for entry in list(self._jobs.values()):
+            for entry in list(self.held.jobs.values()):
                 self._outputs.append((entry.sink, ErrorEvent(f"the generator failed: {exc}")))
-            self._jobs.clear()
-            self._waiting.clear()
-            self.policy.left(set())
+            self.held.clear()
             self._rebuild()
             self._publish()
             return self._take_outputs()
         for result in results:
-            entry = self._jobs.get(result.get("identifier"))
-            if entry is None:
+            found = self.held.jobs.get(result.get("identifier"))
+            if found is None or not found.enqueued:
                 continue  # a job cancelled between iterates: its late results are dropped
+            entry = found
             if entry.results.started_at is None:  # "started" comes first, but any result means it is active
                 self._started(entry)
             event = entry.results.translate(result)
             if isinstance(event, ErrorEvent):  # its constraint failed: end it, the others carry on
-                self._remove(entry)
+                self.held.remove(entry, self._generator)
                 self._outputs.append((entry.sink, event))
             elif event is not None:
                 self._outputs.append((entry.sink, dataclasses.replace(event, step=self.steps)))
@@ -199,21 +142,20 @@ class ExLlamaV2Core:
                     self.policy.charge(entry, len(event.tokens))
                     self.policy.tallies.of(entry).generated_tokens_total += len(event.tokens)
                 if event.finish is not None:
-                    self._forget(entry)
+                    self.held.forget(entry)
                     usage = event.finish.usage
                     self.counters.cached_prompt_tokens_total += usage.cached_tokens
                     self.counters.draft_tokens_total += usage.draft_tokens
                     self.counters.accepted_draft_tokens_total += usage.accepted_draft_tokens
-        self._admit()
-        self._publish()
-        return self._take_outputs()
+        return self._done()
 
-    def _started(self, entry: _Job) -> None:
+    def _started(self, entry: HeldJob) -> None:
         entry.results.started_at = time.monotonic()
         prompt_tokens = len(entry.request.prompt_token_ids)
         self.counters.started(prompt_tokens)
-        self.policy.charge(entry, prompt_tokens)
         self.policy.tallies.of(entry).prompt_tokens_total += prompt_tokens
+        if not entry.request.sample_index:  # a request's other samples share its prompt's pages (see held)
+            self.policy.charge(entry, prompt_tokens)
 
     def _rebuild(self) -> bool:
         """A fresh generator; None, and False, when that fails too (the next request tries again)."""
@@ -226,51 +168,32 @@ class ExLlamaV2Core:
         return self._generator is not None
 
     def close(self) -> list[Output]:
-        for entry in list(self._jobs.values()):
+        for entry in list(self.held.jobs.values()):
             self._end(entry, FinishReason.CANCELLED)
         _stop_threads(self._generator)
         return self._take_outputs()
 
+    def _end(self, entry: HeldJob, reason: FinishReason) -> None:
+        """Ends it with a finish, and the samples still waiting on it with theirs."""
+        self.held.remove(entry, self._generator)
+        for ended in (entry, *entry.samples):
+            self._outputs.append((ended.sink, dataclasses.replace(ended.results.end(reason), step=self.steps)))
+
+    def _done(self) -> list[Output]:
+        """After every command: admit what can start, publish the figures, return the events."""
+        self.held.admit(self._generator, self.steps)
+        self._publish()
+        return self._take_outputs()
+
     def _take_outputs(self) -> list[Output]:
-        outputs, self._outputs = self._outputs, []
+        outputs, self._outputs = [*self._outputs, *self.held.outputs], []
+        self.held.outputs.clear()
         return outputs
 
-    def _remove(self, entry: _Job) -> None:
-        if entry.enqueued:
-            self._generator.cancel(entry.job)  # frees its pages; emits nothing
-        else:
-            self._waiting.remove(entry)
-        self._forget(entry)
-
-    def _forget(self, entry: _Job) -> None:
-        del self._jobs[entry.request.request_id]
-        holding = {caller_of(e) for e in self._jobs.values()}
-        if caller_of(entry) not in holding:
-            self.policy.left(holding)
-
-    def _end(self, entry: _Job, reason: FinishReason) -> None:
-        self._remove(entry)
-        self._outputs.append((entry.sink, dataclasses.replace(entry.results.end(reason), step=self.steps)))
-
     def _publish(self) -> None:
-        """The same figures as the llama.cpp core: started jobs run, the rest queue. The cache's used
-        tokens are the pages jobs hold (each reserves prompt + max_new_tokens up front); its cached
-        prefixes are the free pages that still hold keys and values a later prompt can reuse (0.3.2's
-        unreferenced_pages lists every free page, the never-used ones too)."""
-        running = [e for e in self._jobs.values() if e.results.started_at is not None]
-        queued = [e for e in self._jobs.values() if e.results.started_at is None]
-        pages = getattr(self._generator, "all_pages", None) or ()
-        cached = [page for page in pages if page.ref_count == 0 and page.kv_position > 0]
-        page_size = getattr(self._generator, "page_size", 256)
-        self.stats = self.counters.snapshot(
-            steps=self.steps,
-            running_sequences=len(running),
-            queued_requests=len(self._jobs) - len(running),
-            cache_tokens_used=sum(page.ref_count > 0 for page in pages) * page_size,
-            cache_tokens_total=self._cache_tokens_total,
-            prefix_cache_entries=len(cached),
-            prefix_cache_tokens=sum(page.kv_position for page in cached),
-            callers=self.policy.tallies.snapshot(running, queued, ()),
+        self.stats = engine_stats(
+            self.counters, self.steps, list(self.held.jobs.values()), self._generator, self._cache_tokens_total,
+            self.policy.tallies,
         )
 
 

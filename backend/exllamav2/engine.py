@@ -13,29 +13,35 @@ import dataclasses
 import functools
 import logging
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from backend.common.chat import ChatTemplate
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
-from backend.types import CONSTRAINT_KINDS, ChatMessage, ModelInfo
 from backend.engine import EngineUnavailable
 from backend.exllamav2.attention_provider import NONE, describe, import_exllamav2
-from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
-from backend.exllamav2.jobs import budget_problem, job_fields
+from backend.exllamav2.held import Resume
+from backend.exllamav2.jobs import budget_problem, job_fields, job_input
 from backend.exllamav2.loading import load_model_and_cache, unavailable_message
 from backend.exllamav2.model_files import adds_bos, end_token_ids, find_model_dir, unloadable_weights, weight_format
+from backend.exllamav2.preemption import continue_with
 from backend.exllamav2.settings import (
-    SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields, token_bias_values,
+    SUPPORTED_SAMPLERS,
+    padded_logit_width,
+    sequence_breaker_ids,
+    settings_fields,
+    token_bias_values,
 )
-from backend.types import GenerationRequest
+from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
+from backend.types import CONSTRAINT_KINDS, ChatMessage, GenerationRequest, ModelInfo
 from backend.worker import EngineWorker, WorkerEngine
 
 log = logging.getLogger(__name__)
 
-EXLLAMAV2_REQUEST_FEATURES = ("prompt_token_ids", "truncate_input_tokens")
+EXLLAMAV2_REQUEST_FEATURES = ("prompt_token_ids", "n", "truncate_input_tokens")
 
 class ExLlamaV2Engine(WorkerEngine):
     def __init__(self, model_dir: pathlib.Path, config: EngineConfig = EngineConfig()) -> None:
@@ -116,8 +122,8 @@ class ExLlamaV2Engine(WorkerEngine):
             speculation_modes=(drafts.mode,),
             default_speculation=drafts,
             draft_tokens_per_request=False,
-            # Token input and truncation are the service's; its generator has no prompt logprobs, and n
-            # samples would be n jobs, not one prompt shared: both are UNIMPLEMENTED here.
+            # Token input and truncation are the service's; n samples are n jobs sharing the prompt's pages
+            # (backend.exllamav2.held); its generator has no prompt logprobs: UNIMPLEMENTED here.
             request_features=EXLLAMAV2_REQUEST_FEATURES,
             attention_provider=provider,
         )
@@ -128,29 +134,34 @@ class ExLlamaV2Engine(WorkerEngine):
         def breaker_ids(breakers: tuple[str, ...]) -> frozenset[int]:
             return frozenset(sequence_breaker_ids(pieces_with_special, breakers))
 
-        def make_generator():
+        def make_generator() -> Any:
             return ExLlamaV2DynamicGenerator(
                 model=self.model, cache=self.cache, tokenizer=self.tokenizer, **draft, **generator_fields(sizes, drafts)
             )
 
-        def make_job(request: GenerationRequest):
+        def make_job(request: GenerationRequest, resume: Resume | None = None) -> tuple[Any, GrammarFilterCore | None]:
+            """A request's job; given a Resume, the one that continues it after a preemption (never constrained)."""
             constraint = filters = None
             if request.constraint is not None:
                 constraint = GrammarFilterCore(request.constraint, self.eos_token_ids, xconfig.vocab_size)
                 filters = [filter_type(self.model, self.tokenizer, constraint)]
-            settings = ExLlamaV2Sampler.Settings(**settings_fields(request, breaker_ids))
-            bias = token_bias_values(request, self.eos_token_ids)
-            if bias:
-                settings.token_bias = torch.zeros(padded_logit_width(xconfig.vocab_size), dtype=torch.float32)
-                for token, value in bias.items():
-                    settings.token_bias[token] = value
+            if resume is not None:
+                settings = resume.previous.gen_settings  # with what it carries (mirostat's mu)
+            else:
+                settings = ExLlamaV2Sampler.Settings(**settings_fields(request, breaker_ids))
+                bias = token_bias_values(request, self.eos_token_ids)
+                if bias:
+                    settings.token_bias = torch.zeros(padded_logit_width(xconfig.vocab_size), dtype=torch.float32)
+                    for token, value in bias.items():
+                        settings.token_bias[token] = value
+            output = resume.output if resume is not None else ()
             job = ExLlamaV2DynamicJob(
-                input_ids=torch.tensor([request.prompt_token_ids], dtype=torch.long),
+                input_ids=torch.tensor([job_input(request, output)], dtype=torch.long),
                 gen_settings=settings,
                 filters=filters,
-                **job_fields(request, self.eos_token_ids),
+                **job_fields(request, self.eos_token_ids, len(output)),
             )
-            return job, constraint
+            return (job if resume is None else continue_with(job, resume.previous)), constraint
 
         self.core = ExLlamaV2Core(
             make_generator, make_job, self.eos_token_ids, self.token_piece, len(self.vocabulary.pieces), sizes.cache_tokens,

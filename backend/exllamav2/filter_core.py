@@ -10,6 +10,7 @@ the generator sees is a thin shell over this (`filter_class`).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import llguidance.numpy
 import numpy as np
@@ -88,20 +89,20 @@ class GrammarFilterCore:
         self._bitmask[0] = np.packbits(bits, bitorder="little").view(np.int32)
 
 
-def filter_class():
+def filter_class() -> type:
     """The `ExLlamaV2Filter` subclass; importing exllamav2 needs CUDA, so it is built on demand."""
     import torch
     from exllamav2.generator.filters import ExLlamaV2Filter
 
-    class LLGuidanceFilter(ExLlamaV2Filter):
-        def __init__(self, model, tokenizer, core: GrammarFilterCore) -> None:
+    class LLGuidanceFilter(ExLlamaV2Filter):  # type: ignore[misc]  # exllamav2 is untyped
+        def __init__(self, model: Any, tokenizer: Any, core: GrammarFilterCore) -> None:
             super().__init__(model, tokenizer)
             self.core = core
 
         def begin(self, prefix_str: str = "") -> None:
             self.core.begin()
 
-        def feed(self, token) -> None:
+        def feed(self, token: Any) -> None:
             self.core.feed(int(token.view(-1)[0]))
 
         def use_background_worker(self) -> bool:
@@ -117,7 +118,7 @@ def filter_class():
             self.core.mask_logits(logits.numpy())
             return logits
 
-        def next(self):
+        def next(self) -> tuple[list[int], list[int]]:
             return self.core.allowed_tokens()
 
     return LLGuidanceFilter

@@ -21,17 +21,27 @@ def heals(request: GenerationRequest) -> bool:
     return request.sampling.token_healing and len(request.prompt_token_ids) > 1
 
 
-def job_fields(request: GenerationRequest, eos_token_ids: tuple[int, ...]) -> dict[str, object]:
-    """Everything but `input_ids`, `gen_settings` and `filters` (which need torch and exllamav2)."""
+def job_input(request: GenerationRequest, output: tuple[int, ...] = ()) -> list[int]:
+    """The job's input_ids: the prompt, or for a job that continues a preempted one, the sequence that
+    one held (a healed job holds the prompt without its last token, which its first output replaced)."""
+    prompt = request.prompt_token_ids
+    if output and heals(request):
+        prompt = prompt[:-1]
+    return [*prompt, *output]
+
+
+def job_fields(request: GenerationRequest, eos_token_ids: tuple[int, ...], generated: int = 0) -> dict[str, object]:
+    """Everything but `input_ids`, `gen_settings` and `filters` (which need torch and exllamav2);
+    `generated`: the tokens a preempted job output before this one continues it."""
     stopping = request.stopping
     # exllamav2 adds no EOS of its own: every EOS id must be a stop condition, unless ignored
     # (then the sampler settings also bias them to -inf: see settings.token_bias_values).
     stop_ids = set(stopping.stop_token_ids) | (set() if stopping.ignore_eos else set(eos_token_ids))
     # A healed job counts from -1: the regenerated last prompt token comes first, and it is ours to count.
-    healed = int(heals(request))
+    healed = int(heals(request) and not generated)
     return {
-        "max_new_tokens": stopping.max_new_tokens - healed,
-        "min_new_tokens": max(stopping.min_new_tokens - healed, 0),
+        "max_new_tokens": stopping.max_new_tokens - healed - generated,
+        "min_new_tokens": max(stopping.min_new_tokens - healed - generated, 0),
         "seed": request.sampling.seed,
         "stop_conditions": [*stopping.stop_sequences, *sorted(stop_ids)],
         "decode_special_tokens": False,

@@ -11,6 +11,9 @@ It behaves like 0.3.2 (generator/dynamic.py) wherever the engine depends on it:
   builds them (every page free, unused ones too); a started job takes pages for its prompt plus
   max_new_tokens up front, and gives them back when it ends or is cancelled, keeping their keys
   and values for a later prompt.
+- preemption: a job's held text and tokens and its banned-string checkpoint under 0.3.2's names
+  (held_text, held_tokens, checkpoint), and its random generator (rng, a random.Random of its seed);
+  a cancelled job's samples go on in the job with the same identifier enqueued after it.
 - threads: the sampling and filter pools of 16 workers each that 0.3.2 starts per generator.
 - signatures: jobs and sampler settings take only the keyword arguments 0.3.2's have
   (SETTINGS_FIELDS, JOB_PARAMETERS, GENERATOR_PARAMETERS). The real job and generator swallow
@@ -28,8 +31,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import itertools
+import random
 
-from backend.exllamav2.jobs import job_fields
+from backend.exllamav2.held import Resume
+from backend.exllamav2.jobs import job_fields, job_input
+from backend.exllamav2.preemption import continue_with
 from backend.exllamav2.settings import settings_fields, token_bias_values
 from backend.types import GenerationRequest
 
@@ -80,6 +86,9 @@ class FakeJob:
         self.input_ids = list(input_ids)
         self.fields = kwargs
         self.identifier = kwargs.get("identifier")
+        self.gen_settings = kwargs.get("gen_settings")
+        self.rng = random.Random(kwargs.get("seed"))
+        self.checkpoint = None  # set only while a partial banned string is held (not modelled here)
         self.max_new_tokens = kwargs["max_new_tokens"]
         stop = kwargs.get("stop_conditions") or []
         self.stop_tokens = {t for t in stop if isinstance(t, int)}
@@ -91,6 +100,14 @@ class FakeJob:
         self.held_ids: list[int] = []
         self.held_logits: list[list[float]] = []
         self.pages: list[FakePage] = []
+
+    @property
+    def held_text(self) -> str:
+        return b"".join(self.held_pieces).decode("utf-8", "replace")
+
+    @property
+    def held_tokens(self) -> list[int]:
+        return self.held_ids
 
     def receive(self, token: int, piece: bytes, logits: list[float] | None) -> dict:
         """The result dict for one sampled token, by receive_sample's rules (dynamic.py:2097-2242)."""
@@ -274,7 +291,7 @@ class FakeModel:
     def load(self, gpu_split: list[float]) -> None:
         self.cache_map = {layer: f"cuda:{layer * len(gpu_split) // self.layers}" for layer in range(self.layers)}
 
-    def load_autosplit(self, cache: "FakeCache") -> None:
+    def load_autosplit(self, cache: FakeCache) -> None:
         assert cache.lazy, "load_autosplit allocates a lazy cache as it loads"
         self.cache_map = {layer: "cuda:0" for layer in range(self.layers)}
         cache.devices = [self.cache_map[layer] for layer in range(self.layers)]
@@ -308,15 +325,19 @@ class FakeJobs:
         self.constraints: dict = {}
         self._eos_token_ids = eos_token_ids
 
-    def __call__(self, request: GenerationRequest):
+    def __call__(self, request: GenerationRequest, resume: Resume | None = None):
         if request.request_id == "explode":
             raise TypeError("Settings.__init__() got an unexpected keyword argument")
-        settings = FakeSettings(**settings_fields(request, no_breakers))
-        settings.token_bias = token_bias_values(request, self._eos_token_ids) or None
+        if resume is not None:
+            settings = resume.previous.gen_settings
+        else:
+            settings = FakeSettings(**settings_fields(request, no_breakers))
+            settings.token_bias = token_bias_values(request, self._eos_token_ids) or None
         constraint = self.constraints.get(request.request_id)
-        job = FakeJob(request.prompt_token_ids, gen_settings=settings, filters=[constraint] if constraint else None,
-                      **job_fields(request, self._eos_token_ids))
-        return job, constraint
+        output = resume.output if resume is not None else ()
+        job = FakeJob(job_input(request, output), gen_settings=settings, filters=[constraint] if constraint else None,
+                      **job_fields(request, self._eos_token_ids, len(output)))
+        return (job if resume is None else continue_with(job, resume.previous)), constraint
 
 
 def eos_timings(new_tokens: int, prompt_tokens: int) -> dict:

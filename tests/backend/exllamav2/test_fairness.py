@@ -1,7 +1,8 @@
 """Fair sharing in the exllamav2 core, against the fake generator that behaves like 0.3.2
-(tests/exllamav2_fakes.py): jobs wait in the core's own queue and enter the generator as places free,
-the most urgent and the least served caller's first; a caller at its limit waits; past capacity the
-flood's newest is shed; a job not started within its queue timeout ends. Nothing is preempted."""
+(tests/harness/exllamav2_fakes.py): jobs wait in the core's own queue and enter the generator as places
+free, the most urgent and the least served caller's first; a more urgent one takes a place at once
+(test_preemption.py); a caller at its limit waits; past capacity the flood's newest is shed; a job not
+started within its queue timeout ends."""
 
 from __future__ import annotations
 
@@ -55,11 +56,14 @@ def test_jobs_enter_the_generator_by_priority_then_least_served_caller():
         add(core, generators, f"a{i}", "a", events)
     add(core, generators, "b0", "b", events)
     add(core, generators, "urgent", "c", events, priority=3)
-    assert enqueue_order(generators) == ["a0", "a1"]  # two places in the generator; the rest wait here
+    # Two places in the generator, the rest wait here; the urgent one takes a0's place at once (the
+    # generator had not started it: it starts again later).
+    assert enqueue_order(generators) == ["a0", "a1", "urgent"]
+    assert [job.identifier for job in generators[0].cancelled] == ["a0"]
     assert core.stats.queued_requests == 6
     run(core)
-    # As places freed: the urgent one first, then b (served least), then a's in arrival order.
-    assert enqueue_order(generators) == ["a0", "a1", "urgent", "b0", "a2", "a3"]
+    # As places freed: b (served least), then a's in arrival order, a0 first.
+    assert enqueue_order(generators) == ["a0", "a1", "urgent", "b0", "a0", "a2", "a3"]
     assert all(not isinstance(e[-1], ErrorEvent) and e[-1].finish is not None for e in events.values())
     tallies = {t.caller: t for t in core.stats.callers}
     assert tallies["a"].generated_tokens_total == 4 * TOKENS and tallies["b"].prompt_tokens_total == 3

@@ -1,0 +1,149 @@
+"""What the exllamav2 core holds, and what enters the generator: the queue, shedding, a request's
+samples, and preemption (engine thread only).
+
+Jobs wait here, and one is enqueued whenever the generator holds fewer than max_batch_size, in
+the order the shared fairness policy ranks them (backend.common.fairness); past the engine's
+capacity the least entitled request waiting is shed. When the batch is full, the policy may name
+a job to give way (a less urgent one at once, or after a time slice one of a caller over its
+share): it is cancelled in the generator and comes back as a job that continues its stream
+(backend.exllamav2.preemption). A request's other samples are enqueued right behind its first
+(backend.exllamav2.held).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+from backend.common.fairness import FairnessPolicy, caller_of
+from backend.common.stats import EngineCounters
+from backend.config import EngineConfig
+from backend.exllamav2.held import HeldJob, JobFactory
+from backend.exllamav2.preemption import comeback_cost, continuation, victim_for, why
+from backend.types import ErrorEvent, ErrorKind
+from backend.worker import Output
+
+log = logging.getLogger(__name__)
+
+SHED_MESSAGE = ("the server is full and this request gave its queue place to a caller under its share or of "
+                "higher priority; retry later or elsewhere")
+
+
+class Admission:
+    def __init__(self, config: EngineConfig, make_job: JobFactory, counters: EngineCounters) -> None:
+        """`config.max_batch_size` is the generator's (1 when it runs unpaged)."""
+        self.policy = FairnessPolicy(config)
+        self.jobs: dict[str, HeldJob] = {}
+        """Every job held, in the queue or in the generator (a leader's samples join when it is enqueued)."""
+        self.waiting: list[HeldJob] = []
+        """Not in the generator: not started yet, or preempted."""
+        self.turns = itertools.count()
+        self._max_batch_size = config.max_batch_size
+        self._make_job = make_job
+        self._counters = counters
+        self.outputs: list[Output] = []
+        """The errors it ended jobs with (shed, refused), for the core to deliver."""
+
+    def enqueued(self) -> list[HeldJob]:
+        return [entry for entry in self.jobs.values() if entry.enqueued]
+
+    def group(self, request_id: str) -> list[HeldJob]:
+        """Every sample of a request held (one, unless it asked for several)."""
+        return [entry for entry in self.jobs.values() if entry.group == request_id]
+
+    def queue(self, entry: HeldJob, generator: Any) -> None:
+        """Into the queue as a new request; past capacity, the least entitled request waiting is shed."""
+        self.policy.arrived(entry, self.waiting, self.enqueued(), {caller_of(e) for e in self.jobs.values()})
+        self.jobs[entry.request.request_id] = entry
+        self.waiting.append(entry)
+        while len(self.jobs) > self.policy.capacity:
+            shed = self.policy.to_shed([e for e in self.waiting if not e.preempted], list(self.jobs.values()))
+            if shed is None:
+                break
+            self.policy.tallies.of(shed).shed_total += 1
+            self.fail(shed, SHED_MESSAGE, ErrorKind.SHED, generator)
+
+    def admit(self, generator: Any, step: int) -> None:
+        """Enqueues the jobs the policy picks while there is a place in the batch, or one to take."""
+        page_size = getattr(generator, "page_size", 256)
+        while generator is not None and self.waiting:
+            enqueued = self.enqueued()
+            candidates = sorted(self.waiting, key=lambda entry: entry.turn)
+            for entry in self.policy.ranked(candidates, enqueued):  # the first that can start
+                needs_room = len(enqueued) >= self._max_batch_size or self.policy.at_limit(entry, enqueued)
+                victim = victim_for(self.policy, entry, enqueued, step, page_size) if needs_room else None
+                if victim is not None or not needs_room:
+                    break
+            else:
+                return
+            if victim is not None:
+                self._preempt(victim, entry, generator, page_size)
+            self.waiting.remove(entry)
+            if self._enqueue(entry, generator, step):
+                self._release_samples(entry, generator, step)
+
+    def _enqueue(self, entry: HeldJob, generator: Any, step: int) -> bool:
+        try:
+            generator.enqueue(entry.job)
+        except Exception as exc:  # e.g. 0.3.2 asserts when the job can never fit the cache
+            log.exception("exllamav2 refused request %s", entry.request.request_id)
+            self.forget(entry)
+            self.outputs.append((entry.sink, ErrorEvent(f"the generator refused the job: {exc}")))
+            return False
+        entry.enqueued, entry.admitted_step = True, step
+        return True
+
+    def _release_samples(self, leader: HeldJob, generator: Any, step: int) -> None:
+        """A leader's other samples: right behind it where the batch has places (they share its prompt
+        pages; the policy is not asked, as llama.cpp forks them), else queued as any request is."""
+        samples, leader.samples = leader.samples, []
+        for sample in samples:
+            if len(self.enqueued()) < self._max_batch_size:
+                self.jobs[sample.request.request_id] = sample
+                self._enqueue(sample, generator, step)
+            else:
+                self.queue(sample, generator)
+
+    def _preempt(self, victim: HeldJob, newcomer: HeldJob, generator: Any, page_size: int) -> None:
+        """Cancels the victim's job and queues the one that continues it."""
+        generator.cancel(victim.job)  # frees its pages, which keep their keys and values
+        victim.enqueued = False
+        try:
+            victim.job = continuation(victim, self._make_job, page_size)
+        except Exception as exc:
+            log.exception("exllamav2 could not continue preempted request %s", victim.request.request_id)
+            self.forget(victim)
+            self.outputs.append((victim.sink, ErrorEvent(f"the generator refused the job that continues it: {exc}")))
+            return
+        self.waiting.append(victim)
+        self._counters.preempted_total += 1
+        self._counters.recomputed_tokens_total += comeback_cost(victim, page_size)  # as expected: its pages kept
+        self.policy.tallies.of(victim).preempted_total += 1
+        log.info("preempted %s (%s, %d tokens) for %s", victim.request.request_id, why(victim, newcomer),
+                 len(victim.tokens), newcomer.request.request_id)
+
+    def remove(self, entry: HeldJob, generator: Any) -> None:
+        """Out of the generator (its pages freed; it emits nothing) or the queue, and forgotten."""
+        if entry.enqueued:
+            generator.cancel(entry.job)
+        else:
+            self.waiting.remove(entry)
+        self.forget(entry)
+
+    def forget(self, entry: HeldJob) -> None:
+        del self.jobs[entry.request.request_id]
+        holding = {caller_of(e) for e in self.jobs.values()}
+        if caller_of(entry) not in holding:
+            self.policy.left(holding)
+
+    def fail(self, entry: HeldJob, message: str, kind: ErrorKind, generator: Any) -> None:
+        """Ends it with an error (the service then ends the whole request: samples waiting on it too)."""
+        self.remove(entry, generator)
+        self.outputs.append((entry.sink, ErrorEvent(message, kind)))
+
+    def clear(self) -> None:
+        """Forgets everything (the generator failed and every job with it)."""
+        self.jobs.clear()
+        self.waiting.clear()
+        self.policy.left(set())

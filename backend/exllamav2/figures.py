@@ -1,0 +1,39 @@
+"""The exllamav2 core's EngineStats: the same figures as the llama.cpp core's.
+
+Jobs the generator has started run; those it holds but has not started, and those waiting in the
+core's own queue, are queued; those that gave their place to another and wait to come back are
+preempted. The cache's used tokens are the pages jobs hold (each reserves prompt + max_new_tokens
+up front); its cached prefixes are the free pages that still hold keys and values a later prompt
+can reuse (0.3.2's unreferenced_pages lists every free page, the never-used ones too).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.common.fairness import CallerTallies
+from backend.common.stats import EngineCounters, EngineStats
+from backend.exllamav2.held import HeldJob
+
+
+def engine_stats(
+    counters: EngineCounters, steps: int, held: list[HeldJob], generator: Any, cache_tokens_total: int,
+    tallies: CallerTallies,
+) -> EngineStats:
+    running = [entry for entry in held if entry.enqueued and entry.results.started_at is not None]
+    preempted = [entry for entry in held if entry.preempted]
+    queued = [entry for entry in held if entry.results.started_at is None]
+    pages = getattr(generator, "all_pages", None) or ()
+    cached = [page for page in pages if page.ref_count == 0 and page.kv_position > 0]
+    page_size = getattr(generator, "page_size", 256)
+    return counters.snapshot(
+        steps=steps,
+        running_sequences=len(running),
+        preempted_sequences=len(preempted),
+        queued_requests=len(queued),
+        cache_tokens_used=sum(page.ref_count > 0 for page in pages) * page_size,
+        cache_tokens_total=cache_tokens_total,
+        prefix_cache_entries=len(cached),
+        prefix_cache_tokens=sum(page.kv_position for page in cached),
+        callers=tallies.snapshot(running, queued, preempted),
+    )
