@@ -15,10 +15,14 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import llguidance
 
 from backend.constraints.spec import ConstraintSpec
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # declared in llguidance's stub only
 
 # Whitespace JSON allows between tokens, when the caller opts into it.
 _JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]"
@@ -91,6 +95,13 @@ def source_chars(spec: ConstraintSpec) -> int:
     return sum(map(len, spec.value)) if isinstance(spec.value, tuple) else len(spec.value)
 
 
+def source_text(spec: ConstraintSpec) -> str:
+    """The one text of a constraint of any kind but choice (a schema, a regex, a grammar)."""
+    if not isinstance(spec.value, str):
+        raise ConstraintError(f"{spec.kind} takes one text, not a list")
+    return spec.value
+
+
 class _Health:
     """Whether any matcher copied from one compiled constraint has failed (shared, so mutable)."""
 
@@ -129,29 +140,31 @@ def to_grammar(spec: ConstraintSpec) -> str:
         if spec.kind == "json_object":
             schema = {"type": "object"}
         else:
-            if json_depth(spec.value) > MAX_JSON_DEPTH:
+            text = source_text(spec)
+            if json_depth(text) > MAX_JSON_DEPTH:
                 raise ConstraintError(f"json_schema nests deeper than {MAX_JSON_DEPTH} levels")
             try:
-                schema = json.loads(spec.value)
+                schema = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise ConstraintError(f"json_schema is not valid JSON: {exc}") from None
             if not isinstance(schema, (dict, bool)):
                 raise ConstraintError("json_schema must be a JSON object (or true/false)")
-        options: dict = {"whitespace_flexible": spec.whitespace_flexible}
+        options: JsonCompileOptions = {"whitespace_flexible": spec.whitespace_flexible}
         if spec.max_whitespace is not None:
             options = {"whitespace_flexible": True, "whitespace_pattern": f"{_JSON_WHITESPACE}{{0,{spec.max_whitespace}}}"}
         if not spec.strict:
-            options.update(lenient=True, coerce_one_of=True)
+            options["lenient"] = options["coerce_one_of"] = True
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)
         except ValueError as exc:
             raise ConstraintError(str(exc)) from None
     if spec.kind == "regex":
-        if _ends_in_lone_backslash(spec.value):  # llguidance would silently drop it
+        pattern = source_text(spec)
+        if _ends_in_lone_backslash(pattern):  # llguidance would silently drop it
             raise ConstraintError("the regex ends in an unfinished escape (a lone backslash)")
-        return llguidance.LLMatcher.grammar_from_regex(spec.value)
+        return llguidance.LLMatcher.grammar_from_regex(pattern)
     if spec.kind == "grammar":
-        return llguidance.LLMatcher.grammar_from_lark(spec.value)
+        return llguidance.LLMatcher.grammar_from_lark(source_text(spec))
     if spec.kind == "choice":
         # Lark string literals take JSON's escapes, so every choice is matched byte for byte.
         alternatives = " | ".join(json.dumps(value, ensure_ascii=False) for value in spec.value)

@@ -7,7 +7,7 @@ llguidance needs, so llama.cpp and exllamav2 share this code.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import llguidance
 from llguidance import TokenizerWrapper
@@ -16,7 +16,14 @@ from llguidance import TokenizerWrapper
 class _Vocabulary:
     """The duck-typed tokenizer object llguidance's TokenizerWrapper reads."""
 
-    def __init__(self, tokens, eos_token_id, bos_token_id, special_token_ids, encode) -> None:
+    def __init__(
+        self,
+        tokens: list[bytes],
+        eos_token_id: int,
+        bos_token_id: int | None,
+        special_token_ids: list[int],
+        encode: Callable[[bytes], list[int]],
+    ) -> None:
         self.tokens = tokens
         self.eos_token_id = eos_token_id
         self.bos_token_id = bos_token_id

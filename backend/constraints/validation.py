@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 import jsonschema
 import regex
+from jsonschema.protocols import Validator
 
-from backend.constraints.compiler import MAX_JSON_DEPTH, json_depth
+from backend.constraints.compiler import MAX_JSON_DEPTH, json_depth, source_text
 from backend.constraints.spec import ConstraintSpec
 
 
@@ -24,7 +27,7 @@ class _Unchecked(Exception):
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(pattern: str) -> regex.Pattern:
+def _compiled(pattern: str) -> regex.Pattern[str]:
     # \z (end of text, as in Rust) is \Z in Python's dialects.
     try:
         return regex.compile(pattern.replace(r"\z", r"\Z"))
@@ -32,13 +35,28 @@ def _compiled(pattern: str) -> regex.Pattern:
         raise _Unchecked(f"pattern {pattern[:80]!r}: {exc}") from None
 
 
-def _pattern(validator, pattern, instance, schema):
-    if validator.is_type(instance, "string") and not _compiled(pattern).search(instance):
+class _KeywordValidator(Protocol):
+    """What a keyword function uses of the validator jsonschema hands it (its protocol omits `descend`)."""
+
+    def is_type(self, instance: object, type: str) -> bool: ...
+
+    def descend(
+        self, instance: object, schema: object, path: str | None = None, schema_path: str | None = None
+    ) -> Iterator[jsonschema.ValidationError]: ...
+
+
+def _pattern(
+    validator: _KeywordValidator, pattern: str, instance: object, schema: Mapping[str, object]
+) -> Iterator[jsonschema.ValidationError]:
+    # is_type is jsonschema's rule for each draft; isinstance, always true with it, narrows the type.
+    if validator.is_type(instance, "string") and isinstance(instance, str) and not _compiled(pattern).search(instance):
         yield jsonschema.ValidationError(f"{instance[:80]!r} does not match {pattern[:80]!r}")
 
 
-def _pattern_properties(validator, patterns, instance, schema):
-    if not validator.is_type(instance, "object"):
+def _pattern_properties(
+    validator: _KeywordValidator, patterns: Mapping[str, object], instance: object, schema: Mapping[str, object]
+) -> Iterator[jsonschema.ValidationError]:
+    if not (validator.is_type(instance, "object") and isinstance(instance, Mapping)):
         return
     for pattern, subschema in patterns.items():
         for key, value in instance.items():
@@ -46,9 +64,12 @@ def _pattern_properties(validator, patterns, instance, schema):
                 yield from validator.descend(value, subschema, path=key, schema_path=pattern)
 
 
-def _validator(schema: dict | bool) -> jsonschema.protocols.Validator:
+def _validator(schema: Mapping[str, object] | bool) -> Validator:
     base = jsonschema.validators.validator_for(schema)
-    extended = jsonschema.validators.extend(base, {"pattern": _pattern, "patternProperties": _pattern_properties})
+    # types-jsonschema leaves extend() unannotated; it returns a validator class like `base`.
+    extended: type[Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+        base, {"pattern": _pattern, "patternProperties": _pattern_properties}
+    )
     return extended(schema)
 
 
@@ -60,7 +81,7 @@ def json_output_problem(spec: ConstraintSpec, text: str) -> str:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         return f"output is not valid JSON: {exc}"
-    schema = json.loads(spec.value) if spec.kind == "json_schema" else {"type": "object"}
+    schema = json.loads(source_text(spec)) if spec.kind == "json_schema" else {"type": "object"}
     try:
         error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(document))
     except _Unchecked as exc:
