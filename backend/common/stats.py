@@ -4,6 +4,7 @@ running totals an engine core keeps on its own thread to build it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from backend.common.fairness import CallerTally
 
@@ -47,6 +48,22 @@ class EngineStats:
         return self.cached_prompt_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0
 
 
+class LiveFigures(TypedDict, total=False):
+    """The EngineStats fields an engine core reads off its own state when it publishes (the rest are
+    EngineCounters' totals): `EngineCounters.snapshot`'s keyword arguments."""
+
+    steps: int
+    running_sequences: int
+    paused_sequences: int
+    queued_requests: int
+    cache_tokens_used: int
+    cache_tokens_total: int
+    prefix_cache_entries: int
+    prefix_cache_tokens: int
+    preempted_sequences: int
+    callers: tuple[CallerTally, ...]
+
+
 @dataclass(frozen=True)
 class CancelOrder:
     """A cancel as the worker received it, so the core can tell how long it took to serve."""
@@ -84,6 +101,6 @@ class EngineCounters:
         self.last_cancel_latency_s = now - order.issued_at
         self.max_cancel_latency_steps = max(self.max_cancel_latency_steps, steps)
 
-    def snapshot(self, **live: int) -> EngineStats:
+    def snapshot(self, **live: Unpack[LiveFigures]) -> EngineStats:
         """The totals with the live figures (running_sequences, cache_tokens_used, ...) as one EngineStats."""
         return EngineStats(**vars(self), **live)  # every field a number: a shallow copy is a copy
