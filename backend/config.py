@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from backend.constraints import ConstraintLimits
 from backend.types import SpeculationMode
@@ -94,7 +95,7 @@ class FairnessSettings:
 class LlamaCppSettings:
     threads: int = 0
     """CPU threads for llama.cpp; 0: the engine picks every core or every core but one, whichever
-    decodes faster as the machine's load changes (see backend.llamacpp.threads)."""
+    decodes faster as the machine's load changes (see backend.llamacpp.speculation.threads)."""
     batch_tokens: int = 512
     """Most tokens in one llama_decode call: bounds a prefill chunk, and so how long decoding waits for it."""
     gpu_layers: int = 0
@@ -185,7 +186,7 @@ class EngineConfig:
         return auto if self.speculation is SpeculationSetting.AUTO else SpeculationMode(self.speculation.value)
 
     @classmethod
-    def of(cls, **settings) -> EngineConfig:
+    def of(cls, **settings: Any) -> EngineConfig:
         """Built from setting names alone (`context_length=1024, prefix_cache=False`), each going to its
         section, as tests and benchmarks like to write it."""
         sections = {}

@@ -8,7 +8,8 @@ worker thread. The service never touches model objects itself.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from backend.common.stats import EngineStats
 from backend.constraints import ConstraintCompiler

@@ -18,7 +18,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from backend.common.stats import CancelOrder, EngineStats
 from backend.engine import EventSink
@@ -137,7 +138,8 @@ class EngineWorker:
             command, arg = self._commands.get(block=timeout != 0.0, timeout=timeout)
         except queue.Empty:
             return True
-        handlers = {
+        # Each handler takes its own command's argument, which the queue holds untyped.
+        handlers: dict[Command, Callable[[Any], list[Output]]] = {
             Command.ADD: lambda arg: self._core.add(*arg),
             Command.CANCEL: self._core.cancel,
             Command.PAUSE: self._core.pause,

@@ -18,11 +18,14 @@ import datetime
 import json
 import re
 import secrets
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import NoReturn
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from backend.types import ChatMessage
@@ -113,16 +116,22 @@ class _GenerationTag(jinja2.ext.Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser):
+    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
         parser.stream.skip(1)
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
-def _raise_exception(message: str):
+def _raise_exception(message: str) -> NoReturn:
     raise ChatTemplateError(message)
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+def _tojson(
+    value: object,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 

@@ -105,6 +105,10 @@ class CallerTally:
     weight: float = 1.0
 
 
+_LiveCounts = tuple[tuple[tuple[str, int], ...], ...]
+"""Callers' running, queued and preempted counts, as (caller, count) pairs sorted by caller."""
+
+
 class CallerTallies:
     """Totals per caller, bounded: past MAX_TRACKED_CALLERS the idle caller served least is forgotten."""
 
@@ -115,7 +119,7 @@ class CallerTallies:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._tallies: dict[str, CallerTally] = {}
         self._clock = clock
-        self._last: tuple[tuple[CallerTally, ...], tuple, float] | None = None  # (snapshot, live counts, taken at)
+        self._last: tuple[tuple[CallerTally, ...], _LiveCounts, float] | None = None  # (snapshot, live counts, taken at)
 
     def of(self, item: Held) -> CallerTally:
         caller = caller_of(item)
@@ -130,7 +134,7 @@ class CallerTallies:
     ) -> tuple[CallerTally, ...]:
         """Every tracked caller with its live counts, busiest first (at most REFRESH_S old while the live
         counts stay as they are)."""
-        live = {name: collections.Counter() for name in ("running", "queued", "preempted")}
+        live: dict[str, collections.Counter[str]] = {name: collections.Counter() for name in ("running", "queued", "preempted")}
         for name, items in (("running", running), ("queued", queued), ("preempted", preempted)):
             for item in items:
                 self.of(item)
@@ -249,7 +253,7 @@ class FairnessPolicy:
             return None
         per_caller = collections.Counter(caller_of(item) for item in held)
 
-        def entitlement(pair: tuple[int, H]) -> tuple:
+        def entitlement(pair: tuple[int, H]) -> tuple[int, float, int]:
             arrival, item = pair
             return _priority(item), -per_caller[caller_of(item)] / _weight(item), -arrival
 

@@ -5,7 +5,7 @@ bias, penalties and DRY to them; llama.cpp's are from before.)"""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from backend.types import GeneratedToken, TopLogprob
 def with_logprobs(token: int, logits: np.ndarray, piece: Callable[[int], bytes], top_n: int) -> GeneratedToken:
     """`token` with its logprob and the `top_n` likeliest tokens of one step's `logits` (masked ones -inf)."""
     logprobs = logits - np.logaddexp.reduce(logits[np.isfinite(logits)])
-    top = ()
+    top: tuple[TopLogprob, ...] = ()
     if top_n:
         best = np.argpartition(-logprobs, top_n)[:top_n]
         best = best[np.argsort(-logprobs[best])]

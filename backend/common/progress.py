@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import IO
+from typing import IO, Never
 
 from tqdm import tqdm
 
@@ -18,7 +18,7 @@ class Progress:
     def __init__(self, description: str, stream: IO[str] | None = None) -> None:
         self.description = description
         stream = stream or sys.stderr
-        self._bar: tqdm | None = None
+        self._bar: tqdm[Never] | None = None  # a bar over no iterable
         self._terminal = stream.isatty()
         self._stream = stream
         self._logged_tenths = -1
