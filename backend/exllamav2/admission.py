@@ -108,7 +108,7 @@ class Admission:
     def _preempt(self, victim: HeldJob, newcomer: HeldJob, generator: Any, page_size: int) -> None:
         """Cancels the victim's job and queues the one that continues it."""
         generator.cancel(victim.job)  # frees its pages, which keep their keys and values
-        victim.enqueued = False
+        victim.enqueued, computed = False, victim.results.started_at is not None
         try:
             victim.job = continuation(victim, self._make_job, page_size)
         except Exception as exc:
@@ -118,7 +118,8 @@ class Admission:
             return
         self.waiting.append(victim)
         self._counters.preempted_total += 1
-        self._counters.recomputed_tokens_total += comeback_cost(victim, page_size)  # as expected: its pages kept
+        if computed:  # what its comeback is expected to compute again, its pages kept
+            self._counters.recomputed_tokens_total += comeback_cost(victim, page_size)
         self.policy.tallies.of(victim).preempted_total += 1
         log.info("preempted %s (%s, %d tokens) for %s", victim.request.request_id, why(victim, newcomer),
                  len(victim.tokens), newcomer.request.request_id)

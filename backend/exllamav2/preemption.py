@@ -4,7 +4,8 @@ The generator cannot pause a job, so a job gives its batch place by being cancel
 back to the generator, keeping their keys and values), and comes back later as a new job whose
 prompt is the old one's prompt and output. exllamav2 finds full pages again by the hash of the
 tokens they hold, and copies a partial last page from the best match, so while the cache has not
-reused them the comeback computes little. The caller's stream goes on where it was: no token is
+reused them the comeback computes little (unpaged, a page is the whole cache: it computes everything
+again, which the fairness policy weighs as the cost of bringing it back). The caller's stream goes on where it was: no token is
 repeated or dropped, because a job gives way only at a clean boundary:
 
 - nothing held: no text or token held back for a partial stop string, a partial banned string
