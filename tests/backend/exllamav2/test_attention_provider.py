@@ -164,3 +164,9 @@ def test_a_second_import_with_a_conflicting_setting_is_refused(site, no_flash_at
         import_exllamav2("off")
     with pytest.raises(EngineUnavailable, match="already imported with sdpa"):
         import_exllamav2("flash-attn")
+
+
+def test_the_start_line_names_the_provider_and_whether_it_batches():
+    assert attention_provider.describe("sdpa", True, 8) == (
+        "exllamav2 attention: sdpa (tokenspout's paged attention on torch SDPA), paged, batch 8")
+    assert attention_provider.describe("none", False, 1) == "exllamav2 attention: none, unpaged, one request at a time"
