@@ -1,4 +1,4 @@
-"""How often proposals are accepted, by where they came from (backend/llamacpp/speculation.py's SOURCES),
+"""How often proposals are accepted, by where they came from (backend/llamacpp/speculation/drafts.py's SOURCES),
 for each workload of bench/workloads.py: the figures behind the planner's per-source acceptance.
 
 Every prompt runs alone on the engine core in-process, greedy, with the planner made to check every
@@ -19,9 +19,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 from backend.types import ChatMessage
-from backend.llamacpp import scheduler as scheduler_module
 from backend.llamacpp.model import GgufModel
-from backend.llamacpp.speculation import DraftState
+from backend.llamacpp.speculation import speculator as speculator_module
+from backend.llamacpp.speculation.drafts import DraftState
 from backend.common.models import default_model_path
 from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams
 from tests.harness.core_driver import Recorder, make_core, run_until_idle
@@ -44,7 +44,7 @@ def main() -> int:
         learn(self, source, proposed, accepted)
 
     DraftState.checked = counted
-    scheduler_module.plan_drafts = lambda candidates, costs: [min(len(c.proposed), args.draft) for c in candidates]
+    speculator_module.plan_drafts = lambda candidates, costs: [min(len(c.proposed), args.draft) for c in candidates]
     for name, prompts in WORKLOADS.items():
         workload[0] = name
         for i, text in enumerate(prompts):

@@ -1,5 +1,5 @@
 """What one llama_decode costs by its shape: the figures the speculation planner's cost model stands on
-(backend/llamacpp/costs.py).
+(backend/llamacpp/speculation/costs.py).
 
 Eight sequences hold the same prompt; each shape decodes some rows of some of them (logits on every
 row, as checked proposals have), the shapes in shuffled order, each many times. Prints the median time
@@ -26,7 +26,7 @@ import llama_cpp
 import numpy as np
 
 from backend.llamacpp.batch import Batch
-from backend.llamacpp.costs import passes_for
+from backend.llamacpp.speculation.costs import passes_for
 from backend.llamacpp.model import GgufModel
 from backend.common.models import default_model_path
 

@@ -21,8 +21,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 from backend.types import ChatMessage
-from backend.llamacpp import scheduler as scheduler_module
 from backend.llamacpp.model import GgufModel
+from backend.llamacpp.speculation import speculator as speculator_module
 from backend.common.models import default_model_path
 from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams
 from tests.harness.core_driver import Recorder, make_core, run_until_idle, token_ids
@@ -79,7 +79,7 @@ def main() -> int:
     model = GgufModel(default_model_path())
     texts = [*(text for prompts in WORKLOADS.values() for text in prompts), *QUESTIONS]
     prompts = [tuple(model.render_chat([ChatMessage("user", text)])) for text in texts]
-    scheduler_module.plan_drafts = CHECK_EVERY
+    speculator_module.plan_drafts = CHECK_EVERY
     plain = {}
     for group in (1, 8):
         off, _, _ = outputs(model, prompts, SpeculationMode.OFF, group, args.tokens, args.threads)

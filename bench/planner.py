@@ -16,7 +16,7 @@ proposals, at the same costs): about the most any planner could make of them her
 
     python -m bench.planner [--set NAME=VALUE ...] [--tokens 120]
 
-  --set   overrides a constant of backend/llamacpp/speculation.py for the run, e.g. --set _CURIOSITY=0.5
+  --set   overrides a constant of backend/llamacpp/speculation/ for the run, e.g. --set _CURIOSITY=0.5
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 from backend.config import EngineConfig
 from backend.types import ChatMessage
-from backend.llamacpp import speculation
 from backend.llamacpp.core import LlamaCppCore
-from backend.llamacpp.costs import DecodeCosts
 from backend.llamacpp.model import GgufModel, init_backend
-from backend.llamacpp.speculation import DraftState, proposal
+from backend.llamacpp.speculation import drafts, planner, proposers
+from backend.llamacpp.speculation.costs import DecodeCosts
+from backend.llamacpp.speculation.drafts import DraftState, proposal
 from backend.common.models import default_model_path
 from backend.types import (
     GenerationRequest, SamplingParams, Scheduling, SpeculationMode, SpeculationParams, StopParams,
@@ -53,21 +53,28 @@ def measured() -> DecodeCosts:
     return DecodeCosts.given(**LINE, shapes={(1, rows, rows): ms / 1000 for rows, ms in enumerate(ONE_SEQUENCE_MS, 1)})
 
 
+class ModelledDecodes:
+    """Stands in for the speculator's thread tuner: each decode is charged what `truth` says it costs, and
+    the planner plans with `planned` (current_costs), which learns from those charges."""
+
+    def __init__(self, truth: DecodeCosts, planned: DecodeCosts, threads: int) -> None:
+        self.truth, self.current_costs, self.threads, self.charged = truth, planned, threads, 0.0
+
+    def record(self, passes: int, rows: int, logit_rows: int, seconds: float, prefill: bool = False) -> int:
+        if not prefill:
+            cost = self.truth.estimate(passes, rows, logit_rows)
+            self.charged += cost
+            self.current_costs.record(passes, rows, logit_rows, cost)
+        return self.threads
+
+
 def replay(
     core: LlamaCppCore, prompt: tuple[int, ...], tokens: int, name: str, mode: SpeculationMode, planned: DecodeCosts
 ):
     """(modelled tok/s over plain decoding's, the output) of one greedy request alone; `planned`: the costs
     the planner plans with, learning from each decode's charge."""
-    truth, charged, output = measured(), [0.0], []
-
-    def decoded(passes, rows, logit_rows, seconds, prefill):  # the core's hook for measured decodes
-        if not prefill:
-            cost = truth.estimate(passes, rows, logit_rows)
-            charged[0] += cost
-            planned.record(passes, rows, logit_rows, cost)
-        core.scheduler.costs = planned
-
-    core._decoded, core.scheduler.costs = decoded, planned
+    truth, output = measured(), []
+    decodes = core.speculator.tuner = ModelledDecodes(truth, planned, core.speculator.threads)
     request = GenerationRequest(
         name, prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=tokens, ignore_eos=True),
         speculation=SpeculationParams(mode, 16), scheduling=Scheduling(caller=name),
@@ -78,7 +85,7 @@ def replay(
     while core.has_work():
         for deliver, event in core.step():
             deliver(event)
-    return (len(output) - 1) * truth.estimate(1, 1, 1) / charged[0], output  # the first token comes from the prompt
+    return (len(output) - 1) * truth.estimate(1, 1, 1) / decodes.charged, output  # the first token comes from the prompt
 
 
 def oracle(prompt: tuple[int, ...], output: list[int]) -> float:
@@ -107,9 +114,10 @@ def main() -> int:
     args = parser.parse_args()
     for assignment in args.set:
         name, value = assignment.split("=", 1)
-        if not hasattr(speculation, name):
-            parser.error(f"backend/llamacpp/speculation.py has no {name}")
-        setattr(speculation, name, type(getattr(speculation, name))(value))
+        module = next((m for m in (drafts, planner, proposers) if hasattr(m, name)), None)
+        if module is None:
+            parser.error(f"backend/llamacpp/speculation/ has no {name}")
+        setattr(module, name, type(getattr(module, name))(value))
     init_backend()
     model = GgufModel(default_model_path())
     core = LlamaCppCore(model, EngineConfig.of(context_length=1024, max_batch_size=8, batch_tokens=512, threads=2))

@@ -13,7 +13,8 @@ token (sampling), and end the sequences that are done. The rooms:
     rows       a sequence's feed into the batch, and its rows sampled (proposals checked)
     sampling   masks, sampler chains, logprobs
     sequence   one request's state
-    (and speculation, threads, siblings, prompt_logprobs: see each)
+    speculation  the proposed tokens each feed checks, and what decodes and checks teach
+    (and siblings, prompt_logprobs: see each)
 
 Only the engine thread calls into this class (see backend.worker); every
 public method returns the events it produced, for the worker to deliver.
@@ -26,14 +27,13 @@ import time
 
 import llama_cpp
 
-from backend.common.fairness import FairnessPolicy, caller_of
+from backend.common.fairness import FairnessPolicy
 from backend.common.output import ConstraintFailed
 from backend.common.stats import CancelOrder, EngineCounters, EngineStats
 from backend.config import EngineConfig
 from backend.engine import EventSink
 from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
-from backend.llamacpp.costs import passes_for
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prompt_logprobs import score_rows, wants_prompt_logprobs
@@ -43,7 +43,7 @@ from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
-from backend.llamacpp.threads import ThreadTuner
+from backend.llamacpp.speculation import Speculator, ThreadTuner
 from backend.types import ErrorEvent, ErrorKind, Event, FinishReason, GenerationRequest, TokenEvent
 from backend.worker import Output
 
@@ -56,8 +56,8 @@ class LlamaCppCore:
         self.config = config
         own = config.llamacpp
         slots = config.max_batch_size + (own.prefix_cache_slots if own.prefix_cache else 0)
-        self.threads = ThreadTuner(own.threads, plain_row_share=model.plain_row_share)
-        self.ctx = model.new_context(slots, config.context_length, own.batch_tokens, self.threads.threads)
+        tuner = ThreadTuner(own.threads, plain_row_share=model.plain_row_share)
+        self.ctx = model.new_context(slots, config.context_length, own.batch_tokens, tuner.threads)
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
         self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache)
         self.scheduler = Scheduler(
@@ -65,8 +65,8 @@ class LlamaCppCore:
             self.slots.comeback_cost,
         )
         self.batch = Batch(own.batch_tokens)
-        self.picker = TokenPicker(model, slots, max(self.threads.candidates))
-        self.scheduler.costs = self.threads.current_costs
+        self.speculator = Speculator(tuner, self.scheduler.max_forced)
+        self.picker = TokenPicker(model, slots, max(tuner.candidates))
         self._outputs: list[Output] = []
         self.steps = 0
         self.counters = EngineCounters()
@@ -139,7 +139,7 @@ class LlamaCppCore:
         self._expire()
         self.admitter.admit(self.steps)
         self.slots.compact(self.scheduler.running.values())
-        feeds = self.scheduler.next_feeds()
+        feeds = self.speculator.extend(self.scheduler.next_feeds())
         self.scheduler.account(feeds, self.steps)
         if feeds:
             self._decode_and_sample(feeds)
@@ -176,24 +176,28 @@ class LlamaCppCore:
             return
         for seq, start, rows in to_score:  # before sampling: the scores go out with the first token
             score_rows(self.ctx, self.model, seq, start, rows)
-        rows = [feed.count + len(feed.proposed) for feed in feeds]
-        self._decoded(passes_for(rows), sum(rows), self.batch.logit_rows, time.perf_counter() - start, feeds[0].prefill)
+        seconds, threads = time.perf_counter() - start, self.speculator.threads
         constrained = [entry.sequence for entry in to_sample if entry.sequence.output.constraint is not None]
         self.picker.fill_masks([(seq.output.constraint, seq.slot) for seq in constrained])
+        checks: list[tuple[RowsToSample, int]] = []
         for entry in to_sample:
-            self._sample_guarded(entry)
+            self._sample_guarded(entry, checks)
+        self.speculator.learn(feeds, self.batch.logit_rows, seconds, checks)
+        if self.speculator.threads != threads:
+            llama_cpp.llama_set_n_threads(self.ctx, self.speculator.threads, self.speculator.threads)
 
-    def _sample_guarded(self, entry: RowsToSample) -> None:
+    def _sample_guarded(self, entry: RowsToSample, checks: list[tuple[RowsToSample, int]]) -> None:
+        """Samples the entry's rows, its proposals checked (added to `checks`); a fault ends it alone."""
         seq = entry.sequence
         try:
-            self._sample(entry)
+            self._sample(entry, checks)
         except ConstraintFailed as exc:  # the caller's constraint, not the engine, failed
             self._fail(seq, str(exc), ErrorKind.CONSTRAINT_FAILED)
         except Exception as exc:  # one sequence's fault must not end the others
             log.exception("sampling failed for %s", seq.id)
             self._fail(seq, f"sampling failed: {exc}")
 
-    def _sample(self, entry: RowsToSample) -> None:
+    def _sample(self, entry: RowsToSample, checks: list[tuple[RowsToSample, int]]) -> None:
         seq, output = entry.sequence, entry.sequence.output
         output.step = self.steps
         if self.siblings.holds(seq):  # its prompt is computed: its other samples fork from this row
@@ -202,8 +206,7 @@ class LlamaCppCore:
         if entry.proposed:
             self.counters.draft_tokens_total += len(entry.proposed)
             self.counters.accepted_draft_tokens_total += accepted
-            seq.draft.checked(entry.source, *entry.sampled(accepted))
-            self.scheduler.acceptance.checked(entry.source, *entry.sampled(accepted))
+            checks.append((entry, accepted))
         if not output.finished and output.constraint is not None:
             for forced in output.constraint.forced_tokens(self.scheduler.max_forced):  # no choice left: skip sampling
                 take_forced(seq, forced, self.picker, self.model.eos_token_set, self._take)
@@ -224,15 +227,7 @@ class LlamaCppCore:
             self.admitter.fork(leader, seq, self.steps)
             if seq.output.constraint is not None:
                 self.picker.fill_masks([(seq.output.constraint, seq.slot)])
-            self._sample_guarded(RowsToSample(seq, [row], ()))
-
-    def _decoded(self, passes: int, rows: int, logit_rows: int, seconds: float, prefill: bool) -> None:
-        """A decode's time, for the cost model the planner weighs and (decoding steps) the thread count."""
-        before = self.threads.threads
-        after = self.threads.record(passes, rows, logit_rows, seconds, prefill)
-        if after != before:
-            llama_cpp.llama_set_n_threads(self.ctx, after, after)
-        self.scheduler.costs = self.threads.current_costs
+            self._sample_guarded(RowsToSample(seq, [row], ()), [])
 
     def _take(self, seq: Sequence, token: int, event: Event) -> None:
         seq.tokens.append(token)
@@ -259,8 +254,7 @@ class LlamaCppCore:
     def _release(self, seq: Sequence) -> None:
         if seq.admissions or seq in self.scheduler.waiting:  # not a sample still waiting for its leader
             self.scheduler.remove(seq)
-        if len(seq.tokens) > seq.prompt_length:  # what its caller's later requests may repeat
-            self.scheduler.past_ngrams.learn(caller_of(seq), seq.tokens, seq.prompt_length)
+        self.speculator.ended(seq)
         if seq.placed:
             self.slots.vacate(seq)
         elif seq.admissions:  # preempted: its kept cells need not wait for it

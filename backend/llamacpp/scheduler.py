@@ -32,9 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from backend.common.fairness import FairnessPolicy, caller_of
-from backend.llamacpp.costs import DecodeCosts
 from backend.llamacpp.sequence import Sequence
-from backend.llamacpp.speculation import AcceptanceRates, Candidate, PastNgrams, Proposal, plan_drafts, proposal
 
 
 @dataclass(frozen=True)
@@ -48,13 +46,15 @@ class Admission:
 @dataclass(frozen=True)
 class Feed:
     """Tokens of one sequence for this step's decode: `tokens[cached : cached + count]`, then the
-    `proposed` tokens to check (see backend.llamacpp.speculation)."""
+    `proposed` tokens to check, which the speculator adds (see backend.llamacpp.speculation)."""
 
     sequence: Sequence
     count: int
+    room: int = 0
+    """Rows it may add for proposed tokens this step (0 until every known token is in)."""
     proposed: tuple[int, ...] = ()
     source: str = ""
-    """Where the proposed tokens came from (see backend.llamacpp.speculation.SOURCES)."""
+    """Where the proposed tokens came from (see backend.llamacpp.speculation.drafts.SOURCES)."""
     prefill: bool = False
     forced: tuple[bool, ...] = ()
     """Per proposed token: forced by the grammar once the ones before it are in (taken unsampled; empty: none is)."""
@@ -89,12 +89,6 @@ class Scheduler:
         self._turns = itertools.count()
         self._queue_turns = itertools.count()
         self._prompt_rows_since_decode = 0
-        self.costs = DecodeCosts()
-        """What decoding rows costs on this machine, as the core measures it."""
-        self.past_ngrams = PastNgrams()
-        """N-grams of finished sequences, per caller, for proposals (the core teaches it)."""
-        self.acceptance = AcceptanceRates()
-        """How often each source's proposals were accepted lately (the core teaches it)."""
 
     def add(self, seq: Sequence) -> list[Sequence]:
         """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
@@ -237,33 +231,21 @@ class Scheduler:
 
     def _decoding_feeds(self) -> list[Feed]:
         """The known tokens of every decoding sequence (its last token and any its grammar forced), and
-        the proposed tokens worth checking, in slot order.
+        the room each has left for proposed tokens, in slot order.
 
         Tokens in ascending sequence order: llama.cpp's per-sequence cache takes a much slower path
         (measured: 1.7x per step at 8 sequences) when a batch lists sequences out of order.
         """
         decoding = [seq for seq in sorted(self.running.values(), key=lambda seq: seq.slot) if seq.decodes]
         rows_each = self.batch_tokens // max(1, len(decoding))  # every sequence's rows fit one batch
-        candidates, proposals = [], []
+        feeds = []
         for seq in decoding:
             replaying = seq.cached < seq.replay_until - 1  # fed again one a step, as first computed
             known = 1 if replaying else min(rows_each, len(seq.tokens) - seq.cached)
             complete = seq.cached + known == len(seq.tokens)
             room = min(rows_each - known, self.context_length - len(seq.tokens), seq.output.tokens_left - 1)
-            offer = Proposal([])
-            if seq.draft is not None and complete and room > 0:
-                past = (self.past_ngrams, caller_of(seq))
-                offer = proposal(seq.tokens, seq.prompt_length, seq.draft, seq.output.constraint, room, past,
-                                 self.acceptance, self.max_forced)
-            acceptance = seq.draft.acceptance(offer.source, self.acceptance) if offer.tokens else 0.0
-            candidates.append(Candidate(known, offer.tokens, acceptance, offer.forced))
-            proposals.append(offer)
-        checked = plan_drafts(candidates, self.costs)
-        for seq, n in zip(decoding, checked):
-            if seq.draft is not None and not n:
-                seq.draft.idle()
-        return [Feed(seq, c.known_rows, tuple(c.proposed[:n]), offer.source if n else "", forced=tuple(c.forced[:n]))
-                for seq, c, offer, n in zip(decoding, candidates, proposals, checked)]
+            feeds.append(Feed(seq, known, room=max(0, room) if complete else 0))
+        return feeds
 
     def resumed(self, seq: Sequence) -> None:
         """Its caller reads again. Preempted while not reading, it queues from now on: a slow reader coming

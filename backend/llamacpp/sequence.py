@@ -12,8 +12,7 @@ from backend.common.output import SequenceOutput
 from backend.engine import EventSink
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.sampling import Sampler
-from backend.llamacpp.speculation import DraftState
-from backend.types import SAMPLE_SEPARATOR, GeneratedToken, GenerationRequest, SpeculationMode
+from backend.types import SAMPLE_SEPARATOR, GeneratedToken, GenerationRequest
 
 
 class Sequence:
@@ -46,8 +45,6 @@ class Sequence:
         """Its caller is not reading: it is skipped in batches, and may be preempted."""
         self.prompt_scores: list[GeneratedToken] = []
         """With prompt logprobs asked for: the prompt tokens scored so far (see prompt_logprobs)."""
-        speculation = request.speculation
-        self.draft = DraftState(speculation.max_draft_tokens) if speculation.mode is SpeculationMode.NGRAM else None
 
     @property
     def id(self) -> str:

@@ -12,19 +12,25 @@ import grpc
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintSpec
-from backend.types import ChatMessage
-from backend.llamacpp import scheduler as scheduler_module
-from backend.llamacpp.costs import DecodeCosts
 from backend.llamacpp.sampling import TokenPicker
-from backend.llamacpp.speculation import (
-    AcceptanceRates, Candidate, CopyCursor, DraftState, NgramIndex, PastNgrams, plan_drafts, proposal,
-)
+from backend.llamacpp.speculation import speculator as speculator_module
+from backend.llamacpp.speculation.costs import DecodeCosts
+from backend.llamacpp.speculation.drafts import AcceptanceRates, DraftState, proposal
+from backend.llamacpp.speculation.planner import Candidate, plan_drafts
+from backend.llamacpp.speculation.proposers import CopyCursor, NgramIndex, PastNgrams
 from backend.types import (
-    FinishReason, GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams, TokenEvent,
+    ChatMessage,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    SpeculationMode,
+    SpeculationParams,
+    StopParams,
+    TokenEvent,
 )
-from tests.harness.helpers import greedy, rpc_error, stream, text_of
-from tests.harness.core_driver import Recorder, make_core
 from tests.backend.llamacpp.test_prefix_cache import check_cells
+from tests.harness.core_driver import Recorder, make_core
+from tests.harness.helpers import greedy, rpc_error, stream, text_of
 from tokenspout.v1 import generation_pb2 as pb
 
 PASSAGE = (
@@ -38,7 +44,7 @@ OFF = SpeculationParams(SpeculationMode.OFF, 16)
 @pytest.fixture
 def check_every_proposal(monkeypatch):
     """The planner checks every proposal it is offered, whatever checking costs here."""
-    monkeypatch.setattr(scheduler_module, "plan_drafts", lambda candidates, costs: [len(c.proposed) for c in candidates])
+    monkeypatch.setattr(speculator_module, "plan_drafts", lambda candidates, costs: [len(c.proposed) for c in candidates])
 
 
 def copy_prompt(model, passage: str = PASSAGE) -> tuple[int, ...]:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from backend.llamacpp.threads import FIRST_INTERVAL, PROBE_STEPS, ThreadTuner
+from backend.llamacpp.speculation.threads import FIRST_INTERVAL, PROBE_STEPS, ThreadTuner
 
 
 def run(tuner: ThreadTuner, per_row: dict[int, float], steps: int) -> list[int]:

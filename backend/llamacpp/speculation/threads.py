@@ -20,7 +20,7 @@ import logging
 import os
 import statistics
 
-from backend.llamacpp.costs import DecodeCosts
+from backend.llamacpp.speculation.costs import DecodeCosts
 
 FIRST_INTERVAL = 200
 """Decode steps before the first probe, and after a probe that wins."""
