@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from backend import (
-    CallerTally, Finish, FinishReason, GeneratedToken, ModelInfo, SpeculationMode, SpeculationParams, TokenEvent,
+    CallerTally,
+    EngineStats,
+    Finish,
+    FinishReason,
+    GeneratedToken,
+    ModelInfo,
+    SpeculationMode,
+    SpeculationParams,
+    TokenEvent,
 )
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -149,6 +157,42 @@ def unary_response(messages: list[pb.GenerateStreamResponse]) -> pb.GenerateResp
         if len(by_sample) > 1:
             response.samples.append(result)
     return response
+
+
+def server_status(
+    stats: EngineStats, info: ModelInfo, *, max_queued_requests: int, rejected_total: int, draining: bool,
+    callers: list[pb.CallerStatus],
+) -> pb.GetServerStatusResponse:
+    """The engine's figures, with what the service adds: the door's refusals, draining, and each caller's status."""
+    return pb.GetServerStatusResponse(
+        running_sequences=stats.running_sequences,
+        queued_requests=stats.queued_requests,
+        paused_sequences=stats.paused_sequences,
+        cache_tokens_used=stats.cache_tokens_used,
+        cache_tokens_free=stats.cache_tokens_total - stats.cache_tokens_used,
+        max_batch_size=info.max_batch_size,
+        max_queued_requests=max_queued_requests,
+        engine_steps=stats.steps,
+        cancelled_total=stats.cancelled_total,
+        last_cancel_latency_steps=stats.last_cancel_latency_steps,
+        last_cancel_latency_ms=stats.last_cancel_latency_s * 1000,
+        max_cancel_latency_steps=stats.max_cancel_latency_steps,
+        rejected_total=rejected_total,
+        draining=draining,
+        started_total=stats.started_total,
+        cached_prefixes=stats.prefix_cache_entries,
+        cached_prefix_tokens=stats.prefix_cache_tokens,
+        prompt_tokens_total=stats.prompt_tokens_total,
+        cached_prompt_tokens_total=stats.cached_prompt_tokens_total,
+        prefix_cache_hit_rate=stats.prefix_hit_rate,
+        preempted_total=stats.preempted_total,
+        preempted_sequences=stats.preempted_sequences,
+        recomputed_tokens_total=stats.recomputed_tokens_total,
+        draft_tokens_total=stats.draft_tokens_total,
+        accepted_draft_tokens_total=stats.accepted_draft_tokens_total,
+        attention_provider=info.attention_provider,
+        callers=callers,
+    )
 
 
 def caller_statuses(

@@ -145,10 +145,9 @@ class TokenspoutServer:
             self.telemetry.observe_engine(lambda: engine.stats)
         model = self.config.engine.model
         validator = RequestValidator(
-            engine,
+            engine.info,
             Limits(max_input_bytes=self.config.max_input_bytes),
             model_names=(model,) if model != "default" else (),
-            special_tokens_in_chat_content=self.config.special_tokens_in_chat_content,
         )
         self.servicer = GenerationServicer(engine, validator, self.config, self.lifecycle, self.telemetry)
         pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)

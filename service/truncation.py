@@ -1,6 +1,6 @@
 """truncate_input_tokens for a chat: drop whole messages, oldest first, never the system message nor the last.
 
-A prompt keeps its last N tokens (see service.validate); a chat cut mid-message would
+A prompt keeps its last N tokens (see service.prompt); a chat cut mid-message would
 lose its template's markup, so it loses whole messages instead. Fewer messages render to
 fewer tokens, so the fewest to drop is found by bisection: a few renders, not one per message.
 """

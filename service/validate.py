@@ -1,9 +1,9 @@
-"""Validation at the edge: a protobuf request in, a neutral GenerationRequest out.
+"""Checks at the edge: a protobuf request in, the engine's parameters out, or every problem at once.
 
-Everything is checked here so that the engine never sees a request it cannot
-serve. Field problems are collected and reported together as BadRequest
-violations; state-dependent ones (a prompt longer than the context) are
-OUT_OF_RANGE; a model this server does not serve is NOT_FOUND.
+Pure: it reads what the model is (ModelInfo) and the limits, and never calls the engine (tokenizing and
+chat rendering are service.prompt's). Field problems are collected and reported together as BadRequest
+violations (INVALID_ARGUMENT); options this engine lacks are UNIMPLEMENTED; a model this server does
+not serve is NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -11,16 +11,25 @@ from __future__ import annotations
 import math
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backend import (
-    DEFAULT_DRY_BREAKERS, MAX_DRAFT_TOKENS, ChatMessage, ChatTemplateError, DryParams, Engine, GenerationRequest,
-    MirostatParams, OutputParams, SamplingParams, SpeculationParams, StopParams, XtcParams, common_prefix,
+    DEFAULT_DRY_BREAKERS,
+    MAX_DRAFT_TOKENS,
+    DryParams,
+    MirostatParams,
+    ModelInfo,
+    OutputParams,
+    SamplingParams,
+    SpeculationParams,
+    StopParams,
+    XtcParams,
 )
 from backend.constraints import ConstraintSpec
 from service.convert import SPECULATION_MODES
-from service.truncation import truncated_chat
-from service.errors import FieldViolation, invalid_argument, not_found_model, out_of_range, unimplemented
+from service.errors import FieldViolation, invalid_argument, not_found_model, unimplemented
+from service.fields import RangeChecker, checked, listed_strings, printable_ascii
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
@@ -50,30 +59,43 @@ class Limits:
     """Most texts one Tokenize call may carry (TokenizeRequest.texts)."""
 
 
+@dataclass(frozen=True)
+class RequestParams:
+    """A checked GenerateStreamRequest: what the engine's request takes from it, less the prompt (see
+    service.prompt), the compiled constraint (service.compiles) and who it is for (service.call)."""
+
+    request_id: str
+    sampling: SamplingParams
+    stopping: StopParams
+    output: OutputParams
+    speculation: SpeculationParams
+    constraint: ConstraintSpec | None
+    sample_seeds: tuple[int, ...]
+    prompt_logprobs: int
+    queue_timeout_s: float | None
+
+
 class RequestValidator:
-    def __init__(
-        self,
-        engine: Engine,
-        limits: Limits = Limits(),
-        model_names: tuple[str, ...] = (),
-        special_tokens_in_chat_content: bool = False,
-    ) -> None:
-        self._engine = engine
-        self._special_tokens_in_chat_content = special_tokens_in_chat_content
-        self._info = engine.info
+    def __init__(self, info: ModelInfo, limits: Limits = Limits(), model_names: tuple[str, ...] = ()) -> None:
+        self._info = info
         self.limits = limits
-        self._model_names = {"", "default", self._info.model_id, *model_names}
+        self._model_names = {"", "default", info.model_id, *model_names}
 
     def check_model(self, model: str) -> None:
         if model not in self._model_names:
             raise not_found_model(model)
 
-    def generation_request(self, request: pb.GenerateStreamRequest) -> tuple[GenerationRequest, ConstraintSpec | None]:
-        """The request as the engine takes it, less its compiled constraint, and that constraint's spec.
+    def check_samples(self, request: pb.GenerateStreamRequest) -> int:
+        """The places the request's samples (n) take at the door; INVALID_ARGUMENT past the most one may ask for."""
+        if request.n > self.limits.max_samples:
+            raise invalid_argument([FieldViolation("n", f"at most {self.limits.max_samples} samples")])
+        return max(1, request.n)
 
-        Raises ServiceError for anything the engine could not serve as asked. Tokenizes the
-        input (see `input_bytes`: call it from a worker thread when the input is large); the
-        caller compiles the constraint (see service.compiles).
+    def params(self, request: pb.GenerateStreamRequest) -> RequestParams:
+        """The request's settings as the engine takes them (its samples were checked at the door).
+
+        Raises NOT_FOUND for another model, INVALID_ARGUMENT naming every field problem at once, then
+        UNIMPLEMENTED for what this engine lacks.
         """
         self.check_model(request.model)
         violations: list[FieldViolation] = []
@@ -82,7 +104,7 @@ class RequestValidator:
             if request.stopping.ignore_eos:
                 violations.append(FieldViolation("stopping.ignore_eos", "cannot be used with a constraint"))
             constraint = self.constraint_spec(request.constraint, violations)
-        if len(request.request_id) > self.limits.max_request_id_length or not _printable_ascii(request.request_id):
+        if len(request.request_id) > self.limits.max_request_id_length or not printable_ascii(request.request_id):
             violations.append(
                 FieldViolation("request_id", f"printable ASCII, at most {self.limits.max_request_id_length} characters")
             )
@@ -90,42 +112,28 @@ class RequestValidator:
         stopping = self._stopping(request.stopping, violations)
         output = self._output(request.output, violations)
         speculation = self._speculation(request.speculation, violations)
-        if request.WhichOneof("input") is None:
-            violations.append(FieldViolation("prompt", "set prompt, chat or prompt_token_ids"))
-        elif request.HasField("prompt") and not request.prompt:
-            violations.append(FieldViolation("prompt", "must not be empty"))
-        elif request.HasField("chat"):
-            violations.extend(_chat_violations(request.chat))
-        elif request.HasField("prompt_token_ids"):
-            violations.extend(self._token_id_violations(request.prompt_token_ids.ids))
+        violations.extend(self._input_violations(request))
         if constraint is not None:
             for name in ("banned_strings", "token_healing"):
                 if getattr(sampling, name):
                     violations.append(FieldViolation(f"sampling.{name}", "cannot be used with a constraint"))
-        if request.n > self.limits.max_samples:
-            violations.append(FieldViolation("n", f"at most {self.limits.max_samples} samples"))
         if request.output.prompt_top_logprobs > self.limits.max_top_logprobs:
             violations.append(FieldViolation("output.prompt_top_logprobs", f"at most {self.limits.max_top_logprobs}"))
         if violations:
             raise invalid_argument(violations)
         self._refuse_unsupported(sampling, speculation)
         self._refuse_unsupported_features(request)
-        prompt, kept_messages, truncated = self._prompt(request)
-        problem = self._engine.budget_problem(len(prompt), stopping.max_new_tokens)
-        if problem:
-            raise out_of_range("stopping.max_new_tokens", problem)
-        return GenerationRequest(
+        return RequestParams(
             request_id=request.request_id or uuid.uuid4().hex,
-            prompt_token_ids=tuple(prompt),
             sampling=sampling,
             stopping=stopping,
             output=output,
             speculation=speculation,
-            last_message_start=self._last_message_start(kept_messages, prompt),
-            truncated_tokens=truncated,
+            constraint=constraint,
             sample_seeds=_sample_seeds(request, sampling) if request.n > 1 else (),
             prompt_logprobs=request.output.prompt_top_logprobs if _wants_prompt_logprobs(request) else -1,
-        ), constraint
+            queue_timeout_s=request.queue_timeout_ms / 1000 if request.queue_timeout_ms else None,
+        )
 
     def constraint_spec(self, c: pb.Constraint, violations: list[FieldViolation]) -> ConstraintSpec | None:
         """The neutral form of a constraint; shape problems are added to `violations`."""
@@ -177,16 +185,19 @@ class RequestValidator:
         if violations:
             raise invalid_argument(violations)
 
-    def tokenize_texts(self, request: pb.TokenizeRequest) -> list[tuple[bytes, list[int]]]:
-        """Each text of a checked Tokenize call (`texts`, else its one text) as UTF-8 with its tokens."""
-        texts = list(request.texts)
-        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
-        return [
-            (data, self._engine.tokenize(text, add_special=add_special))
-            for text, data in ((text, text.encode()) for text in (texts or [request.text]))
-        ]
+    def _input_violations(self, request: pb.GenerateStreamRequest) -> list[FieldViolation]:
+        """The input's shape (its size and tokens are service.prompt's)."""
+        if request.WhichOneof("input") is None:
+            return [FieldViolation("prompt", "set prompt, chat or prompt_token_ids")]
+        if request.HasField("prompt") and not request.prompt:
+            return [FieldViolation("prompt", "must not be empty")]
+        if request.HasField("chat"):
+            return _chat_violations(request.chat)
+        if request.HasField("prompt_token_ids"):
+            return self._token_id_violations(request.prompt_token_ids.ids)
+        return []
 
-    def _token_id_violations(self, ids) -> list[FieldViolation]:
+    def _token_id_violations(self, ids: Sequence[int]) -> list[FieldViolation]:
         """Ids outside the vocabulary, the first few by place, then how many more (an error stays small)."""
         if not ids:
             return [FieldViolation("prompt_token_ids.ids", "must not be empty")]
@@ -200,66 +211,8 @@ class RequestValidator:
             violations.append(FieldViolation("prompt_token_ids.ids", f"and {len(bad) - _SHOWN_BAD_IDS} more bad ids"))
         return violations
 
-    def prompt_tokens(self, request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> list[int]:
-        """Tokenizes the prompt or renders the chat, checking its size and that it fits the context."""
-        return self._prompt(request)[0]
-
-    def _prompt(
-        self, request: pb.GenerateStreamRequest | pb.TokenizeRequest
-    ) -> tuple[list[int], list[ChatMessage], int]:
-        """The prompt's tokens (truncated as the request asks), for a chat the messages they hold, and how
-        many tokens truncation dropped."""
-        truncated = 0
-        field_name = request.WhichOneof("input")
-        size = input_bytes(request)
-        if size > self.limits.max_input_bytes:
-            where = field_name or "text"
-            raise invalid_argument([FieldViolation(where, f"{size} bytes; at most {self.limits.max_input_bytes}")])
-        keep = request.truncate_input_tokens if isinstance(request, pb.GenerateStreamRequest) else 0
-        messages: list[ChatMessage] = []
-        if field_name == "chat":
-            messages = [ChatMessage(m.role, m.content) for m in request.chat.messages]
-            add_prompt = request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True
-            # ChatTemplateError: the caller's input
-            render = lambda kept: self._engine.render_chat(kept, add_prompt, self._special_tokens_in_chat_content)  # noqa: E731
-            tokens = render(messages)
-            if keep and len(tokens) > keep:
-                full = len(tokens)
-                messages, tokens = truncated_chat(messages, tokens, keep, render)
-                truncated = full - len(tokens)
-        elif field_name == "prompt_token_ids":
-            tokens = list(request.prompt_token_ids.ids)  # as given: the caller decides on BOS
-        else:
-            text = request.prompt if isinstance(request, pb.GenerateStreamRequest) else request.text
-            add_special = True
-            if isinstance(request, pb.TokenizeRequest) and request.HasField("add_special_tokens"):
-                add_special = request.add_special_tokens
-            tokens = self._engine.tokenize(text, add_special=add_special)
-        if field_name != "chat" and keep and len(tokens) > keep:
-            truncated = len(tokens) - keep
-            tokens = tokens[-keep:]
-        if isinstance(request, pb.GenerateStreamRequest) and not tokens:
-            raise invalid_argument([FieldViolation(field_name, "tokenizes to nothing")])
-        limit = self._info.context_length
-        if isinstance(request, pb.GenerateStreamRequest) and len(tokens) >= limit:
-            raise out_of_range(
-                field_name, f"{len(tokens)} prompt tokens leave no room in the {limit}-token context"
-            )
-        return tokens, messages, truncated
-
-    def _last_message_start(self, messages: list[ChatMessage], prompt: list[int]) -> int:
-        """Where a chat's last message begins in its tokens: the history before it renders to their prefix."""
-        if len(messages) < 2:
-            return 0
-        history = messages[:-1]
-        try:
-            before = self._engine.render_chat(history, False, self._special_tokens_in_chat_content)
-        except ChatTemplateError:  # a template may refuse a history on its own (e.g. ending with the system)
-            return 0
-        return common_prefix(before, prompt)
-
     def _sampling(self, s: pb.SamplingParams, violations: list[FieldViolation]) -> SamplingParams:
-        check = _RangeChecker("sampling", s, violations)
+        check = RangeChecker("sampling", s, violations)
         check.range("temperature", 0.0, 100.0)
         check.range("top_k", 0, self._info.vocab_size)
         check.range("top_p", 0.0, 1.0, low_open=True)
@@ -271,9 +224,7 @@ class RequestValidator:
         check.range("penalty_last_n", 0, self._info.context_length)
         check.range("seed", 0, MAX_SEED)
         if len(s.logit_bias) > self.limits.max_logit_bias_entries:
-            violations.append(
-                FieldViolation("sampling.logit_bias", f"at most {self.limits.max_logit_bias_entries} entries")
-            )
+            violations.append(FieldViolation("sampling.logit_bias", f"at most {self.limits.max_logit_bias_entries} entries"))
         for token, bias in s.logit_bias.items():
             if not 0 <= token < self._info.vocab_size:
                 violations.append(FieldViolation(f"sampling.logit_bias[{token}]", "not a token id of this model"))
@@ -283,18 +234,15 @@ class RequestValidator:
         check.range("tfs", 0.0, 1.0, low_open=True)
         check.range("skew", -5.0, 5.0)
         check.range("smoothing_factor", 0.0, 10.0)
-        violations.extend(
-            self._listed_strings(
-                "sampling.banned_strings", s.banned_strings,
-                self.limits.max_banned_strings, self.limits.max_banned_string_length,
-            )
-        )
+        limits = self.limits
+        violations.extend(listed_strings("sampling.banned_strings", s.banned_strings, limits.max_banned_strings,
+                                          limits.max_banned_string_length))
         params = check.values()
         temperature = params.get("temperature", 1.0)
         if "seed" not in params:
             params["seed"] = 0 if temperature == 0.0 else secrets.randbelow(MAX_SEED + 1)
-        xtc = _checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5))
-        mirostat = _checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True))
+        xtc = checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5))
+        mirostat = checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True))
         return SamplingParams(
             **params,
             logit_bias=dict(s.logit_bias),
@@ -306,32 +254,17 @@ class RequestValidator:
         )
 
     def _dry(self, d: pb.DrySampler, violations: list[FieldViolation]) -> DryParams:
-        params = _checked(
+        params = checked(
             d, "sampling.dry", violations, multiplier=(0.0, 10.0), base=(1.0, 10.0, True), allowed_length=(1, 64),
             penalty_last_n=(0, self._info.context_length),
         )
         if params.get("penalty_last_n") == 1:
             violations.append(FieldViolation("sampling.dry.penalty_last_n", "must be 0 (whole context) or at least 2"))
-        violations.extend(
-            self._listed_strings(
-                "sampling.dry.sequence_breakers", d.sequence_breakers,
-                self.limits.max_dry_breakers, self.limits.max_dry_breaker_length,
-            )
-        )
+        violations.extend(listed_strings("sampling.dry.sequence_breakers", d.sequence_breakers,
+                                          self.limits.max_dry_breakers, self.limits.max_dry_breaker_length))
         if "penalty_last_n" in params:
             params["last_n"] = params.pop("penalty_last_n")
         return DryParams(**params, sequence_breakers=tuple(d.sequence_breakers) or DEFAULT_DRY_BREAKERS)
-
-    @staticmethod
-    def _listed_strings(name: str, values, most: int, longest: int) -> list[FieldViolation]:
-        """Checks a repeated string field: at most `most` entries of 1 to `longest` characters."""
-        if len(values) > most:
-            return [FieldViolation(name, f"at most {most}")]
-        return [
-            FieldViolation(f"{name}[{i}]", f"must have 1 to {longest} characters")
-            for i, value in enumerate(values)
-            if not 0 < len(value) <= longest
-        ]
 
     def _refuse_unsupported(self, sampling: SamplingParams, speculation: SpeculationParams) -> None:
         """Raises UNIMPLEMENTED, naming every one, when the request turns on what this engine lacks."""
@@ -369,19 +302,15 @@ class RequestValidator:
         return SpeculationParams(mode or default.mode, s.max_draft_tokens or default.max_draft_tokens)
 
     def _stopping(self, s: pb.StoppingCriteria, violations: list[FieldViolation]) -> StopParams:
-        check = _RangeChecker("stopping", s, violations)
+        check = RangeChecker("stopping", s, violations)
         check.range("max_new_tokens", 1, self._info.context_length)
         check.range("min_new_tokens", 0, self._info.context_length)
         params = check.values()
         max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
         if params.get("min_new_tokens", 0) > max_new:
             violations.append(FieldViolation("stopping.min_new_tokens", "must be at most max_new_tokens"))
-        violations.extend(
-            self._listed_strings(
-                "stopping.stop_sequences", s.stop_sequences,
-                self.limits.max_stop_sequences, self.limits.max_stop_sequence_length,
-            )
-        )
+        violations.extend(listed_strings("stopping.stop_sequences", s.stop_sequences, self.limits.max_stop_sequences,
+                                          self.limits.max_stop_sequence_length))
         for i, token in enumerate(s.stop_token_ids):
             if not 0 <= token < self._info.vocab_size:
                 violations.append(FieldViolation(f"stopping.stop_token_ids[{i}]", "not a token id of this model"))
@@ -405,38 +334,6 @@ class RequestValidator:
         )
 
 
-class _RangeChecker:
-    """Checks the `optional` scalar fields of one message and collects the set ones."""
-
-    def __init__(self, prefix: str, message, violations: list[FieldViolation]) -> None:
-        self._prefix = prefix
-        self._message = message
-        self._violations = violations
-        self._values: dict[str, float | int] = {}
-
-    def range(self, name: str, low: float, high: float, low_open: bool = False) -> None:
-        if not self._message.HasField(name):
-            return
-        value = getattr(self._message, name)
-        in_range = (low < value if low_open else low <= value) and value <= high
-        if isinstance(value, float) and not math.isfinite(value) or not in_range:
-            bracket = "(" if low_open else "["
-            self._violations.append(FieldViolation(f"{self._prefix}.{name}", f"must be in {bracket}{low}, {high}]"))
-        else:
-            self._values[name] = value
-
-    def values(self) -> dict[str, float | int]:
-        return dict(self._values)
-
-
-def _checked(message, prefix: str, violations: list[FieldViolation], **ranges: tuple) -> dict[str, float | int]:
-    """The set fields of a small message, each checked against its (low, high[, low_open]) range."""
-    check = _RangeChecker(prefix, message, violations)
-    for name, bounds in ranges.items():
-        check.range(name, *bounds)
-    return check.values()
-
-
 def _wants_prompt_logprobs(request: pb.GenerateStreamRequest) -> bool:
     return request.output.prompt_logprobs or request.output.prompt_top_logprobs > 0
 
@@ -448,11 +345,6 @@ def _sample_seeds(request: pb.GenerateStreamRequest, sampling: SamplingParams) -
     if request.sampling.HasField("seed"):
         return tuple((sampling.seed + i) % (MAX_SEED + 1) for i in range(request.n))
     return (sampling.seed, *(secrets.randbelow(MAX_SEED + 1) for _ in range(request.n - 1)))
-
-
-def _printable_ascii(text: str) -> bool:
-    """Request ids go into logs and metadata: no control characters, no line breaks."""
-    return all(" " <= c <= "~" for c in text)
 
 
 def input_bytes(request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> int:

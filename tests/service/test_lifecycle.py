@@ -163,7 +163,7 @@ def test_the_callers_deadline_fails_the_call_when_the_engine_ends_it():
     the call, and it must fail with DEADLINE_EXCEEDED just as gRPC's would."""
     config = ServeConfig(engine=EngineConfig(context_length=512, max_batch_size=2))
     engine = FakeEngine(config.engine, step_s=MODEL_PACE_S)
-    servicer = GenerationServicer(engine, RequestValidator(engine), config, Lifecycle(HealthServicer()))
+    servicer = GenerationServicer(engine, RequestValidator(engine.info), config, Lifecycle(HealthServicer()))
 
     async def generate(time_remaining: float, **stopping) -> pb.GenerateResponse:
         request = pb.GenerateRequest.FromString(greedy(PROMPT, ignore_eos=True, **stopping).SerializeToString())

@@ -28,7 +28,8 @@ from backend.types import (
 from tests.harness.core_driver import Delivering
 from tests.harness.exllamav2_fakes import EOS, FakeGenerators, FakeJobs, eos, streaming
 from service.errors import ServiceError
-from service.validate import RequestValidator
+from service.prompt import PromptBuilder
+from service.validate import Limits, RequestParams, RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 
 PIECES = {10: b"Hel", 11: b"lo", 12: b" wor", 13: b"ld", 2: b""}
@@ -474,13 +475,20 @@ class PagedEngine:
         return budget_problem(prompt_tokens, max_new_tokens, max_seq_len=4096, cache_tokens=512)
 
 
+def checked(engine: PagedEngine, request: pb.GenerateStreamRequest) -> RequestParams:
+    """A request's settings as a call builds them: its fields checked, then its prompt (and the page budget)."""
+    params = RequestValidator(engine.info).params(request)
+    PromptBuilder(engine, Limits().max_input_bytes).prompt(request, params.stopping.max_new_tokens)
+    return params
+
+
 def test_a_request_over_the_budget_is_out_of_range_before_it_reaches_the_engine():
-    validator = RequestValidator(PagedEngine())
+    engine = PagedEngine()
     fits = pb.GenerateStreamRequest(prompt="a b c", stopping=pb.StoppingCriteria(max_new_tokens=500))
-    assert validator.generation_request(fits)[0].stopping.max_new_tokens == 500
+    assert checked(engine, fits).stopping.max_new_tokens == 500
     too_big = pb.GenerateStreamRequest(prompt="a b c", stopping=pb.StoppingCriteria(max_new_tokens=1000))
     with pytest.raises(ServiceError) as refused:
-        validator.generation_request(too_big)
+        checked(engine, too_big)
     assert refused.value.code == grpc.StatusCode.OUT_OF_RANGE and "cache pages" in refused.value.message
 
 
@@ -492,11 +500,11 @@ def test_exllamav2s_own_samplers_pass_validation_where_the_engine_has_them():
         ),
     )
     request.sampling.logit_bias[5] = -100.0
-    sampling = RequestValidator(PagedEngine()).generation_request(request)[0].sampling
+    sampling = checked(PagedEngine(), request).sampling
     assert (sampling.top_a, sampling.skew, sampling.banned_strings, sampling.token_healing) == (0.25, 1.0, ("As an AI",), True)
     assert sampling.dry.multiplier == pytest.approx(0.8) and sampling.logit_bias == {5: -100.0}
     with pytest.raises(ServiceError) as refused:  # the same request, to an engine with only the basics
-        RequestValidator(PagedEngine(("temperature", "seed"))).generation_request(request)
+        checked(PagedEngine(("temperature", "seed")), request)
     assert refused.value.code == grpc.StatusCode.UNIMPLEMENTED
     assert {v.field for v in refused.value.violations} == {
         f"sampling.{name}" for name in ("top_a", "skew", "banned_strings", "token_healing", "dry", "logit_bias")
@@ -577,10 +585,9 @@ def test_a_request_may_not_change_how_the_exllamav2_generator_drafts():
     drafts = SpeculationParams(SpeculationMode.NGRAM, 4)
     engine.info = dataclasses.replace(engine.info, speculation_modes=(SpeculationMode.NGRAM,),
                                       default_speculation=drafts, draft_tokens_per_request=False)
-    validator = RequestValidator(engine)
-    assert validator.generation_request(pb.GenerateStreamRequest(prompt="a b"))[0].speculation == drafts
+    assert checked(engine, pb.GenerateStreamRequest(prompt="a b")).speculation == drafts
     for asked in (pb.Speculation(mode=pb.SPECULATION_MODE_OFF), pb.Speculation(max_draft_tokens=2)):
         with pytest.raises(ServiceError) as refused:
-            validator.generation_request(pb.GenerateStreamRequest(prompt="a b", speculation=asked))
+            checked(engine, pb.GenerateStreamRequest(prompt="a b", speculation=asked))
         assert refused.value.code == grpc.StatusCode.UNIMPLEMENTED
         assert {v.field for v in refused.value.violations} & {"speculation.mode", "speculation.max_draft_tokens"}

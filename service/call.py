@@ -1,0 +1,384 @@
+"""One generation call, from the door to its last message.
+
+    call = GenerationCall(calls, request, context)
+    with call.admit():                   # a place within the caller's share, held until the call ends
+        await call.build()               # checks, prompt, constraint, deadline: one GenerationRequest
+        async for message in call.run(): # submit, then one message per batch of the engine's events
+            ...
+
+Shaped like vLLM's AsyncLLM.generate: one coroutine per request over its own event stream
+(service.streams). Leaving it before the engine ended the request (the caller cancelled,
+disconnected or ran out of deadline, or the server ended the call) cancels the request in the
+engine, which frees its cache before the next step. What the calls share is `Calls`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from typing import Any
+
+import grpc
+from opentelemetry import trace
+
+from backend import (
+    CallerTally,
+    Engine,
+    ErrorEvent,
+    ErrorKind,
+    EventSink,
+    Finish,
+    FinishReason,
+    GenerationRequest,
+    Scheduling,
+    TokenEvent,
+)
+from backend.constraints import ConstraintSpec, json_output_problem
+from service import auth, convert
+from service.callers import Callers
+from service.compiles import CompileGate
+from service.config import ServeConfig
+from service.errors import (
+    CURRENT_REQUEST_ID,
+    FieldViolation,
+    ServiceError,
+    already_exists,
+    deadline_exceeded,
+    from_engine,
+    unimplemented,
+)
+from service.lifecycle import Lifecycle
+from service.prompt import Prompt, PromptBuilder, off_loop_if_large
+from service.shares import Shares
+from service.streams import EventRelay, RequestStream
+from service.telemetry import Telemetry
+from service.tracing import RequestTrace
+from service.validate import RequestParams, RequestValidator
+from tokenspout.v1 import generation_pb2 as pb
+
+# The servicer's name, which the log lines had before calls had a module of their own.
+log = logging.getLogger("service.generation")
+
+_REFUSALS = (ErrorKind.SHED, ErrorKind.QUEUE_TIMEOUT)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+"""A call's gRPC context (its message types do not matter to what reads it here)."""
+
+
+class Calls:
+    """What the calls share: the engine, the door (lifecycle, callers, shares), the checks, prompts and
+    compiles, and the running calls by (caller identity, request id), so that callers see only their own."""
+
+    def __init__(
+        self, engine: Engine, validator: RequestValidator, prompts: PromptBuilder, compiles: CompileGate,
+        config: ServeConfig, lifecycle: Lifecycle, telemetry: Telemetry,
+    ) -> None:
+        self.engine = engine
+        self.validator = validator
+        self.prompts = prompts
+        self.compiles = compiles
+        self.lifecycle = lifecycle
+        self.telemetry = telemetry
+        self.fair = config.engine.fairness.fair
+        capacity = engine.info.max_batch_size + config.engine.max_queued_requests
+        self.shares = Shares(capacity, config.per_caller_limit, self.fair)
+        self.callers = Callers(config.caller_weights, config.priority_callers, config.fairness_header)
+        self.rejected_total = 0
+        """Requests refused for load, at the door or shed from the queue (GetServerStatus)."""
+        self._buffer_events = config.stream_buffer_events
+        self._running: dict[tuple[str, str], RequestStream] = {}
+        self._relay: EventRelay | None = None
+
+    def refused(self, key: str, error: ServiceError, rejected: bool = True) -> None:
+        """Counts one request refused for load: in rejected_total unless not `rejected` (a queue timeout was
+        let in and waited too long), and per caller and reason in the metrics."""
+        if rejected:
+            self.rejected_total += 1
+        if self.telemetry.enabled:
+            self.telemetry.count_rejection(key, error.reason)
+
+    def engine_id(self, request_id: str) -> str:
+        """The id the engine knows a request by: its own, unless another caller's request has it now."""
+        in_use = {stream.request_id for stream in self._running.values()}
+        engine_id, n = request_id, 0
+        while engine_id in in_use:
+            n += 1
+            engine_id = f"{request_id}~{n}"
+        return engine_id
+
+    def open(self, identity: str, request_id: str, engine_id: str) -> RequestStream:
+        """The event stream of a call that starts now; ALREADY_EXISTS while its caller runs another of that id."""
+        if (identity, request_id) in self._running:
+            raise already_exists(request_id)
+        stream = RequestStream(self.engine, engine_id, self._buffer_events)
+        self._running[identity, request_id] = stream
+        return stream
+
+    def close(self, identity: str, request_id: str) -> None:
+        del self._running[identity, request_id]
+
+    def sink(self, stream: RequestStream) -> EventSink:
+        """Where the engine thread delivers the stream's events."""
+        if self._relay is None:  # created on first use, inside the server's event loop
+            self._relay = EventRelay(asyncio.get_running_loop())
+        return self._relay.sink(stream)
+
+    def cancel(self, identity: str, request_id: str) -> bool:
+        """Cancels the caller's running request of that id; False when it has none (another's reads as none)."""
+        stream = self._running.get((identity, request_id))
+        if stream is None:
+            return False
+        self.engine.cancel(stream.request_id)
+        return True
+
+    def caller_statuses(self, tallies: tuple[CallerTally, ...]) -> list[pb.CallerStatus]:
+        return convert.caller_statuses(tallies, self.shares.refused, self.callers.weight)
+
+
+class GenerationCall:
+    def __init__(
+        self, calls: Calls, request: pb.GenerateStreamRequest, context: Context, streaming: bool = True,
+    ) -> None:
+        self._calls = calls
+        self._request = request
+        self._context = context
+        self._streaming = streaming
+        self._identity = auth.caller()
+        self._key = ""
+        self._weight = 1.0
+        self.request_id = ""
+        """The id the caller knows the request by (the engine's may differ: see Calls.engine_id)."""
+        self._generation: GenerationRequest | None = None
+        self._trace: RequestTrace | None = None
+        self._ended = False
+        """The engine ended the request: every sample finished, or it failed."""
+
+    @property
+    def generation(self) -> GenerationRequest:
+        """The request as the engine takes it (made by `build`)."""
+        assert self._generation is not None, "build() comes first"
+        return self._generation
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """A place in the batch or the bounded queue for each sample, within the caller's share and limit
+        (see service.shares), held until the call ends; or a refusal now."""
+        calls, request = self._calls, self._request
+        if calls.lifecycle.refusal is not None:
+            raise calls.lifecycle.refusal
+        self._key = calls.callers.key(self._identity, self._context.invocation_metadata() or ())
+        if request.priority and not calls.fair:
+            raise unimplemented([FieldViolation("priority", "this server schedules first come, first served "
+                                                "(scheduling = fifo): leave priority at 0")])
+        calls.callers.check_priority(self._identity, request.priority)
+        places = calls.validator.check_samples(request)  # before it is counted as that many places
+        self._weight = calls.callers.weight(self._key)
+        try:
+            calls.shares.check(self._key, self._weight, request.priority, places)
+        except ServiceError as refusal:
+            calls.refused(self._key, refusal)
+            raise
+        with calls.shares.hold(self._key, self._weight, request.priority, places), calls.lifecycle.call():
+            yield
+
+    async def build(self) -> GenerationRequest:
+        """Checks, prompt, constraint, deadline and who it is for, made into the one request the engine gets."""
+        request = self._request
+        if not request.request_id:  # then the caller's x-request-id names it
+            metadata = dict(self._context.invocation_metadata() or ())
+            request.request_id = metadata.get("x-request-id", "")[: self._calls.validator.limits.max_request_id_length]
+        params, prompt, arrival_time = await off_loop_if_large(self._prepare, request)
+        self.request_id = params.request_id
+        CURRENT_REQUEST_ID.set(params.request_id)
+        constraint = None if params.constraint is None else await self._calls.compiles.compile(params.constraint)
+        self._generation = GenerationRequest(
+            request_id=self._calls.engine_id(params.request_id),  # claimed in run(), with no await between
+            prompt_token_ids=prompt.token_ids,
+            sampling=params.sampling,
+            stopping=params.stopping,
+            output=params.output,
+            constraint=constraint,
+            speculation=params.speculation,
+            arrival_time=arrival_time,
+            deadline=self._deadline(),
+            last_message_start=prompt.last_message_start,
+            scheduling=Scheduling(self._key, self._weight, request.priority, params.queue_timeout_s),
+            truncated_tokens=prompt.truncated_tokens,
+            sample_seeds=params.sample_seeds,
+            prompt_logprobs=params.prompt_logprobs,
+        )
+        return self._generation
+
+    async def run(self) -> AsyncGenerator[pb.GenerateStreamResponse, None]:
+        """Submits the request and yields one message per batch of its events, or a heartbeat when none came
+        for a while. Leaving before the engine ended it cancels it there."""
+        stream = self._submit()
+        try:
+            with self._calls.lifecycle.interruptible(stream.interrupt):
+                samples = _Samples(self.generation, self.request_id)
+                while not samples.done:
+                    batch = await self._next_batch(stream)
+                    if self._calls.lifecycle.ending is not None:  # the grace period is over, or the engine died
+                        raise self._calls.lifecycle.ending
+                    if batch is None:
+                        yield pb.GenerateStreamResponse(request_id=self.request_id, heartbeat=True)
+                    elif isinstance(batch, ErrorEvent):
+                        raise self._failed(batch)
+                    else:
+                        for index, events in _by_sample(batch):
+                            message = samples.message(index, events)
+                            with self._traced(events, events[-1].finish if samples.done else None):
+                                yield message
+            self._finished(samples.finishes[0])
+        finally:
+            self._calls.close(self._identity, self.request_id)
+            if not self._ended:  # the caller left, or the server ended the call: free its sequences now
+                self._calls.engine.cancel(self.generation.request_id)
+                self._ended_early()
+
+    def _prepare(self, request: pb.GenerateStreamRequest) -> tuple[RequestParams, Prompt, float]:
+        """The checks and the prompt (on a worker thread when the input is large), and when they were done:
+        the request's arrival, from which its queue time counts."""
+        params = self._calls.validator.params(request)
+        prompt = self._calls.prompts.prompt(request, params.stopping.max_new_tokens)
+        return params, prompt, time.monotonic()
+
+    def _deadline(self) -> float | None:
+        """The caller's gRPC deadline on the engine's clock: a request still queued then never starts."""
+        remaining = self._context.time_remaining()
+        return None if remaining is None else time.monotonic() + remaining
+
+    def _submit(self) -> RequestStream:
+        """Joins the running calls and hands the request to the engine."""
+        calls = self._calls
+        if calls.lifecycle.ending is not None:
+            raise calls.lifecycle.ending
+        stream = calls.open(self._identity, self.request_id, self.generation.request_id)
+        if calls.telemetry.enabled:
+            self._trace = RequestTrace(calls.telemetry, self._request, self.generation, calls.engine.info.model_id,
+                                       self._streaming)
+        calls.engine.submit(self.generation, calls.sink(stream))
+        return stream
+
+    async def _next_batch(self, stream: RequestStream) -> list[TokenEvent] | ErrorEvent | None:
+        """The next message's events, paced as the request's OutputOptions ask (see RequestStream.next_batch)."""
+        output = self._request.output
+        return await stream.next_batch(output.max_tokens_per_message, max(output.min_tokens_per_message, 1),
+                                       output.flush_interval_ms / 1000, output.heartbeat_interval_ms / 1000)
+
+    def _traced(self, events: list[TokenEvent], finish: Finish | None) -> contextlib.AbstractContextManager[None]:
+        """The message's span around its write (see service.tracing); the call's last one records how it finished."""
+        if self._trace is None:
+            return contextlib.nullcontext()
+        return _message_span(self._trace, events, finish)
+
+    def _failed(self, event: ErrorEvent) -> ServiceError:
+        """The status the engine's error ends the call with, counted when it is a refusal for load, and logged."""
+        self._ended = True
+        if self.generation.n > 1:  # one sample's failure fails the call: the others end with it
+            self._calls.engine.cancel(self.generation.request_id)
+        error = from_engine(event, self.request_id)
+        if event.kind in _REFUSALS:  # for load, after it was let in
+            self._calls.refused(self.generation.scheduling.caller, error, rejected=event.kind is ErrorKind.SHED)
+        if self._trace:
+            self._trace.failed(error)
+        # The engine's own fault is an error; a caller's constraint or absence is not.
+        level = logging.ERROR if error.code is grpc.StatusCode.INTERNAL else logging.INFO
+        log.log(level, "request %s failed (%s): %s", self.request_id, error.reason, event.message,
+                extra=_ids(self.request_id))
+        return error
+
+    def _finished(self, finish: Finish) -> None:
+        self._ended = True
+        log.info("request %s finished: %s, %d tokens", self.request_id, finish.reason.value,
+                 finish.usage.completion_tokens, extra=_ids(self.request_id))
+
+    def _ended_early(self) -> None:
+        """Says who ended the call before the engine did, and why: the server (its reason), or the caller
+        (time_limit once its deadline has passed, else cancelled)."""
+        deadline = self.generation.deadline
+        reason = "time_limit" if deadline is not None and time.monotonic() >= deadline else "cancelled"
+        ending = self._calls.lifecycle.ending
+        if ending is not None:
+            reason = ending.reason.lower()
+            log.info("request %s ended by the server: %s", self.request_id, reason, extra=_ids(self.request_id))
+        else:
+            log.info("request %s ended by the caller: %s", self.request_id, reason, extra=_ids(self.request_id))
+        if self._trace:
+            self._trace.ended_early(reason)
+
+
+class _Samples:
+    """A call's samples as their messages go out: which have sent their first (it carries the input's counts),
+    how each finished, and with a non-strict JSON constraint, the text to check once it ends."""
+
+    def __init__(self, generation: GenerationRequest, request_id: str) -> None:
+        self._generation = generation
+        self._request_id = request_id
+        self._started: set[int] = set()
+        self.finishes: dict[int, Finish] = {}
+        constraint = generation.constraint
+        self._approximated: ConstraintSpec | None = None if constraint is None or constraint.spec.strict else constraint.spec
+        self._texts: dict[int, list[str]] = collections.defaultdict(list)
+
+    @property
+    def done(self) -> bool:
+        return len(self.finishes) == self._generation.n
+
+    def message(self, index: int, events: list[TokenEvent]) -> pb.GenerateStreamResponse:
+        """One sample's events as a message. Raises DEADLINE_EXCEEDED when the caller's deadline ended the sample."""
+        generation = self._generation
+        first = index not in self._started
+        self._started.add(index)
+        message = convert.stream_response(self._request_id, events, generation.output.return_tokens,
+                                          len(generation.prompt_token_ids) if first else 0)
+        message.index = index
+        if first:
+            message.truncated_input_tokens = generation.truncated_tokens
+        finish = events[-1].finish
+        if finish is not None:
+            self.finishes[index] = finish
+            if finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
+                # gRPC's contract: a call past the caller's deadline fails. Ending it OK would
+                # race the caller's own timer, so a loaded client could see either outcome.
+                raise deadline_exceeded(self._request_id, events[-1].generated_tokens)
+        if self._approximated is not None:
+            self._check_output(index, message, self._approximated)
+        return message
+
+    def _check_output(self, index: int, message: pb.GenerateStreamResponse, spec: ConstraintSpec) -> None:
+        """Non-strict JSON constraints were approximated: say honestly, at the end, whether the output complies."""
+        self._texts[index].append(message.text)
+        if not message.HasField("finish"):
+            return
+        problem = json_output_problem(spec, "".join(self._texts[index]))
+        if problem:
+            message.finish.constraint_satisfied = False
+            message.finish.constraint_message = problem
+
+
+@contextlib.contextmanager
+def _message_span(request_trace: RequestTrace, events: list[TokenEvent], finish: Finish | None) -> Iterator[None]:
+    with request_trace.batch(events):
+        if finish is not None:
+            request_trace.finished(finish)
+        yield
+
+
+def _by_sample(batch: Sequence[TokenEvent]) -> list[tuple[int, list[TokenEvent]]]:
+    """A batch's events grouped by sample, each sample's in order, the samples in order of first event."""
+    grouped: dict[int, list[TokenEvent]] = {}
+    for event in batch:
+        grouped.setdefault(event.index, []).append(event)
+    return list(grouped.items())
+
+
+def _ids(request_id: str) -> dict[str, str]:
+    """Log record fields: the request id, the caller's identity, and the trace id when the request is traced."""
+    span_context = trace.get_current_span().get_span_context()
+    trace_id = format(span_context.trace_id, "032x") if span_context.is_valid else ""
+    return {"request_id": request_id, "trace_id": trace_id, "caller": auth.caller()}
