@@ -140,6 +140,8 @@ class Calls:
 
 
 class GenerationCall:
+    """One Generate or GenerateStream call: `admit`, `build`, then `run` (see above)."""
+
     def __init__(
         self, calls: Calls, request: pb.GenerateStreamRequest, context: Context, streaming: bool = True,
     ) -> None:

@@ -11,7 +11,8 @@ proxy, since any caller can send a header.
 from __future__ import annotations
 
 import math
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from service.errors import FieldViolation, invalid_argument, priority_not_allowed
 

@@ -15,6 +15,7 @@ from backend import (
     SpeculationParams,
     TokenEvent,
 )
+from service.validate import Limits
 from tokenspout.v1 import generation_pb2 as pb
 
 _FINISH_REASONS = {reason: pb.FinishReason.Value(f"FINISH_REASON_{reason.name}") for reason in FinishReason}
@@ -104,7 +105,7 @@ def speculation_pb(params: SpeculationParams) -> pb.Speculation:
     return pb.Speculation(mode=SPECULATION_MODES[params.mode], max_draft_tokens=params.max_draft_tokens)
 
 
-def model_info(info: ModelInfo, limits) -> pb.GetModelInfoResponse:
+def model_info(info: ModelInfo, limits: Limits) -> pb.GetModelInfoResponse:
     return pb.GetModelInfoResponse(
         model_id=info.model_id,
         engine=info.engine,

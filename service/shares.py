@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from service.errors import caller_over_limit, overloaded
 

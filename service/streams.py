@@ -18,7 +18,6 @@ import threading
 
 from backend import Engine, ErrorEvent, Event, EventSink, TokenEvent
 
-
 _INTERRUPT = object()
 """Wakes a handler waiting for events: the server has ended its call (see Lifecycle.end_running)."""
 

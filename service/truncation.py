@@ -7,7 +7,7 @@ fewer tokens, so the fewest to drop is found by bisection: a few renders, not on
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from backend import ChatMessage
 

@@ -22,18 +22,19 @@ from backend import (
     ModelInfo,
     OutputParams,
     SamplingParams,
+    SpeculationMode,
     SpeculationParams,
     StopParams,
     XtcParams,
 )
 from backend.constraints import ConstraintSpec
-from service.convert import SPECULATION_MODES
 from service.errors import FieldViolation, invalid_argument, not_found_model, unimplemented
 from service.fields import RangeChecker, checked, listed_strings, printable_ascii
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
-_SPECULATION_MODES = {number: mode for mode, number in SPECULATION_MODES.items()}
+# The proto's number of each mode (SPECULATION_MODE_<NAME>), as service.convert writes them back.
+_SPECULATION_MODES = {pb.SpeculationMode.Value(f"SPECULATION_MODE_{mode.name}"): mode for mode in SpeculationMode}
 DEFAULT_MAX_NEW_TOKENS = 256
 _SHOWN_BAD_IDS = 8
 
