@@ -13,9 +13,8 @@ backend.exllamav2); constraints are backend.constraints.
 """
 
 from backend.common.chat import ChatTemplateError
-from backend.common.fairness import CallerTally
 from backend.common.models import ModelError, default_model_path
-from backend.common.stats import EngineStats
+from backend.common.stats import CallerTally, EngineStats
 from backend.common.tokens import common_prefix
 from backend.config import (
     MAX_DRAFT_TOKENS,

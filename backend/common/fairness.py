@@ -28,16 +28,11 @@ sequences whose callers are not reading, or shed: the baseline the policy is mea
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from backend.config import EngineConfig
 from backend.types import GenerationRequest
-
-# Callers whose totals are kept for GetServerStatus beyond those holding requests now.
-MAX_TRACKED_CALLERS = 256
 
 
 class Held(Protocol):
@@ -89,72 +84,6 @@ class ServiceCounters:
                 del self._served[caller]
 
 
-@dataclass
-class CallerTally:
-    """One caller's live figures and totals, for GetServerStatus."""
-
-    caller: str
-    running: int = 0
-    queued: int = 0
-    preempted: int = 0
-    prompt_tokens_total: int = 0
-    generated_tokens_total: int = 0
-    preempted_total: int = 0
-    queue_timeouts_total: int = 0
-    shed_total: int = 0
-    weight: float = 1.0
-
-
-_LiveCounts = tuple[tuple[tuple[str, int], ...], ...]
-"""Callers' running, queued and preempted counts, as (caller, count) pairs sorted by caller."""
-
-
-class CallerTallies:
-    """Totals per caller, bounded: past MAX_TRACKED_CALLERS the idle caller served least is forgotten."""
-
-    REFRESH_S = 0.1
-    """A snapshot is taken again after this long, or at once when who holds what changes: copying every
-    tracked caller each engine step cost up to a millisecond a step, and its totals are for monitoring."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._tallies: dict[str, CallerTally] = {}
-        self._clock = clock
-        self._last: tuple[tuple[CallerTally, ...], _LiveCounts, float] | None = None  # (snapshot, live counts, taken at)
-
-    def of(self, item: Held) -> CallerTally:
-        caller = caller_of(item)
-        tally = self._tallies.get(caller)
-        if tally is None:
-            tally = self._tallies[caller] = CallerTally(caller)
-        tally.weight = _weight(item)
-        return tally
-
-    def snapshot(
-        self, running: Iterable[Held], queued: Iterable[Held], preempted: Iterable[Held]
-    ) -> tuple[CallerTally, ...]:
-        """Every tracked caller with its live counts, busiest first (at most REFRESH_S old while the live
-        counts stay as they are)."""
-        live: dict[str, collections.Counter[str]] = {name: collections.Counter() for name in ("running", "queued", "preempted")}
-        for name, items in (("running", running), ("queued", queued), ("preempted", preempted)):
-            for item in items:
-                self.of(item)
-                live[name][caller_of(item)] += 1
-        key, now = tuple(tuple(sorted(counts.items())) for counts in live.values()), self._clock()
-        if self._last is not None and self._last[1] == key and now - self._last[2] < self.REFRESH_S:
-            return self._last[0]
-        tallies = sorted(
-            (CallerTally(**{**vars(tally), **{name: counts[tally.caller] for name, counts in live.items()}})
-             for tally in self._tallies.values()),
-            key=lambda t: (-(t.running + t.queued + t.preempted), -(t.prompt_tokens_total + t.generated_tokens_total)),
-        )
-        for forgotten in tallies[MAX_TRACKED_CALLERS:]:  # idle ones, served least (callers holding requests stay)
-            if not (forgotten.running or forgotten.queued or forgotten.preempted):
-                del self._tallies[forgotten.caller]
-        snapshot = tuple(tallies[:MAX_TRACKED_CALLERS])
-        self._last = (snapshot, key, now)
-        return snapshot
-
-
 class FairnessPolicy:
     def __init__(self, config: EngineConfig) -> None:
         self.fair = config.fairness.fair
@@ -162,7 +91,6 @@ class FairnessPolicy:
         self.max_running_per_caller = config.max_running_per_caller
         self.capacity = config.capacity
         self.counters = ServiceCounters()
-        self.tallies = CallerTallies()
 
     # -- accounting ----------------------------------------------------------------
 

@@ -6,7 +6,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict, Unpack
 
-from backend.common.fairness import CallerTally
+
+@dataclass
+class CallerTally:
+    """One caller's live figures and totals, for GetServerStatus."""
+
+    caller: str
+    running: int = 0
+    queued: int = 0
+    preempted: int = 0
+    prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    preempted_total: int = 0
+    queue_timeouts_total: int = 0
+    shed_total: int = 0
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from backend.common.fairness import FairnessPolicy, caller_of
-from backend.common.stats import EngineCounters
+from backend.common.ledger import Ledger
 from backend.config import EngineConfig
 from backend.exllamav2.held import HeldJob, JobFactory
 from backend.exllamav2.preemption import comeback_cost, continuation, victim_for, why
@@ -26,12 +26,8 @@ from backend.worker import Output
 
 log = logging.getLogger(__name__)
 
-SHED_MESSAGE = ("the server is full and this request gave its queue place to a caller under its share or of "
-                "higher priority; retry later or elsewhere")
-
-
 class Admission:
-    def __init__(self, config: EngineConfig, make_job: JobFactory, counters: EngineCounters) -> None:
+    def __init__(self, config: EngineConfig, make_job: JobFactory, ledger: Ledger) -> None:
         """`config.max_batch_size` is the generator's (1 when it runs unpaged)."""
         self.policy = FairnessPolicy(config)
         self.jobs: dict[str, HeldJob] = {}
@@ -41,7 +37,7 @@ class Admission:
         self.turns = itertools.count()
         self._max_batch_size = config.max_batch_size
         self._make_job = make_job
-        self._counters = counters
+        self._ledger = ledger
         self.outputs: list[Output] = []
         """The errors it ended jobs with (shed, refused), for the core to deliver."""
 
@@ -61,8 +57,8 @@ class Admission:
             shed = self.policy.to_shed([e for e in self.waiting if not e.preempted], list(self.jobs.values()))
             if shed is None:
                 break
-            self.policy.tallies.of(shed).shed_total += 1
-            self.fail(shed, SHED_MESSAGE, ErrorKind.SHED, generator)
+            error = self._ledger.shed(shed)
+            self.fail(shed, error.message, error.kind, generator)
 
     def admit(self, generator: Any, step: int) -> None:
         """Enqueues the jobs the policy picks while there is a place in the batch, or one to take."""
@@ -117,10 +113,9 @@ class Admission:
             self.outputs.append((victim.sink, ErrorEvent(f"the generator refused the job that continues it: {exc}")))
             return
         self.waiting.append(victim)
-        self._counters.preempted_total += 1
+        self._ledger.preempted(victim)
         if computed:  # what its comeback is expected to compute again, its pages kept
-            self._counters.recomputed_tokens_total += comeback_cost(victim, page_size)
-        self.policy.tallies.of(victim).preempted_total += 1
+            self._ledger.recomputed(comeback_cost(victim, page_size))
         log.info("preempted %s (%s, %d tokens) for %s", victim.request.request_id, why(victim, newcomer),
                  len(victim.tokens), newcomer.request.request_id)
 

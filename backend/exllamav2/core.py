@@ -27,13 +27,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from backend.common.stats import CancelOrder, EngineCounters, EngineStats
+from backend.common.ledger import Ledger
+from backend.common.stats import CancelOrder, EngineStats
 from backend.config import EngineConfig
 from backend.engine import EventSink
 from backend.exllamav2.admission import Admission
 from backend.exllamav2.figures import engine_stats
 from backend.exllamav2.held import HeldJob, JobFactory, hold
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest
+from backend.types import ErrorEvent, FinishReason, GenerationRequest
 from backend.worker import Output
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,8 @@ class ExLlamaV2Core:
         self._generator: Any = make_generator()
         self._make_job = make_job
         self._translation = (frozenset(eos_token_ids), piece, vocab_size)
-        self.counters = EngineCounters()
-        self.held = Admission(config, make_job, self.counters)
+        self.ledger = Ledger()
+        self.held = Admission(config, make_job, self.ledger)
         self.policy = self.held.policy
         self._outputs: list[Output] = []
         self.steps = 0
@@ -80,7 +81,7 @@ class ExLlamaV2Core:
             return []  # finished already: nothing to free
         for entry in group:
             self._end(entry, FinishReason.CANCELLED)
-        self.counters.cancelled(order, self.steps, time.monotonic())
+        self.ledger.cancelled(order, self.steps, time.monotonic())
         return self._done()
 
     def pause(self, request_id: str) -> list[Output]:
@@ -106,10 +107,8 @@ class ExLlamaV2Core:
         for entry in [e for e in self.held.jobs.values() if e.results.started_at is None]:
             deadline = entry.request.queue_deadline
             if deadline is not None and now >= deadline:
-                self.policy.tallies.of(entry).queue_timeouts_total += 1
-                timeout_ms = (entry.request.scheduling.queue_timeout_s or 0) * 1000
-                message = f"not started within its queue_timeout_ms ({timeout_ms:g} ms)"
-                self.held.fail(entry, message, ErrorKind.QUEUE_TIMEOUT, self._generator)
+                error = self.ledger.timed_out(entry)
+                self.held.fail(entry, error.message, error.kind, self._generator)
         return self._done()
 
     def step(self) -> list[Output]:
@@ -140,20 +139,18 @@ class ExLlamaV2Core:
                 self._outputs.append((entry.sink, dataclasses.replace(event, step=self.steps)))
                 if event.tokens:
                     self.policy.charge(entry, len(event.tokens))
-                    self.policy.tallies.of(entry).generated_tokens_total += len(event.tokens)
+                    self.ledger.generated(entry, len(event.tokens))
                 if event.finish is not None:
                     self.held.forget(entry)
                     usage = event.finish.usage
-                    self.counters.cached_prompt_tokens_total += usage.cached_tokens
-                    self.counters.draft_tokens_total += usage.draft_tokens
-                    self.counters.accepted_draft_tokens_total += usage.accepted_draft_tokens
+                    self.ledger.cached(usage.cached_tokens)
+                    self.ledger.checked(usage.draft_tokens, usage.accepted_draft_tokens)
         return self._done()
 
     def _started(self, entry: HeldJob) -> None:
         entry.results.started_at = time.monotonic()
         prompt_tokens = len(entry.request.prompt_token_ids)
-        self.counters.started(prompt_tokens)
-        self.policy.tallies.of(entry).prompt_tokens_total += prompt_tokens
+        self.ledger.started(entry, prompt_tokens)
         if not entry.request.sample_index:  # a request's other samples share its prompt's pages (see held)
             self.policy.charge(entry, prompt_tokens)
 
@@ -192,8 +189,7 @@ class ExLlamaV2Core:
 
     def _publish(self) -> None:
         self.stats = engine_stats(
-            self.counters, self.steps, list(self.held.jobs.values()), self._generator, self._cache_tokens_total,
-            self.policy.tallies,
+            self.ledger, self.steps, list(self.held.jobs.values()), self._generator, self._cache_tokens_total
         )
 
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.common.fairness import CallerTallies
-from backend.common.stats import EngineCounters, EngineStats
+from backend.common.ledger import Ledger
+from backend.common.stats import EngineStats
 from backend.exllamav2.held import HeldJob
 
 
 def engine_stats(
-    counters: EngineCounters, steps: int, held: list[HeldJob], generator: Any, cache_tokens_total: int,
-    tallies: CallerTallies,
+    ledger: Ledger, steps: int, held: list[HeldJob], generator: Any, cache_tokens_total: int
 ) -> EngineStats:
     running = [entry for entry in held if entry.enqueued and entry.results.started_at is not None]
     preempted = [entry for entry in held if entry.preempted]
@@ -26,7 +25,8 @@ def engine_stats(
     pages = getattr(generator, "all_pages", None) or ()
     cached = [page for page in pages if page.ref_count == 0 and page.kv_position > 0]
     page_size = getattr(generator, "page_size", 256)
-    return counters.snapshot(
+    return ledger.snapshot(
+        running, queued, preempted,
         steps=steps,
         running_sequences=len(running),
         preempted_sequences=len(preempted),
@@ -35,5 +35,4 @@ def engine_stats(
         cache_tokens_total=cache_tokens_total,
         prefix_cache_entries=len(cached),
         prefix_cache_tokens=sum(page.kv_position for page in cached),
-        callers=tallies.snapshot(running, queued, preempted),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from backend.common.stats import EngineCounters
+from backend.common.ledger import Ledger
 from backend.llamacpp.scheduler import Scheduler
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.slots import Slots
@@ -15,21 +15,19 @@ log = logging.getLogger(__name__)
 
 
 class Admitter:
-    def __init__(self, scheduler: Scheduler, slots: Slots, counters: EngineCounters) -> None:
+    def __init__(self, scheduler: Scheduler, slots: Slots, ledger: Ledger) -> None:
         self.scheduler = scheduler
         self.slots = slots
-        self.counters = counters
+        self.ledger = ledger
 
     def admit(self, step: int) -> None:
         """Admits what the scheduler lets in this step, then gives a cached prefix to any sequence that can
         now take one."""
-        tallies = self.scheduler.policy.tallies
         for admission in self.scheduler.admit(step):
             victim, seq = admission.preempting, admission.sequence
             if victim is not None:
                 self.slots.vacate(victim, returning=True)
-                self.counters.preempted_total += 1
-                tallies.of(victim).preempted_total += 1
+                self.ledger.preempted(victim)
                 log.info("preempted %s (%s, %d tokens) for %s", victim.id, _why(victim, seq), len(victim.tokens), seq.id)
             if seq.admissions == 1:
                 self._started(seq)
@@ -47,20 +45,19 @@ class Admitter:
         seq.paused_since = leader.paused_since
         self._started(seq)
         seq.output.cached_tokens = seq.prompt_length
-        self.counters.cached_prompt_tokens_total += seq.prompt_length
+        self.ledger.cached(seq.prompt_length)
 
     def _started(self, seq: Sequence) -> None:
         seq.output.mark_admitted()
-        self.counters.started(seq.prompt_length)
-        self.scheduler.policy.tallies.of(seq).prompt_tokens_total += seq.prompt_length
+        self.ledger.started(seq, seq.prompt_length)
 
     def _count_prefix(self, seq: Sequence, shared: int) -> None:
         """A placed sequence took `shared` cached tokens and computes the rest."""
         if seq.admissions == 1:
             seq.output.cached_tokens = min(shared, seq.prompt_length)
-            self.counters.cached_prompt_tokens_total += seq.output.cached_tokens
+            self.ledger.cached(seq.output.cached_tokens)
         else:  # back from preemption: what the cache no longer held is computed again
-            self.counters.recomputed_tokens_total += len(seq.tokens) - shared
+            self.ledger.recomputed(len(seq.tokens) - shared)
 
 
 def _why(victim: Sequence, newcomer: Sequence) -> str:

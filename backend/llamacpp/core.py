@@ -28,16 +28,17 @@ import time
 import llama_cpp
 
 from backend.common.fairness import FairnessPolicy
+from backend.common.ledger import Ledger
 from backend.common.output import ConstraintFailed
-from backend.common.stats import CancelOrder, EngineCounters, EngineStats
+from backend.common.stats import CancelOrder, EngineStats
 from backend.config import EngineConfig
 from backend.engine import EventSink
 from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
-from backend.llamacpp.prompt_logprobs import score_rows, wants_prompt_logprobs
-from backend.llamacpp.rows import RowsToSample, add_feed, sample_rows, take_forced
+from backend.llamacpp.prompt_logprobs import score_rows
+from backend.llamacpp.rows import RowsToSample, fill_batch, sample_rows, take_forced_run
 from backend.llamacpp.sampling import Sampler, TokenPicker
 from backend.llamacpp.scheduler import Feed, Scheduler
 from backend.llamacpp.sequence import Sequence
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 class LlamaCppCore:
     def __init__(self, model: GgufModel, config: EngineConfig) -> None:
         self.model = model
-        self.config = config
         own = config.llamacpp
         slots = config.max_batch_size + (own.prefix_cache_slots if own.prefix_cache else 0)
         tuner = ThreadTuner(own.threads, plain_row_share=model.plain_row_share)
@@ -69,9 +69,9 @@ class LlamaCppCore:
         self.picker = TokenPicker(model, slots, max(tuner.candidates))
         self._outputs: list[Output] = []
         self.steps = 0
-        self.counters = EngineCounters()
+        self.ledger = Ledger()
         self.siblings = Siblings()
-        self.admitter = Admitter(self.scheduler, self.slots, self.counters)
+        self.admitter = Admitter(self.scheduler, self.slots, self.ledger)
         self._cache_tokens_total = config.context_length * config.max_batch_size
         self.stats = EngineStats(cache_tokens_total=self._cache_tokens_total)
 
@@ -91,9 +91,7 @@ class LlamaCppCore:
 
     def _queue(self, seq: Sequence) -> None:
         for shed in self.scheduler.add(seq):
-            self.scheduler.policy.tallies.of(shed).shed_total += 1
-            self._fail(shed, "the server is full and this request gave its queue place to a caller under its share "
-                       "or of higher priority; retry later or elsewhere", ErrorKind.SHED)
+            self._fail(shed, self.ledger.shed(shed))
 
     def _group(self, request_id: str, started: bool = False) -> list[Sequence]:
         """Every sample of a request (one, unless it asked for several): running or preempted, and waiting
@@ -107,13 +105,12 @@ class LlamaCppCore:
             return []  # already finished: nothing to free
         for seq in group:
             self._end(seq, FinishReason.CANCELLED)
-        self.counters.cancelled(order, self.steps, time.monotonic())
+        self.ledger.cancelled(order, self.steps, time.monotonic())
         return self._done()
 
     def pause(self, request_id: str) -> list[Output]:
         for seq in self._group(request_id, started=True):
-            if not seq.paused:
-                seq.paused_since = time.monotonic()
+            seq.paused_since = seq.paused_since or time.monotonic()
         return self._done()
 
     def resume(self, request_id: str) -> list[Output]:
@@ -151,28 +148,17 @@ class LlamaCppCore:
             self._end(seq, FinishReason.TIME_LIMIT)
         for seq in expired.paused_too_long:
             message = f"the caller read nothing for {self.scheduler.max_pause_s:g} s (max_pause_s)"
-            self._fail(seq, message, ErrorKind.PAUSED_TOO_LONG)
+            self._fail(seq, ErrorEvent(message, ErrorKind.PAUSED_TOO_LONG))
         for seq in expired.queue_timed_out:
-            self.scheduler.policy.tallies.of(seq).queue_timeouts_total += 1
-            message = f"not started within its queue_timeout_ms ({seq.request.scheduling.queue_timeout_s * 1000:g} ms)"
-            self._fail(seq, message, ErrorKind.QUEUE_TIMEOUT)
+            self._fail(seq, self.ledger.timed_out(seq))
 
     def _decode_and_sample(self, feeds: list[Feed]) -> None:
-        self.batch.clear()
-        to_sample, to_score = [], []
-        for feed in feeds:
-            scores = feed.prefill and wants_prompt_logprobs(feed.sequence)  # rows whose logits score the prompt
-            position = feed.sequence.cached
-            entry, every_row = add_feed(self.batch, feed, scores)
-            if scores:
-                to_score.append((feed.sequence, position, every_row))
-            if entry is not None:
-                to_sample.append(entry)
+        to_sample, to_score = fill_batch(self.batch, feeds)
         start = time.perf_counter()
         rc = self.batch.decode(self.ctx)
         if rc != 0:
             for feed in feeds:
-                self._fail(feed.sequence, f"llama_decode failed with status {rc}")
+                self._fail(feed.sequence, ErrorEvent(f"llama_decode failed with status {rc}"))
             return
         for seq, start, rows in to_score:  # before sampling: the scores go out with the first token
             score_rows(self.ctx, self.model, seq, start, rows)
@@ -192,10 +178,10 @@ class LlamaCppCore:
         try:
             self._sample(entry, checks)
         except ConstraintFailed as exc:  # the caller's constraint, not the engine, failed
-            self._fail(seq, str(exc), ErrorKind.CONSTRAINT_FAILED)
+            self._fail(seq, ErrorEvent(str(exc), ErrorKind.CONSTRAINT_FAILED))
         except Exception as exc:  # one sequence's fault must not end the others
             log.exception("sampling failed for %s", seq.id)
-            self._fail(seq, f"sampling failed: {exc}")
+            self._fail(seq, ErrorEvent(f"sampling failed: {exc}"))
 
     def _sample(self, entry: RowsToSample, checks: list[tuple[RowsToSample, int]]) -> None:
         seq, output = entry.sequence, entry.sequence.output
@@ -204,14 +190,9 @@ class LlamaCppCore:
             self._fork(seq, entry.rows[0])
         accepted = sample_rows(entry, self.ctx, self.picker, self.slots, self.model.eos_token_set, self._take)
         if entry.proposed:
-            self.counters.draft_tokens_total += len(entry.proposed)
-            self.counters.accepted_draft_tokens_total += accepted
+            self.ledger.checked(len(entry.proposed), accepted)
             checks.append((entry, accepted))
-        if not output.finished and output.constraint is not None:
-            for forced in output.constraint.forced_tokens(self.scheduler.max_forced):  # no choice left: skip sampling
-                take_forced(seq, forced, self.picker, self.model.eos_token_set, self._take)
-                if output.finished:
-                    break
+        take_forced_run(seq, self.scheduler.max_forced, self.picker, self.model.eos_token_set, self._take)
         if output.finished:
             self._release(seq)
         elif len(seq.tokens) >= self.context_length:  # prompt + output now fill the context
@@ -237,7 +218,7 @@ class LlamaCppCore:
 
     def _emit(self, seq: Sequence, event: Event) -> None:
         if isinstance(event, TokenEvent) and event.tokens:
-            self.scheduler.policy.tallies.of(seq).generated_tokens_total += len(event.tokens)
+            self.ledger.generated(seq, len(event.tokens))
         self._outputs.append((seq.sink, event))
 
     def _end(self, seq: Sequence, reason: FinishReason) -> None:
@@ -245,8 +226,8 @@ class LlamaCppCore:
             self._emit(sample, sample.output.end(reason))
             self._release(sample)
 
-    def _fail(self, seq: Sequence, message: str, kind: ErrorKind = ErrorKind.ENGINE_FAILURE) -> None:
-        self._emit(seq, ErrorEvent(message, kind))
+    def _fail(self, seq: Sequence, error: ErrorEvent) -> None:
+        self._emit(seq, error)
         self._release(seq)
         for sample in self.siblings.take(seq):
             sample.sampler.free()
@@ -255,16 +236,14 @@ class LlamaCppCore:
         if seq.admissions or seq in self.scheduler.waiting:  # not a sample still waiting for its leader
             self.scheduler.remove(seq)
         self.speculator.ended(seq)
-        if seq.placed:
-            self.slots.vacate(seq)
-        elif seq.admissions:  # preempted: its kept cells need not wait for it
-            self.slots.prefixes.settle(seq.id)
+        self.slots.release(seq)
         seq.sampler.free()
 
     def _done(self) -> list[Output]:
         """Publishes the stats snapshot (one reference assignment: atomic for readers) and hands over
         the outputs of the command or step just run."""
-        self.stats = self.counters.snapshot(
+        self.stats = self.ledger.snapshot(
+            self.scheduler.running.values(), self.scheduler.waiting, self.scheduler.preempted.values(),
             steps=self.steps, cache_tokens_total=self._cache_tokens_total, prefix_cache_entries=len(self.slots.prefixes),
             prefix_cache_tokens=self.slots.prefixes.tokens_held, **self.scheduler.occupancy(),
         )

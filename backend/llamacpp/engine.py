@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler

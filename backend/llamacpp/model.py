@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import llama_cpp
 import llguidance

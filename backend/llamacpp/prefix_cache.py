@@ -17,8 +17,8 @@ exactly what it had.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 
 from backend.common.tokens import common_prefix
 

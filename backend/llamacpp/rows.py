@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend.llamacpp.batch import Batch
+from backend.llamacpp.prompt_logprobs import wants_prompt_logprobs
 from backend.llamacpp.sampling import TokenPicker
 from backend.llamacpp.scheduler import Feed
 from backend.llamacpp.sequence import Sequence
@@ -42,6 +43,22 @@ class RowsToSample:
         the proposals' source (a forced token is accepted whenever the ones before it were)."""
         forced = sum(self.forced)
         return len(self.proposed) - forced, accepted - sum(self.forced[:accepted])
+
+
+def fill_batch(batch: Batch, feeds: list[Feed]) -> tuple[list[RowsToSample], list[tuple[Sequence, int, list[int]]]]:
+    """Puts this step's feeds into the (cleared) batch: (the rows to sample, and for each prompt that scores
+    its tokens (prompt logprobs), its first position and its rows, every one with logits)."""
+    batch.clear()
+    to_sample, to_score = [], []
+    for feed in feeds:
+        scores = feed.prefill and wants_prompt_logprobs(feed.sequence)
+        position = feed.sequence.cached
+        entry, every_row = add_feed(batch, feed, scores)
+        if scores:
+            to_score.append((feed.sequence, position, every_row))
+        if entry is not None:
+            to_sample.append(entry)
+    return to_sample, to_score
 
 
 def add_feed(batch: Batch, feed: Feed, every_row: bool = False) -> tuple[RowsToSample | None, list[int]]:
@@ -93,6 +110,18 @@ def sample_rows(
         if proposed:
             slots.keep_cells(seq, seq.cached + accepted)
     return accepted
+
+
+def take_forced_run(
+    seq: Sequence, max_forced: int, picker: TokenPicker, eos: frozenset[int], take: Callable[[Sequence, int, Event], None],
+) -> None:
+    """Outputs the tokens the grammar now forces, up to `max_forced` (no choice left: sampling is skipped)."""
+    output = seq.output
+    if not output.finished and output.constraint is not None:
+        for forced in output.constraint.forced_tokens(max_forced):
+            take_forced(seq, forced, picker, eos, take)
+            if output.finished:
+                break
 
 
 def take_forced(

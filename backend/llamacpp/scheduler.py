@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from backend.common.fairness import FairnessPolicy, caller_of
+from backend.common.stats import LiveFigures
 from backend.llamacpp.sequence import Sequence
 
 
@@ -147,13 +148,12 @@ class Scheduler:
         yield from self.started()
         yield from self.waiting
 
-    def occupancy(self) -> dict[str, object]:
+    def occupancy(self) -> LiveFigures:
         """Who is where now, as EngineStats fields."""
-        return dict(
+        return LiveFigures(
             running_sequences=len(self.running), preempted_sequences=len(self.preempted),
             paused_sequences=sum(seq.paused for seq in self.started()), queued_requests=len(self.waiting),
             cache_tokens_used=sum(seq.cached for seq in self.running.values()),
-            callers=self.policy.tallies.snapshot(self.running.values(), self.waiting, self.preempted.values()),
         )
 
     # -- decisions ------------------------------------------------------------------

@@ -80,6 +80,13 @@ class Slots:
         heapq.heappush(self._free, seq.slot)
         seq.slot, seq.cached = -1, 0
 
+    def release(self, seq: Sequence) -> None:
+        """A sequence ended: off its slot (see vacate), or, preempted, the cells kept for it free to go."""
+        if seq.placed:
+            self.vacate(seq)
+        elif seq.admissions:
+            self.prefixes.settle(seq.id)
+
     def comeback_cost(self, seq: Sequence) -> int:
         """The tokens a sequence preempted now would compute again when it comes back: its last few if its
         cells are worth keeping and a free slot can hold them beside those of the others preempted, else all."""

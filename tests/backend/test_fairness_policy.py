@@ -5,14 +5,16 @@ tests/test_fair_scheduling.py and tests/test_fair_sharing.py."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass, field
 
 import grpc
 import pytest
 
+from backend.common.fairness import FairnessPolicy, ServiceCounters
+from backend.common.ledger import MAX_TRACKED_CALLERS, CallerTallies, Ledger
 from backend.config import EngineConfig
-from backend.common.fairness import MAX_TRACKED_CALLERS, CallerTallies, FairnessPolicy, ServiceCounters
-from backend.types import GenerationRequest, Scheduling
+from backend.types import ErrorEvent, ErrorKind, GenerationRequest, Scheduling
 from service.callers import Callers, parse_weights
 from service.config import load_config
 from service.errors import ServiceError
@@ -197,6 +199,29 @@ def test_caller_tallies_stay_bounded_and_count_live_figures():
     assert len(snapshot) <= MAX_TRACKED_CALLERS + 1
     assert (snapshot[0].caller, snapshot[0].running, snapshot[0].queued) == ("busy", 1, 1)
     assert "c0" not in {t.caller for t in snapshot}  # the idle caller served least went first
+
+
+def test_the_ledger_counts_each_thing_once_and_words_the_refusals():
+    ledger, a, b = Ledger(), item("a", weight=2.0), item("b")
+    ledger.started(a, 10)
+    ledger.cached(6)
+    ledger.generated(a, 3)
+    ledger.checked(5, 2)
+    ledger.preempted(a)
+    ledger.recomputed(4)
+    shed = ledger.shed(b)
+    b.request = dataclasses.replace(b.request, scheduling=Scheduling("b", queue_timeout_s=0.25))
+    timed_out = ledger.timed_out(b)
+    stats = ledger.snapshot([], [b], [a], steps=7)
+    assert (stats.steps, stats.started_total, stats.prompt_tokens_total, stats.cached_prompt_tokens_total) == (7, 1, 10, 6)
+    assert (stats.draft_tokens_total, stats.accepted_draft_tokens_total) == (5, 2)
+    assert (stats.preempted_total, stats.recomputed_tokens_total) == (1, 4)
+    callers = {tally.caller: tally for tally in stats.callers}
+    assert (callers["a"].prompt_tokens_total, callers["a"].generated_tokens_total) == (10, 3)
+    assert (callers["a"].preempted_total, callers["a"].preempted, callers["a"].weight) == (1, 1, 2.0)
+    assert (callers["b"].shed_total, callers["b"].queue_timeouts_total, callers["b"].queued) == (1, 1, 1)
+    assert shed.kind is ErrorKind.SHED and shed.message.startswith("the server is full")
+    assert timed_out == ErrorEvent("not started within its queue_timeout_ms (250 ms)", ErrorKind.QUEUE_TIMEOUT)
 
 
 def test_metric_labels_are_bounded_and_stable():
