@@ -75,7 +75,6 @@ class LiveFigures(TypedDict, total=False):
     prefix_cache_entries: int
     prefix_cache_tokens: int
     preempted_sequences: int
-    callers: tuple[CallerTally, ...]
 
 
 @dataclass(frozen=True)
@@ -115,6 +114,7 @@ class EngineCounters:
         self.last_cancel_latency_s = now - order.issued_at
         self.max_cancel_latency_steps = max(self.max_cancel_latency_steps, steps)
 
-    def snapshot(self, **live: Unpack[LiveFigures]) -> EngineStats:
-        """The totals with the live figures (running_sequences, cache_tokens_used, ...) as one EngineStats."""
-        return EngineStats(**vars(self), **live)  # every field a number: a shallow copy is a copy
+    def snapshot(self, callers: tuple[CallerTally, ...] = (), **live: Unpack[LiveFigures]) -> EngineStats:
+        """The totals with the callers' and the live figures (running_sequences, cache_tokens_used, ...) as
+        one EngineStats."""
+        return EngineStats(**vars(self), callers=callers, **live)  # every field a number: a shallow copy is a copy

@@ -163,8 +163,7 @@ class LlamaCppCore:
         for seq, start, rows in to_score:  # before sampling: the scores go out with the first token
             score_rows(self.ctx, self.model, seq, start, rows)
         seconds, threads = time.perf_counter() - start, self.speculator.threads
-        constrained = [entry.sequence for entry in to_sample if entry.sequence.output.constraint is not None]
-        self.picker.fill_masks([(seq.output.constraint, seq.slot) for seq in constrained])
+        self.picker.fill_masks([(c, e.sequence.slot) for e in to_sample if (c := e.sequence.output.constraint) is not None])
         checks: list[tuple[RowsToSample, int]] = []
         for entry in to_sample:
             self._sample_guarded(entry, checks)

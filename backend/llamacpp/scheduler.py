@@ -30,9 +30,9 @@ import collections
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypedDict
 
 from backend.common.fairness import FairnessPolicy, caller_of
-from backend.common.stats import LiveFigures
 from backend.llamacpp.sequence import Sequence
 
 
@@ -59,6 +59,16 @@ class Feed:
     prefill: bool = False
     forced: tuple[bool, ...] = ()
     """Per proposed token: forced by the grammar once the ones before it are in (taken unsampled; empty: none is)."""
+
+
+class Occupancy(TypedDict):
+    """Who is where now, as EngineStats fields."""
+
+    running_sequences: int
+    preempted_sequences: int
+    paused_sequences: int
+    queued_requests: int
+    cache_tokens_used: int
 
 
 @dataclass(frozen=True)
@@ -148,9 +158,9 @@ class Scheduler:
         yield from self.started()
         yield from self.waiting
 
-    def occupancy(self) -> LiveFigures:
+    def occupancy(self) -> Occupancy:
         """Who is where now, as EngineStats fields."""
-        return LiveFigures(
+        return Occupancy(
             running_sequences=len(self.running), preempted_sequences=len(self.preempted),
             paused_sequences=sum(seq.paused for seq in self.started()), queued_requests=len(self.waiting),
             cache_tokens_used=sum(seq.cached for seq in self.running.values()),
@@ -167,7 +177,7 @@ class Scheduler:
             timed_out=timed_out,
             paused_too_long=[
                 seq for seq in started
-                if seq not in timed_out and seq.paused and now - seq.paused_since >= self.max_pause_s
+                if seq not in timed_out and seq.paused_since is not None and now - seq.paused_since >= self.max_pause_s
             ],
             queue_timed_out=[
                 seq for seq in self.waiting
@@ -281,5 +291,6 @@ class Scheduler:
         return max(slow, key=lambda s: s.paused_steps) if slow else None
 
     def _longest_paused(self, caller: str | None = None) -> Sequence | None:
-        paused = [seq for seq in self.running.values() if seq.paused and caller in (None, caller_of(seq))]
-        return min(paused, key=lambda s: s.paused_since) if paused else None
+        paused = [(seq.paused_since, seq) for seq in self.running.values()
+                  if seq.paused_since is not None and caller in (None, caller_of(seq))]
+        return min(paused, key=lambda pair: pair[0])[1] if paused else None

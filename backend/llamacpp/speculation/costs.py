@@ -117,6 +117,7 @@ class DecodeCosts:
 
     def _fit(self) -> tuple[float, float]:
         """Least squares on relative error over the decodes (decayed) and the prior's decodes."""
+        assert self._prior is not None  # the first decode sets it, before any fit
         pp, pr, rr, pt, rt = self._sums
         weight = _PRIOR_WEIGHT / len(_PRIOR_SHAPES)
         for p, r in _PRIOR_SHAPES:

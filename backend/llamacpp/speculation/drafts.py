@@ -84,7 +84,8 @@ class DraftState:
         doubt while they have seen little."""
         accepted, rejected = self.weights[source]
         estimate = (accepted + _PRIOR_WEIGHT * engine.rate(source)) / (accepted + rejected + _PRIOR_WEIGHT)
-        return estimate + (1 - estimate) * _CURIOSITY / (1 + self.seen(source, engine)) ** 0.5
+        doubt: float = (1 + self.seen(source, engine)) ** 0.5
+        return estimate + (1 - estimate) * _CURIOSITY / doubt
 
     def seen(self, source: str, engine: AcceptanceRates) -> float:
         return sum(self.weights[source]) + engine.seen(source)

@@ -99,7 +99,7 @@ class PastNgrams:
 
     def __init__(self, capacity: int = 50_000) -> None:
         self.capacity = capacity
-        self._continuations: collections.OrderedDict[tuple, tuple[int, ...]] = collections.OrderedDict()
+        self._continuations: collections.OrderedDict[tuple[object, ...], tuple[int, ...]] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._continuations)
