@@ -142,7 +142,9 @@ def test_a_request_not_started_within_its_queue_timeout_ends_with_queue_timeout(
     core = make_core(model, max_batch_size=1)
     try:
         running, waiting, patient = Recorder(core), Recorder(core), Recorder(core)
-        core.add(request(model, "running", PROMPTS[0], "a", max_new_tokens=60, queue_timeout_s=0.01), running)
+        # Started at the next step, well within its queue timeout however loaded the machine; the timeout then
+        # passes while it runs (the sleep below).
+        core.add(request(model, "running", PROMPTS[0], "a", max_new_tokens=60, queue_timeout_s=0.3), running)
         core.step()
         core.add(request(model, "waiting", PROMPTS[1], "b", queue_timeout_s=0.3), waiting)
         core.add(request(model, "patient", PROMPTS[2], "b"), patient)

@@ -7,7 +7,8 @@ its endings are the real ones (backend.common.output.SequenceOutput: stop sequen
 max_new_tokens, the caller's deadline and time limit, UTF-8 held back until complete). What a model
 would do differently a test scripts per request id prefix (`FakeEngine.plan`): hold a sequence after
 some tokens until released, end it with EOS, or fail it with any ErrorKind. The engine can be paced
-(`step_s`, standing in for a model's speed) and killed (its thread dies, as a bug would).
+(`step_s`, standing in for a model's speed), held between steps while requests gather (`hold_steps`),
+and killed (its thread dies, as a bug would).
 tests/faults.py --fake-engine serves it from a real `tokenspout serve` process.
 
 The vocabulary is bytes: 0 is BOS, 1 EOS, 2 and 3 the chat markers, 4 + b the byte b; the chat
@@ -19,18 +20,27 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from backend.common.chat import ChatTemplate, RenderedChat, SpecialTokens, tokenize_chat
+from backend.common.output import SequenceOutput
+from backend.common.stats import CancelOrder, EngineCounters, EngineStats
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
 from backend.constraints.tokenizer import build_tokenizer
-from backend.types import COMMON_SAMPLERS, CONSTRAINT_KINDS, ChatMessage, ModelInfo
-from backend.common.stats import CancelOrder, EngineCounters, EngineStats
 from backend.engine import EventSink
-from backend.common.output import SequenceOutput
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, GenerationRequest
+from backend.types import (
+    COMMON_SAMPLERS,
+    CONSTRAINT_KINDS,
+    ChatMessage,
+    ErrorEvent,
+    ErrorKind,
+    FinishReason,
+    GeneratedToken,
+    GenerationRequest,
+    ModelInfo,
+)
 from backend.worker import EngineWorker, Output, WorkerEngine
 
 FAKE_MODEL_ID = "fake-bytes"
@@ -115,6 +125,8 @@ class ScriptedCore:
         self.running: dict[str, FakeSequence] = {}
         self.steps = 0
         self.dying = False
+        self.steps_held = False
+        """No step starts while set (commands still apply): FakeEngine.hold_steps."""
         self.counters = EngineCounters()
         self._outputs: list[Output] = []
         self.stats = EngineStats(cache_tokens_total=self.context_length * self.max_batch_size)
@@ -150,6 +162,8 @@ class ScriptedCore:
         return self._done()
 
     def has_work(self) -> bool:
+        if self.steps_held:
+            return False
         admissible = self.waiting and len(self.running) < self.max_batch_size
         return bool(admissible or any(seq.stepping for seq in self.running.values()))
 
@@ -283,6 +297,15 @@ class FakeEngine(WorkerEngine):
     def release(self, plan: Plan) -> None:
         """Lets held sequences of this plan go on (and wakes the engine thread to step them)."""
         plan.released.set()
+        self._worker.resume("")
+
+    def hold_steps(self) -> None:
+        """No step starts until run_steps(): requests sent meanwhile queue, and start at the same step."""
+        self.core.steps_held = True
+
+    def run_steps(self) -> None:
+        """Steps go on (and the engine thread wakes to take them)."""
+        self.core.steps_held = False
         self._worker.resume("")
 
     def pace(self, step_s: float) -> None:

@@ -14,8 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.harness.servers import start_server, stop_server
 from tests.harness.helpers import SMALL_WINDOW, error_reason, greedy, rpc_error
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -23,6 +23,8 @@ FINISH = pb.FinishReason
 KEYS = {"alice": "alice-secret-key", "bob": "bob-secret-key", "carol": "carol-secret-key"}
 SERVER_FLAGS = ("--max-batch-size", "4", "--context-length", "512")
 MODEL_PACE = ("--step-s", "0.01")
+HELD = "held-"
+"""Requests whose id starts with this hold their slot after one token until cancelled, however slow the test is."""
 
 
 def digest(key: str) -> str:
@@ -51,7 +53,7 @@ def keyed(tmp_path_factory, keys_file):
     """Keys from a file (alice, bob) and from the environment (carol); reflection open (the default)."""
     env = {"TOKENSPOUT_API_KEYS": f"carol:{digest(KEYS['carol'])}"}
     server = start_server(tmp_path_factory.mktemp("keyed"), "--api-keys-file", str(keys_file), *SERVER_FLAGS, env=env,
-                          faults=MODEL_PACE, fake_engine=True)
+                          faults=(*MODEL_PACE, "--hold-requests-with-prefix", HELD), fake_engine=True)
     yield server
     assert stop_server(server) == 0, server.log()
 
@@ -138,10 +140,10 @@ def test_another_callers_cancel_does_nothing(keyed, stub):
 
 
 def test_the_owner_cancels_its_own_request(stub):
-    call = stub.GenerateStream(long_request("mine"), metadata=bearer("carol"), timeout=120)
+    call = stub.GenerateStream(long_request(f"{HELD}mine"), metadata=bearer("carol"), timeout=120)
     next(call)
-    response = stub.Cancel(pb.CancelRequest(request_ids=["mine"]), metadata=bearer("carol"), timeout=10)
-    assert list(response.cancelled) == ["mine"]
+    response = stub.Cancel(pb.CancelRequest(request_ids=[f"{HELD}mine"]), metadata=bearer("carol"), timeout=10)
+    assert list(response.cancelled) == [f"{HELD}mine"]
     assert list(call)[-1].finish.reason == FINISH.FINISH_REASON_CANCELLED
 
 
@@ -208,7 +210,7 @@ def test_with_mtls_the_certificate_subject_owns_the_request(tmp_path):
     clients = {name: make_cert(tmp_path, name, ca) for name in ("team-a", "team-b")}
     server = start_server(
         tmp_path, "--tls-cert", str(server_cert), "--tls-key", str(server_key), "--tls-client-ca", str(ca[1]),
-        *SERVER_FLAGS, faults=MODEL_PACE, fake_engine=True,
+        *SERVER_FLAGS, faults=(*MODEL_PACE, "--hold-requests-with-prefix", HELD), fake_engine=True,
     )
 
     def stub_for(name: str):
@@ -227,9 +229,9 @@ def test_with_mtls_the_certificate_subject_owns_the_request(tmp_path):
                 b_result = pool.submit(lambda: list(b.GenerateStream(long_request("job-1", 3), timeout=60)))
                 assert b_result.result()[-1].generated_tokens == 3
             assert list(call)[-1].generated_tokens == 60
-            call = a.GenerateStream(long_request("job-2"), timeout=120)
+            call = a.GenerateStream(long_request(f"{HELD}job-2"), timeout=120)
             next(call)
-            assert list(a.Cancel(pb.CancelRequest(request_ids=["job-2"]), timeout=10).cancelled) == ["job-2"]
+            assert list(a.Cancel(pb.CancelRequest(request_ids=[f"{HELD}job-2"]), timeout=10).cancelled) == [f"{HELD}job-2"]
             assert list(call)[-1].finish.reason == FINISH.FINISH_REASON_CANCELLED
         assert "authentication by client certificate (mTLS) only" in server.log()
     finally:

@@ -17,17 +17,17 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from tests.harness.servers import SERVER_CONTEXT_LENGTH, start_server
-from tests.harness.helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of, token_ids_of, wait_for
-from tests.harness.fake_engine import FakeEngine
-from tests.harness.faults import failing_requests
-from tests.harness.inprocess_server import start_fake
+from backend.config import EngineConfig
 from service.config import ServeConfig
 from service.errors import ServiceError
 from service.generation import GenerationServicer
-from backend.config import EngineConfig
 from service.lifecycle import HealthServicer, Lifecycle
 from service.validate import RequestValidator
+from tests.harness.fake_engine import FakeEngine
+from tests.harness.faults import failing_requests
+from tests.harness.helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of, token_ids_of, wait_for
+from tests.harness.inprocess_server import start_fake
+from tests.harness.servers import SERVER_CONTEXT_LENGTH, start_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -116,7 +116,8 @@ def test_a_hundred_streams_cancelled_at_random_points_leave_nothing_behind(serve
     assert status(stub).engine_steps - before == 32 - messages[-1].finish.usage.accepted_draft_tokens
 
 
-def test_cancel_rpc_ends_the_stream_with_cancelled(small_stub):
+def test_cancel_rpc_ends_the_stream_with_cancelled(small_server, small_stub):
+    small_server.engine.plan("cancel-me", hold_after=1)  # still running when the Cancel comes, however late
     call = small_stub.GenerateStream(long_request("cancel-me"), timeout=60)
     first = next(call)
     response = small_stub.Cancel(pb.CancelRequest(request_ids=["cancel-me", "never-seen"]))
@@ -128,7 +129,8 @@ def test_cancel_rpc_ends_the_stream_with_cancelled(small_stub):
     wait_until_idle(small_stub)
 
 
-def test_a_request_id_in_use_is_refused(small_stub):
+def test_a_request_id_in_use_is_refused(small_server, small_stub):
+    small_server.engine.plan("twice", hold_after=1)  # still running when the second comes, however late
     call = small_stub.GenerateStream(long_request("twice"), timeout=60)
     next(call)
     error = rpc_error(lambda: small_stub.GenerateStream(long_request("twice"), timeout=10))
@@ -137,7 +139,9 @@ def test_a_request_id_in_use_is_refused(small_stub):
     wait_until_idle(small_stub)
 
 
-def fill_the_batch(stub, count: int = 4) -> list:
+def fill_the_batch(server, stub, count: int = 4) -> list:
+    """Streams that hold every slot until cancelled (held after their first token: none ends by itself)."""
+    server.engine.plan("filler-", hold_after=1)
     calls = [stub.GenerateStream(long_request(f"filler-{i}-{time.monotonic_ns()}", 300), timeout=120) for i in range(count)]
     for call in calls:
         next(call)
@@ -185,8 +189,8 @@ def test_the_callers_deadline_fails_the_call_when_the_engine_ends_it():
     assert engine.stats.running_sequences == 0
 
 
-def test_a_deadline_that_passes_in_the_queue_never_starts(small_stub):
-    calls = fill_the_batch(small_stub)
+def test_a_deadline_that_passes_in_the_queue_never_starts(small_server, small_stub):
+    calls = fill_the_batch(small_server, small_stub)
     started = status(small_stub).started_total
     error = rpc_error(lambda: small_stub.GenerateStream(long_request("late"), timeout=0.3))
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -196,8 +200,8 @@ def test_a_deadline_that_passes_in_the_queue_never_starts(small_stub):
     assert status(small_stub).started_total == started  # "late" never entered the batch
 
 
-def test_heartbeats_while_queued(small_stub):
-    calls = fill_the_batch(small_stub)
+def test_heartbeats_while_queued(small_server, small_stub):
+    calls = fill_the_batch(small_server, small_stub)
     request = greedy(PROMPT, max_new_tokens=2)
     request.output.heartbeat_interval_ms = 50
     waiting = small_stub.GenerateStream(request, timeout=60)
@@ -209,8 +213,10 @@ def test_heartbeats_while_queued(small_stub):
     assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 2
 
 
-def test_overload_is_refused_at_once_with_retry_info(small_stub):
+def test_overload_is_refused_at_once_with_retry_info(small_server, small_stub):
     barrier = threading.Barrier(12)
+    # The admitted ones hold their places until every call has its answer: none ends early and lets another in.
+    admitted = small_server.engine.plan("load-", hold_after=1)
 
     def run(index: int):
         barrier.wait()
@@ -220,7 +226,12 @@ def test_overload_is_refused_at_once_with_retry_info(small_stub):
             return error
 
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        results = list(pool.map(run, range(12)))
+        calls = [pool.submit(run, index) for index in range(12)]
+        wait_for(lambda: (status(small_stub).running_sequences, status(small_stub).queued_requests) == (4, 2),
+                 what="4 running and 2 queued")
+        wait_for(lambda: sum(call.done() for call in calls) == 12 - 6, what="the others to be refused")
+        small_server.engine.release(admitted)
+        results = [call.result() for call in calls]
     rejected = [r for r in results if isinstance(r, grpc.RpcError)]
     completed = [r for r in results if not isinstance(r, grpc.RpcError)]
     assert rejected and len(completed) >= 6  # 4 slots + 2 queued were admitted
@@ -267,9 +278,14 @@ def test_a_slow_reader_pauses_and_never_stalls_the_others(small_server, small_st
             # Parked while the fast streams are counted: a burst of its own after a read, just
             # before or after them, would add steps that say nothing about its neighbours.
             wait_for(lambda: status(small_stub).paused_sequences == 1, what="the slow reader to be paused")
+        # They start at the same step however the threads are scheduled: steps count what they need, not when they came.
+        small_server.engine.hold_steps()
         before = status(small_stub).engine_steps
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            results = list(pool.map(lambda r: stream(small_stub, r), fast[:3]))
+            running = [pool.submit(stream, small_stub, r) for r in fast[:3]]
+            wait_for(lambda: status(small_stub).queued_requests == 3, what="the fast streams to queue")
+            small_server.engine.run_steps()
+            results = [r.result() for r in running]
         steps = status(small_stub).engine_steps - before
         if slow_thread is not None:
             slow_thread.start()  # it reads slowly from here, resuming and pausing again
@@ -326,12 +342,11 @@ def test_sigterm_drains_running_streams_and_exits_zero(tmp_path):
 
 
 def test_a_second_signal_exits_at_once(tmp_path):
+    # Held after its first token, the stream keeps the drain waiting however long the test takes to signal again.
     server = start_server(tmp_path, "--max-batch-size", "2", "--context-length", "1024", "--grace-period-s", "120",
-                          faults=("--step-s", str(MODEL_PACE_S)), fake_engine=True)
+                          faults=("--step-s", str(MODEL_PACE_S), "--hold-requests-with-prefix", "endless"), fake_engine=True)
     with grpc.insecure_channel(server.address) as channel:
-        call = pb_grpc.GenerationServiceStub(channel).GenerateStream(
-            greedy(PROMPT, max_new_tokens=1000, ignore_eos=True), timeout=120
-        )
+        call = pb_grpc.GenerationServiceStub(channel).GenerateStream(long_request("endless", 1000), timeout=120)
         next(call)
         server.process.send_signal(signal.SIGTERM)
         server.wait_until_draining()
