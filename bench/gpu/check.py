@@ -135,8 +135,9 @@ class Checks:
             assert set(SUPPORTED_SAMPLERS) <= samplers, set(SUPPORTED_SAMPLERS) - samplers
             assert self.info.quantization.split()[0] in ("EXL2", "GPTQ", "FP16"), self.info.quantization
         info = self.info
+        mode = f" ({'paged' if self.paged else 'unpaged'})" if self.expect_exllamav2 else ""
         return (f"engine {info.engine!r}, {info.quantization}, batch {info.limits.max_batch_size}, "
-                f"attention {self.provider} ({'paged' if self.paged else 'unpaged'}), {len(samplers)} samplers")
+                f"attention {self.provider}{mode}, {len(samplers)} samplers")
 
     def streams_incrementally(self) -> str:
         request = greedy_request(PROMPT, 64)
