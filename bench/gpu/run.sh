@@ -36,6 +36,7 @@
 # summary.txt and gpu-report.tar.gz (every file written), the last two refreshed after each stage
 # and once more on exit, so a run cut off from outside still leaves them.
 #
+# GPU_CHECK_SKIP=stage[,stage] skips stages a first run already proved (a rerun's minutes go to the rest).
 # For rehearsals: GPU_CHECK_FAIL=stage[,stage] makes those stages fail, GPU_CHECK_HANG=stage makes
 # one hang until its limit kills it (a 3 s limit), GPU_CHECK_BUDGET_S changes the 330 s budget, and
 # GPU_CHECK_SLOWDOWN=N multiplies it and every limit for a slower machine (the rehearsal on 2 busy cores).
@@ -56,6 +57,7 @@ STARTED=$(date +%s)
 DEADLINE=$((STARTED + BUDGET_S))
 GPU_CHECK_FAIL=${GPU_CHECK_FAIL:-}
 GPU_CHECK_HANG=${GPU_CHECK_HANG:-}
+GPU_CHECK_SKIP=${GPU_CHECK_SKIP:-}
 
 mkdir -p "$OUT"
 rm -rf "$REPORT" "$WORK/model" "$WORK/exl2-work" "$WORK/ext" "$WORK/site" "$WORK/cuda.env"  # torch_extensions stays
@@ -193,6 +195,10 @@ pack() {  # summary.txt and the archive, rewritten whole each time (a kill from 
 stage() {  # stage NAME LIMIT_S [NEEDS...]: run stage_NAME under its limit unless a stage it needs did not pass
     local name=$1 limit=$(($2 * SLOWDOWN)) need
     shift 2
+    if [[ ",$GPU_CHECK_SKIP," == *",$name,"* ]]; then  # a rerun spends its minutes on what is left to prove
+        record "$name" SKIP 0 "GPU_CHECK_SKIP"
+        return 1
+    fi
     for need in "$@"; do
         if [ "$need" = gpu ]; then
             [ "$HAVE_GPU" = 1 ] || { record "$name" SKIP 0 "no GPU (nvidia-smi -L fails)"; return 1; }
