@@ -18,7 +18,7 @@ import grpc
 
 from service.config import ServeConfig
 from service.errors import ServiceError, unauthenticated
-from service.guard import guarded
+from service.guard import Context, Continuation, Request, Response, guarded
 from service.keys import KeyStore
 
 log = logging.getLogger(__name__)
@@ -37,13 +37,13 @@ def caller() -> str:
     return _caller.get()
 
 
-def certificate_subject(context: grpc.aio.ServicerContext) -> str:
+def certificate_subject(context: Context) -> str:
     """The verified client certificate's subject (or common name), "" without one."""
     properties = context.auth_context()
     for name in ("x509_subject", "x509_common_name"):
-        values = properties.get(name)
-        if values:
-            return values[0].decode("utf-8", "replace")
+        first = next(iter(properties.get(name, ())), None)
+        if first is not None:
+            return first.decode("utf-8", "replace")
     return ""
 
 
@@ -60,13 +60,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._refused_since_log = 0
         self._refusal_logged_at = -_REFUSAL_LOG_INTERVAL_S
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self, continuation: Continuation[Request, Response], handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Request, Response] | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(self._open):
             return handler
         return guarded(handler, self._identify)
 
-    def _identify(self, context: grpc.aio.ServicerContext) -> None:
+    def _identify(self, context: Context) -> None:
         if self.keys is None:
             _caller.set(certificate_subject(context) if self._mtls else ANONYMOUS)
             return
@@ -79,7 +81,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             raise self._refused(context, "the API key was not accepted")
         _caller.set(name)
 
-    def _refused(self, context: grpc.aio.ServicerContext, why: str) -> ServiceError:
+    def _refused(self, context: Context, why: str) -> ServiceError:
         """The error for a refused call; one WARNING line a minute at most, with the last peer."""
         self._refused_since_log += 1
         now = time.monotonic()
@@ -91,9 +93,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return unauthenticated(why)
 
 
-def bearer_token(context: grpc.aio.ServicerContext) -> str | None:
+def bearer_token(context: Context) -> str | None:
     for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
+        if key == "authorization" and isinstance(value, str):  # bytes only under a -bin key
             scheme, _, token = value.partition(" ")
             return token.strip() if scheme.lower() == "bearer" and token.strip() else None
     return None

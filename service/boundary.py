@@ -17,12 +17,13 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 
 from service import errors
-from service.guard import wrapped
+from service.guard import Context, Continuation, Request, Response, replaced, wrapped
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,16 @@ class ErrorBoundary(grpc.aio.ServerInterceptor):
         self._malformed_since_log = 0
         self._malformed_logged_at = -_MALFORMED_LOG_INTERVAL_S
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self, continuation: Continuation[Request, Response], handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Request, Response] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
         if handler.request_deserializer is not None:
             safe = self._safe_deserializer(handler.request_deserializer, method)
-            handler = handler._replace(request_deserializer=safe)
+            handler = replaced(handler, request_deserializer=safe)
         return wrapped(handler, before=self._checked, on_error=self._fail)
 
     def _safe_deserializer(self, deserialize: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any]:
@@ -71,7 +74,7 @@ class ErrorBoundary(grpc.aio.ServerInterceptor):
             self._malformed_since_log = 0
             self._malformed_logged_at = now
 
-    def _checked(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def _checked(self, request: Any, context: Context) -> Any:
         if hasattr(request, "__aiter__"):  # a client-streaming call: check each message
             return _checked_stream(request)
         if isinstance(request, _Malformed):
@@ -79,7 +82,7 @@ class ErrorBoundary(grpc.aio.ServerInterceptor):
         errors.CURRENT_REQUEST_ID.set(getattr(request, "request_id", "") or "")
         return request
 
-    async def _fail(self, exc: Exception, context: grpc.aio.ServicerContext) -> None:
+    async def _fail(self, exc: Exception, context: Context) -> None:
         if isinstance(exc, (grpc.aio.AbortError, asyncio.CancelledError)):
             raise exc  # the handler already chose its status, or the caller left
         request_id = errors.CURRENT_REQUEST_ID.get() or uuid.uuid4().hex
@@ -90,13 +93,13 @@ class ErrorBoundary(grpc.aio.ServerInterceptor):
         await context.abort_with_status(error.to_status())
 
 
-def _message_name(deserialize: Callable) -> str:
+def _message_name(deserialize: Callable[[bytes], Any]) -> str:
     """The protobuf type a generated deserializer (`SomeMessage.FromString`) parses."""
     descriptor = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
     return getattr(descriptor, "full_name", "request")
 
 
-async def _checked_stream(requests: AsyncIterator) -> AsyncIterator:
+async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
     async for request in requests:
         if isinstance(request, _Malformed):
             raise request.error

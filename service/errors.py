@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[import-untyped]  # no stubs, no py.typed
 from grpc_status import rpc_status
 
 from backend import ChatTemplateError, ErrorEvent, ErrorKind
@@ -73,7 +73,11 @@ class ServiceError(Exception):
                 break
             status = self._status_pb(self._bounded_violations(keep))
         grpc_status = rpc_status.to_status(status)
-        return grpc_status._replace(trailing_metadata=grpc_status.trailing_metadata + self._advice())
+        # A namedtuple (grpc_status.rpc_status._Status); the stub declares only the grpc.Status ABC.
+        advised: grpc.Status = grpc_status._replace(  # type: ignore[attr-defined]
+            trailing_metadata=grpc_status.trailing_metadata + self._advice()
+        )
+        return advised
 
     def _advice(self) -> tuple[tuple[str, str], ...]:
         """Trailers beside the status that tell callers and proxies what to do next."""

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 from grpc_health.v1 import health, health_pb2
 
 from service.errors import ServiceError, draining, engine_down
-from service.guard import guarded
+from service.guard import Context, Continuation, Request, Response, guarded
 from tokenspout.v1 import generation_pb2 as pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
@@ -51,7 +51,7 @@ class Lifecycle:
         self._idle.set()
         self._interrupts: set[Callable[[], None]] = set()
         self._health = health_servicer
-        self._health_update: asyncio.Future | None = None
+        self._health_update: asyncio.Future[None] | None = None
         self.engine_died = asyncio.Event()
 
     async def start_serving(self) -> None:
@@ -124,7 +124,9 @@ class Admission(grpc.aio.ServerInterceptor):
     def __init__(self, lifecycle: Lifecycle) -> None:
         self._lifecycle = lifecycle
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self, continuation: Continuation[Request, Response], handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Request, Response] | None:
         handler = await continuation(handler_call_details)
         refusal = self._lifecycle.refusal
         method = handler_call_details.method
@@ -133,7 +135,7 @@ class Admission(grpc.aio.ServerInterceptor):
         if method in _OPEN_WHILE_DRAINING and self._lifecycle.phase is Phase.DRAINING:
             return handler
 
-        def refuse(context: grpc.aio.ServicerContext) -> None:
+        def refuse(context: Context) -> None:
             raise refusal
 
         return guarded(handler, refuse)
@@ -145,10 +147,13 @@ class HealthServicer(health.aio.HealthServicer):
 
     def __init__(self) -> None:
         super().__init__()
-        self._watches: set[asyncio.Future] = set()
+        self._watches: set[asyncio.Future[None]] = set()
         self._ending = False
 
-    async def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> None:
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest,
+        context: grpc.aio.ServicerContext[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse],
+    ) -> None:
         watch = asyncio.ensure_future(super().Watch(request, context))
         self._watches.add(watch)
         try:

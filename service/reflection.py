@@ -10,7 +10,8 @@ in their package name, so one set of message classes serves both.
 from __future__ import annotations
 
 import pathlib
-from typing import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
+from typing import Protocol, Self
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -18,6 +19,18 @@ from grpc_reflection.v1alpha import reflection_pb2 as rpb
 
 DESCRIPTOR_SET = pathlib.Path(__file__).with_name("descriptors.binpb")
 SERVICE_NAMES = ("grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection")
+
+
+class SerializedFile(Protocol):
+    @property
+    def serialized_pb(self) -> bytes: ...
+
+
+class Described(Protocol):
+    """A generated protobuf module (`*_pb2`), by its file descriptor (the pure-Python or upb kind)."""
+
+    @property
+    def DESCRIPTOR(self) -> SerializedFile: ...
 
 
 def load_descriptor_set(path: pathlib.Path = DESCRIPTOR_SET) -> list[descriptor_pb2.FileDescriptorProto]:
@@ -54,7 +67,9 @@ class ReflectionServicer:
                 self._pool.Add(proto)
 
     @classmethod
-    def for_modules(cls, service_names: Iterable[str], described: list[descriptor_pb2.FileDescriptorProto], *modules):
+    def for_modules(
+        cls, service_names: Iterable[str], described: list[descriptor_pb2.FileDescriptorProto], *modules: Described,
+    ) -> Self:
         """`described` (with comments) first; generated modules fill in the files it lacks."""
         # The modules used here (health, reflection) import nothing, so their order does not matter.
         extra = [descriptor_pb2.FileDescriptorProto.FromString(m.DESCRIPTOR.serialized_pb) for m in modules]
@@ -69,7 +84,8 @@ class ReflectionServicer:
         return [grpc.method_handlers_generic_handler(name, {"ServerReflectionInfo": method}) for name in SERVICE_NAMES]
 
     async def ServerReflectionInfo(
-        self, requests: AsyncIterator[rpb.ServerReflectionRequest], context: grpc.aio.ServicerContext
+        self, requests: AsyncIterator[rpb.ServerReflectionRequest],
+        context: grpc.aio.ServicerContext[rpb.ServerReflectionRequest, rpb.ServerReflectionResponse],
     ) -> AsyncIterator[rpb.ServerReflectionResponse]:
         async for request in requests:
             yield self.answer(request)
@@ -90,7 +106,8 @@ class ReflectionServicer:
                 ask = request.file_containing_extension
                 message = self._pool.FindMessageTypeByName(ask.containing_type)
                 extension = self._pool.FindExtensionByNumber(message, ask.extension_number)
-                return self._files_response(request, extension.file.name)
+                # A field descriptor has its file (the stub leaves the attribute out).
+                return self._files_response(request, extension.file.name)  # type: ignore[attr-defined]
             if kind == "all_extension_numbers_of_type":
                 message = self._pool.FindMessageTypeByName(request.all_extension_numbers_of_type)
                 numbers = sorted(e.number for e in self._pool.FindAllExtensions(message))

@@ -16,7 +16,7 @@ import logging
 import pathlib
 import signal
 import socket
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -84,7 +84,10 @@ def _check_port(listen: str) -> None:
 def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
     if not config.tls_cert:
         return None
-    read = lambda path: pathlib.Path(path).read_bytes()  # noqa: E731
+
+    def read(path: str) -> bytes:
+        return pathlib.Path(path).read_bytes()
+
     return grpc.ssl_server_credentials(
         [(read(config.tls_key), read(config.tls_cert))],
         root_certificates=read(config.tls_client_ca) if config.tls_client_ca else None,
@@ -101,7 +104,9 @@ class TokenspoutServer:
         """Binds the port at once; the engine may come later, through `attach`, before `start`."""
         _check_port(config.listen)  # before anything else, so a busy port is the only line printed
         self.config = config
-        self.telemetry = telemetry = telemetry or from_environment(config.trace_content, config.prometheus_port, config.caller_metric_labels)
+        self.telemetry = telemetry = telemetry or from_environment(
+            config.trace_content, config.prometheus_port, config.caller_metric_labels
+        )
         try:
             self.auth = auth.interceptor(config)
         except (OSError, ValueError) as exc:
@@ -150,12 +155,17 @@ class TokenspoutServer:
             model_names=(model,) if model != "default" else (),
         )
         self.servicer = GenerationServicer(engine, validator, self.config, self.lifecycle, self.telemetry)
-        pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
+        # protoc's gRPC plugin writes no annotations (the .pyi beside it covers the messages only).
+        pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)  # type: ignore[no-untyped-call]
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        # On the engine thread, before it closes its requests: the loop runs this callback first.
-        self.engine.on_death(lambda exc: loop.call_soon_threadsafe(self.lifecycle.engine_down, type(exc).__name__))
+
+        def died(exc: BaseException) -> None:
+            """On the engine thread, before it closes its requests: the loop runs this callback first."""
+            loop.call_soon_threadsafe(self.lifecycle.engine_down, type(exc).__name__)
+
+        self.engine.on_death(died)
         await self.server.start()
         await self.lifecycle.start_serving()
 
@@ -164,7 +174,9 @@ class TokenspoutServer:
         running streams get the grace period; those still running then end with UNAVAILABLE."""
         if not await self.lifecycle.drain(self.config.grace_period_s):
             log.warning("grace period over: %d requests end with UNAVAILABLE", self.lifecycle.in_flight)
-            self.lifecycle.end_running(self.lifecycle.refusal)
+            refusal = self.lifecycle.refusal
+            assert refusal is not None, "drain() stopped serving"
+            self.lifecycle.end_running(refusal)
             await self.lifecycle.wait_idle(_CUT_WAIT_S)
         await self._close()
 
