@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from service import logs
 from service.config import SETTINGS, ServeConfig, load_config
+
+if TYPE_CHECKING:  # the server is imported only to serve (fetch-model needs none of it)
+    from service.server import EngineBuilder
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, build: Callable | None = None) -> int:
+def main(argv: list[str] | None = None, build: EngineBuilder | None = None) -> int:
     """`build` replaces backend.registry.build_engine (tests wrap the engine it builds)."""
     args = _parser().parse_args(argv)
     if args.command == "fetch-model":

@@ -53,7 +53,7 @@ class CompileGate:
         except TimeoutError:
             raise compile_budget_exceeded(self._timeout_s) from None
 
-    def _finished(self, future: asyncio.Future) -> None:
+    def _finished(self, future: asyncio.Future[CompiledConstraint]) -> None:
         self.running -= 1
         _retrieve(future)
 
@@ -62,7 +62,7 @@ class CompileGate:
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _retrieve(future: asyncio.Future) -> None:
+def _retrieve(future: asyncio.Future[CompiledConstraint]) -> None:
     """Reads the outcome, so a compile whose caller stopped waiting leaves no 'never retrieved' warning."""
     if not future.cancelled():
         future.exception()

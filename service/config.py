@@ -19,14 +19,20 @@ import pathlib
 import ssl
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from backend import EngineConfig
 from service.callers import ANY_CALLER, CallerWeight, parse_weights
 from service.keys import ApiKey, parse_keys
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 ENV_PREFIX = "TOKENSPOUT_"
+_Section = typing.TypeVar("_Section", bound="DataclassInstance")
+"""A config section: ServeConfig, or a dataclass nested in it."""
 
 
 class LogFormat(enum.StrEnum):
@@ -141,11 +147,15 @@ def _settings(cls: type, path: tuple[str, ...] = (), prefix: str = "") -> dict[s
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             found.update(_settings(kind, (*path, f.name), prefix + f.metadata.get("prefix", "")))
             continue
         name = f.metadata.get("setting", prefix + f.name)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            assert callable(f.default_factory), f"setting {name} has no default"
+            default = f.default_factory()
         assert name not in found, f"two settings named {name}"
         found[name] = Setting(name, (*path, f.name), kind, default)
     return found
@@ -162,7 +172,7 @@ def value_of(config: ServeConfig, name: str) -> Any:
     return value
 
 
-def _build(cls: type, values: Mapping[tuple[str, ...], Any], path: tuple[str, ...] = ()) -> Any:
+def _build(cls: type[_Section], values: Mapping[tuple[str, ...], Any], path: tuple[str, ...] = ()) -> _Section:
     """The (nested) config from values by path; each section's rules run as it is built."""
     hints = typing.get_type_hints(cls)
     arguments = {}

@@ -47,7 +47,7 @@ class KeyStore:
     def __init__(self, inline: tuple[ApiKey, ...] = (), path: str = "") -> None:
         self._inline = list(inline)
         self._path = path
-        self._stamp: tuple | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._checked_at = 0.0
         self._keys = list(self._inline)
         if path:

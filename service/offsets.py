@@ -8,8 +8,8 @@ piece that does not match the text there is matched without its leading space.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 _CONTINUATION_BYTES = bytes(range(0x80, 0xC0))
 

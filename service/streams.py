@@ -18,15 +18,19 @@ import threading
 
 from backend import Engine, ErrorEvent, Event, EventSink, TokenEvent
 
-_INTERRUPT = object()
-"""Wakes a handler waiting for events: the server has ended its call (see Lifecycle.end_running)."""
+
+class _Interrupt:
+    """Wakes a handler waiting for events: the server has ended its call (see Lifecycle.end_running)."""
+
+
+_INTERRUPT = _Interrupt()
 
 
 class RequestStream:
     def __init__(self, engine: Engine, request_id: str, buffer_events: int) -> None:
         self.request_id = request_id
         self._engine = engine
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._events: asyncio.Queue[Event | _Interrupt] = asyncio.Queue()
         self._high_water = buffer_events
         self._low_water = buffer_events // 2
         self._paused = False
@@ -77,15 +81,17 @@ class RequestStream:
             self._paused = False
             self._engine.resume(self.request_id)
         error = next((event for event in batch if isinstance(event, ErrorEvent)), None)
-        return error if error is not None else batch
+        if error is not None:
+            return error
+        return [event for event in batch if isinstance(event, TokenEvent)]  # all of them, by now
 
 
-def _token_count(event: Event) -> int:
+def _token_count(event: Event | _Interrupt) -> int:
     return len(event.tokens) if isinstance(event, TokenEvent) else 0
 
 
-def _ends_stream(event: Event | object) -> bool:
-    return event is _INTERRUPT or isinstance(event, ErrorEvent) or event.finish is not None
+def _ends_stream(event: Event | _Interrupt) -> bool:
+    return isinstance(event, (_Interrupt, ErrorEvent)) or event.finish is not None
 
 
 class EventRelay:

@@ -8,14 +8,26 @@ spans, no metric recording, nothing beyond a boolean check per request.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import grpc
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
-from opentelemetry.metrics import Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 
-from backend import EngineStats, ModelInfo
+from backend import CallerTally, EngineStats, ModelInfo
+
+if TYPE_CHECKING:  # the SDK is imported only when telemetry is on
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+EngineRead = Callable[[EngineStats], float]
+"""One number read from the engine's stats."""
+CallerRead = Callable[[CallerTally], int]
+"""One number read from a caller's tally in them."""
+Callback = Callable[[CallbackOptions], Iterable[Observation]]
+"""An observable instrument's callback: its observations when the reader collects."""
 
 # Bucket boundaries from the GenAI semantic conventions (gen-ai-metrics.md).
 _DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
@@ -93,18 +105,28 @@ class Telemetry:
         if self.enabled:
             self.errors.add(1, {"rpc.grpc.status_code": code.name})
 
-    def interceptors(self) -> list:
+    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         """The RPC span for every call (health checks excepted), joined to the caller's trace."""
         if not self.enabled:
             return []
-        return [aio_server_interceptor(self._tracer_provider, filter_=filters.negate(filters.health_check()))]
+        # The instrumentation's functions carry no annotations.
+        interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor(  # type: ignore[no-untyped-call]
+            self._tracer_provider, filter_=filters.negate(filters.health_check())
+        )
+        return [interceptor]
 
     def describe_engine(self, info: ModelInfo) -> None:
         """What every request's span and metrics say of the engine serving it."""
         self.engine_attributes = {"tokenspout.attention_provider": info.attention_provider} if info.attention_provider else {}
 
     def observe_engine(self, stats: Callable[[], EngineStats]) -> None:
-        gauges = {
+        def observed(read: EngineRead) -> Callback:
+            return lambda options: [Observation(read(stats()))]
+
+        def per_caller_observed(read: CallerRead) -> Callback:
+            return lambda options: self._per_caller(stats(), read)
+
+        gauges: dict[str, tuple[str, EngineRead]] = {
             "tokenspout.server.running_sequences": ("{sequence}", lambda s: s.running_sequences),
             "tokenspout.server.paused_sequences": ("{sequence}", lambda s: s.paused_sequences),
             "tokenspout.server.queued_requests": ("{request}", lambda s: s.queued_requests),
@@ -119,28 +141,22 @@ class Telemetry:
             "tokenspout.kv_cache_usage_perc": ("", _cache_utilisation),
         })
         for name, (unit, read) in gauges.items():
-            self.meter.create_observable_gauge(
-                name, unit=unit, callbacks=[lambda options, read=read: [Observation(read(stats()))]]
-            )
+            self.meter.create_observable_gauge(name, unit=unit, callbacks=[observed(read)])
         # Speculative decoding: proposed tokens checked, and accepted (their ratio is the acceptance rate).
-        totals = {
+        totals: dict[str, EngineRead] = {
             "tokenspout.server.draft_tokens": lambda s: s.draft_tokens_total,
             "tokenspout.server.accepted_draft_tokens": lambda s: s.accepted_draft_tokens_total,
         }
-        for name, read in totals.items():
-            self.meter.create_observable_counter(
-                name, unit="{token}", callbacks=[lambda options, read=read: [Observation(read(stats()))]]
-            )
-        per_caller = {
+        for name, total in totals.items():
+            self.meter.create_observable_counter(name, unit="{token}", callbacks=[observed(total)])
+        per_caller: dict[str, tuple[str, CallerRead]] = {
             "tokenspout.server.caller.running_sequences": ("{sequence}", lambda t: t.running),
             "tokenspout.server.caller.queued_requests": ("{request}", lambda t: t.queued + t.preempted),
         }
-        for name, (unit, read) in per_caller.items():
-            self.meter.create_observable_gauge(
-                name, unit=unit, callbacks=[lambda options, read=read: self._per_caller(stats(), read)]
-            )
+        for name, (unit, read_caller) in per_caller.items():
+            self.meter.create_observable_gauge(name, unit=unit, callbacks=[per_caller_observed(read_caller)])
 
-    def _per_caller(self, stats: EngineStats, read: Callable) -> list[Observation]:
+    def _per_caller(self, stats: EngineStats, read: CallerRead) -> list[Observation]:
         """One observation per caller label (callers sharing OTHER_CALLERS summed)."""
         values: dict[str, int] = {}
         for tally in stats.callers:
@@ -175,7 +191,7 @@ def from_environment(record_content: bool = False, prometheus_port: int = 0, cal
 
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "tokenspout")})
     tracer_provider = TracerProvider(resource=resource)
-    readers = []
+    readers: list[MetricReader] = []
     if endpoint_set:
         span_exporter, metric_exporter = _otlp_exporters()
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
@@ -190,12 +206,14 @@ def from_environment(record_content: bool = False, prometheus_port: int = 0, cal
                      caller_labels=caller_labels)
 
 
-def _otlp_exporters():
+def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
     """OTLP over gRPC, or over HTTP when OTEL_EXPORTER_OTLP_PROTOCOL says http/protobuf."""
     if os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc").startswith("http"):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    return OTLPSpanExporter(), OTLPMetricExporter()
+        from opentelemetry.exporter.otlp.proto.http import metric_exporter as http_metrics
+        from opentelemetry.exporter.otlp.proto.http import trace_exporter as http_traces
+
+        return http_traces.OTLPSpanExporter(), http_metrics.OTLPMetricExporter()
+    from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as grpc_metrics
+    from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_traces
+
+    return grpc_traces.OTLPSpanExporter(), grpc_metrics.OTLPMetricExporter()
