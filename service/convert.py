@@ -18,7 +18,16 @@ from backend import (
 from service.validate import Limits
 from tokenspout.v1 import generation_pb2 as pb
 
-_FINISH_REASONS = {reason: pb.FinishReason.Value(f"FINISH_REASON_{reason.name}") for reason in FinishReason}
+_FINISH_REASONS: dict[FinishReason, pb.FinishReason] = {
+    FinishReason.EOS_TOKEN: pb.FINISH_REASON_EOS_TOKEN,
+    FinishReason.STOP_SEQUENCE: pb.FINISH_REASON_STOP_SEQUENCE,
+    FinishReason.STOP_TOKEN: pb.FINISH_REASON_STOP_TOKEN,
+    FinishReason.MAX_TOKENS: pb.FINISH_REASON_MAX_TOKENS,
+    FinishReason.TIME_LIMIT: pb.FINISH_REASON_TIME_LIMIT,
+    FinishReason.CONTEXT_LIMIT: pb.FINISH_REASON_CONTEXT_LIMIT,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+    FinishReason.CONSTRAINT_COMPLETE: pb.FINISH_REASON_CONSTRAINT_COMPLETE,
+}
 
 
 def _text_or_empty(piece: bytes) -> str:

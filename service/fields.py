@@ -34,6 +34,18 @@ class RangeChecker:
     def values(self) -> dict[str, float | int]:
         return dict(self._values)
 
+    def has(self, name: str) -> bool:
+        """The field was set and in range."""
+        return name in self._values
+
+    def real(self, name: str, default: float) -> float:
+        """A float field's value when it was set and in range, else `default`."""
+        return float(self._values.get(name, default))
+
+    def integer(self, name: str, default: int) -> int:
+        """An integer field's value when it was set and in range, else `default`."""
+        return int(self._values.get(name, default))
+
 
 def checked(
     message: Message, prefix: str, violations: list[FieldViolation], **ranges: tuple[float, float] | tuple[float, float, bool]

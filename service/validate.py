@@ -238,14 +238,29 @@ class RequestValidator:
         limits = self.limits
         violations.extend(listed_strings("sampling.banned_strings", s.banned_strings, limits.max_banned_strings,
                                           limits.max_banned_string_length))
-        params = check.values()
-        temperature = params.get("temperature", 1.0)
-        if "seed" not in params:
-            params["seed"] = 0 if temperature == 0.0 else secrets.randbelow(MAX_SEED + 1)
+        default = SamplingParams  # its class attributes are the defaults of the fields left unset
+        temperature = check.real("temperature", default.temperature)
+        if check.has("seed"):
+            seed = check.integer("seed", 0)
+        else:
+            seed = 0 if temperature == 0.0 else secrets.randbelow(MAX_SEED + 1)
         xtc = checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5))
         mirostat = checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True))
         return SamplingParams(
-            **params,
+            temperature=temperature,
+            top_k=check.integer("top_k", default.top_k),
+            top_p=check.real("top_p", default.top_p),
+            min_p=check.real("min_p", default.min_p),
+            typical_p=check.real("typical_p", default.typical_p),
+            repetition_penalty=check.real("repetition_penalty", default.repetition_penalty),
+            presence_penalty=check.real("presence_penalty", default.presence_penalty),
+            frequency_penalty=check.real("frequency_penalty", default.frequency_penalty),
+            penalty_last_n=check.integer("penalty_last_n", default.penalty_last_n),
+            seed=seed,
+            top_a=check.real("top_a", default.top_a),
+            tfs=check.real("tfs", default.tfs),
+            skew=check.real("skew", default.skew),
+            smoothing_factor=check.real("smoothing_factor", default.smoothing_factor),
             logit_bias=dict(s.logit_bias),
             dry=self._dry(s.dry, violations),
             xtc=XtcParams(**xtc),
@@ -255,17 +270,23 @@ class RequestValidator:
         )
 
     def _dry(self, d: pb.DrySampler, violations: list[FieldViolation]) -> DryParams:
-        params = checked(
-            d, "sampling.dry", violations, multiplier=(0.0, 10.0), base=(1.0, 10.0, True), allowed_length=(1, 64),
-            penalty_last_n=(0, self._info.context_length),
-        )
-        if params.get("penalty_last_n") == 1:
+        check = RangeChecker("sampling.dry", d, violations)
+        check.range("multiplier", 0.0, 10.0)
+        check.range("base", 1.0, 10.0, low_open=True)
+        check.range("allowed_length", 1, 64)
+        check.range("penalty_last_n", 0, self._info.context_length)
+        if check.integer("penalty_last_n", 0) == 1:
             violations.append(FieldViolation("sampling.dry.penalty_last_n", "must be 0 (whole context) or at least 2"))
         violations.extend(listed_strings("sampling.dry.sequence_breakers", d.sequence_breakers,
                                           self.limits.max_dry_breakers, self.limits.max_dry_breaker_length))
-        if "penalty_last_n" in params:
-            params["last_n"] = params.pop("penalty_last_n")
-        return DryParams(**params, sequence_breakers=tuple(d.sequence_breakers) or DEFAULT_DRY_BREAKERS)
+        default = DryParams
+        return DryParams(
+            multiplier=check.real("multiplier", default.multiplier),
+            base=check.real("base", default.base),
+            allowed_length=check.integer("allowed_length", default.allowed_length),
+            last_n=check.integer("penalty_last_n", default.last_n),
+            sequence_breakers=tuple(d.sequence_breakers) or DEFAULT_DRY_BREAKERS,
+        )
 
     def _refuse_unsupported(self, sampling: SamplingParams, speculation: SpeculationParams) -> None:
         """Raises UNIMPLEMENTED, naming every one, when the request turns on what this engine lacks."""
@@ -306,9 +327,9 @@ class RequestValidator:
         check = RangeChecker("stopping", s, violations)
         check.range("max_new_tokens", 1, self._info.context_length)
         check.range("min_new_tokens", 0, self._info.context_length)
-        params = check.values()
-        max_new = params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-        if params.get("min_new_tokens", 0) > max_new:
+        max_new = check.integer("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        min_new = check.integer("min_new_tokens", 0)
+        if min_new > max_new:
             violations.append(FieldViolation("stopping.min_new_tokens", "must be at most max_new_tokens"))
         violations.extend(listed_strings("stopping.stop_sequences", s.stop_sequences, self.limits.max_stop_sequences,
                                           self.limits.max_stop_sequence_length))
@@ -317,7 +338,7 @@ class RequestValidator:
                 violations.append(FieldViolation(f"stopping.stop_token_ids[{i}]", "not a token id of this model"))
         return StopParams(
             max_new_tokens=max_new,
-            min_new_tokens=params.get("min_new_tokens", 0),
+            min_new_tokens=min_new,
             stop_sequences=tuple(s.stop_sequences),
             stop_token_ids=frozenset(s.stop_token_ids),
             include_stop_sequence=s.include_stop_sequence,
