@@ -191,8 +191,9 @@ class GenerationCall:
         """Checks, prompt, constraint, deadline and who it is for, made into the one request the engine gets."""
         request = self._request
         if not request.request_id:  # then the caller's x-request-id names it
-            metadata = dict(self._context.invocation_metadata() or ())
-            request.request_id = metadata.get("x-request-id", "")[: self._calls.validator.limits.max_request_id_length]
+            header = dict(self._context.invocation_metadata() or ()).get("x-request-id", "")
+            if isinstance(header, str):  # always: gRPC gives bytes only for a -bin header
+                request.request_id = header[: self._calls.validator.limits.max_request_id_length]
         params, prompt, arrival_time = await off_loop_if_large(self._prepare, request)
         self.request_id = params.request_id
         CURRENT_REQUEST_ID.set(params.request_id)
@@ -261,8 +262,8 @@ class GenerationCall:
             raise calls.lifecycle.ending
         stream = calls.open(self._identity, self.request_id, self.generation.request_id)
         if calls.telemetry.enabled:
-            self._trace = RequestTrace(calls.telemetry, self._request, self.generation, calls.engine.info.model_id,
-                                       self._streaming)
+            self._trace = RequestTrace(calls.telemetry, self._request, self.request_id, self.generation,
+                                       calls.engine.info.model_id, self._streaming)
         calls.engine.submit(self.generation, calls.sink(stream))
         return stream
 

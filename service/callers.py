@@ -49,14 +49,15 @@ class Callers:
         self._priority_callers = frozenset(priority_callers)
         self._header = fairness_header.lower()
 
-    def key(self, identity: str, metadata: Iterable[tuple[str, str]]) -> str:
-        """The fairness key of a call by `identity` with this metadata. Raises INVALID_ARGUMENT for a bad header."""
+    def key(self, identity: str, metadata: Iterable[tuple[str, str | bytes]]) -> str:
+        """The fairness key of a call by `identity` with this metadata (gRPC's: bytes under a `-bin` key).
+        Raises INVALID_ARGUMENT for a bad header, binary ones included."""
         if not self._header:
             return identity
         value = next((v for k, v in metadata if k == self._header), None)
         if value is None:
             return identity
-        if not 0 < len(value) <= MAX_KEY_LENGTH or not all(" " <= c <= "~" for c in value):
+        if isinstance(value, bytes) or not 0 < len(value) <= MAX_KEY_LENGTH or not all(" " <= c <= "~" for c in value):
             raise invalid_argument([FieldViolation(
                 self._header, f"printable ASCII, 1 to {MAX_KEY_LENGTH} characters (a fairness id)")])
         return value

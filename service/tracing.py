@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from backend import Finish, GenerationRequest, TokenEvent
 from service.errors import ServiceError
@@ -30,8 +31,10 @@ def _epoch_ns(monotonic_s: float) -> int:
 
 
 class RequestTrace:
-    def __init__(self, telemetry: Telemetry, request: pb.GenerateStreamRequest, generation: GenerationRequest,
-                 model_id: str, streaming: bool) -> None:
+    def __init__(self, telemetry: Telemetry, request: pb.GenerateStreamRequest, request_id: str,
+                 generation: GenerationRequest, model_id: str, streaming: bool) -> None:
+        """`request_id` is the id the caller knows the request by (the engine's own may differ: see
+        service.call.Calls.engine_id); the trace shows the caller's."""
         self._telemetry = telemetry
         self._generation = generation
         self._span = trace.get_current_span()
@@ -39,14 +42,14 @@ class RequestTrace:
         self._batches = 0
         self._position = 0
         self._operation = "chat" if request.HasField("chat") else "text_completion"
-        self._metric_attributes = {
+        self._metric_attributes: dict[str, AttributeValue] = {
             "gen_ai.operation.name": self._operation,
             "gen_ai.provider.name": PROVIDER,
             "gen_ai.request.model": model_id,
             **telemetry.engine_attributes,  # tokenspout.attention_provider
         }
         sampling, stopping = generation.sampling, generation.stopping
-        attributes = {
+        attributes: dict[str, AttributeValue] = {
             **self._metric_attributes,
             "gen_ai.request.stream": streaming,
             "gen_ai.request.temperature": sampling.temperature,
@@ -56,9 +59,9 @@ class RequestTrace:
             "gen_ai.request.seed": sampling.seed,
             "gen_ai.request.frequency_penalty": sampling.frequency_penalty,
             "gen_ai.request.presence_penalty": sampling.presence_penalty,
-            "gen_ai.response.id": generation.request_id,
+            "gen_ai.response.id": request_id,
             "gen_ai.response.model": model_id,
-            "tokenspout.request_id": generation.request_id,
+            "tokenspout.request_id": request_id,
             "tokenspout.caller": generation.scheduling.caller,
             "tokenspout.request.priority": generation.scheduling.priority,
         }
@@ -83,7 +86,7 @@ class RequestTrace:
         self._position += tokens
         if self._telemetry.record_content:
             self._text.extend(event.text for event in events)
-        attributes = {
+        attributes: dict[str, AttributeValue] = {
             "tokenspout.batch.index": self._batches,
             "tokenspout.batch.tokens": tokens,
             "tokenspout.batch.first_token_position": first,
@@ -112,15 +115,17 @@ class RequestTrace:
         arrival = self._generation.arrival_time
         tracer = self._telemetry.tracer
         admitted = arrival + timings.queue_s
-        prefill_attributes = {"tokenspout.prefill.prompt_tokens": usage.prompt_tokens,
-                              "tokenspout.prefill.cached_tokens": usage.cached_tokens}  # taken from the prefix cache
+        prefill_attributes: dict[str, AttributeValue] = {
+            "tokenspout.prefill.prompt_tokens": usage.prompt_tokens,
+            "tokenspout.prefill.cached_tokens": usage.cached_tokens,  # taken from the prefix cache
+        }
         for name, start, end, span_attributes in (
             ("queue", arrival, admitted, {}),
             ("prefill", admitted, admitted + timings.prefill_s, prefill_attributes),
         ):
             span = tracer.start_span(name, context=self._context, start_time=_epoch_ns(start), attributes=span_attributes)
             span.end(end_time=_epoch_ns(end))
-        attributes = {
+        attributes: dict[str, AttributeValue] = {
             "gen_ai.response.finish_reasons": [finish.reason.value],
             "gen_ai.usage.input_tokens": usage.prompt_tokens,
             "gen_ai.usage.output_tokens": usage.completion_tokens,

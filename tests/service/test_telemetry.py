@@ -4,6 +4,7 @@ process exporting over OTLP): spans per token batch, GenAI attributes, metrics, 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -20,14 +21,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.harness.servers import start_server, stop_server
-from tests.harness.fake_engine import FAKE_MODEL_ID, FakeEngine
 from backend.types import ErrorEvent, ErrorKind
+from service.errors import from_engine
+from service.telemetry import Telemetry, from_environment
+from tests.harness.fake_engine import FAKE_MODEL_ID, FakeEngine
 from tests.harness.helpers import error_reason, greedy, rpc_error
 from tests.harness.inprocess_server import InProcessServer, serve_config
 from tests.harness.otlp_collector import start_collector
-from service.errors import from_engine
-from service.telemetry import Telemetry, from_environment
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -37,13 +38,13 @@ RPC_SPAN = "/tokenspout.v1.GenerationService/GenerateStream"
 class TracedServer(InProcessServer):
     """A tokenspout server in this process (its own event loop thread) with in-memory exporters."""
 
-    def __init__(self, record_content: bool = False, attention_provider: str = "") -> None:
+    def __init__(self, record_content: bool = False, attention_provider: str = "", env: dict[str, str] | None = None) -> None:
         self.spans = InMemorySpanExporter()
         self.metrics = InMemoryMetricReader()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.spans))
         telemetry = Telemetry(provider, MeterProvider(metric_readers=[self.metrics]), record_content)
-        config = serve_config("--context-length", "512", "--max-batch-size", "2")
+        config = serve_config("--context-length", "512", "--max-batch-size", "2", env=env)
         engine = FakeEngine(config.engine)
         engine.info = dataclasses.replace(engine.info, attention_provider=attention_provider)
         super().__init__(engine, config, telemetry)
@@ -144,7 +145,8 @@ def test_metrics_match_the_response(traced):
     assert per_token.sum == pytest.approx(finish.timings.decode_ms / 1000 / 11)
     usage = {p.attributes["gen_ai.token.type"]: p.sum for p in traced.metric_points("tokenspout.server.token.usage")}
     assert usage == {"input": finish.usage.prompt_tokens, "output": 12}
-    assert all(p.attributes["gen_ai.operation.name"] == "text_completion" for p in traced.metric_points("gen_ai.server.request.duration"))
+    durations = traced.metric_points("gen_ai.server.request.duration")
+    assert all(p.attributes["gen_ai.operation.name"] == "text_completion" for p in durations)
     # The gauge reads the engine's published state, which follows the last event by at most one step.
     deadline = time.monotonic() + 5
     while traced.metric_points("tokenspout.server.running_sequences")[0].value and time.monotonic() < deadline:
@@ -248,7 +250,8 @@ def test_spans_and_metrics_arrive_over_otlp_grpc_with_json_logs_and_prometheus(t
             time.sleep(0.1)
         names = [s.name for s in collector.spans]
         assert sum(len(m.tokens) for m in messages) == 5
-        assert names.count("token_batch") == len(messages) and RPC_SPAN in names  # one span per message and {"queue", "prefill"} <= set(names)
+        assert names.count("token_batch") == len(messages)  # one span per message
+        assert RPC_SPAN in names and {"queue", "prefill"} <= set(names)
         assert collector.resource_attributes["service.name"] == "tokenspout-test"
         assert "gen_ai.server.time_to_first_token" in collector.metric_names
         scraped = urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/metrics", timeout=10).read().decode()
@@ -281,5 +284,33 @@ def test_the_engines_attention_provider_is_on_every_requests_span_and_metrics():
         assert rpc.attributes["tokenspout.attention_provider"] == "sdpa"
         (duration,) = traced.metric_points("gen_ai.server.request.duration")
         assert duration.attributes["tokenspout.attention_provider"] == "sdpa"
+    finally:
+        traced.close()
+
+
+def test_two_callers_running_the_same_request_id_each_trace_the_id_they_sent():
+    # The engine knows the second by another id (service.call.Calls.engine_id); its trace shows the caller's.
+    keys = {"alice": "alice-secret-key", "bob": "bob-secret-key"}
+    digests = ",".join(f"{name}:{hashlib.sha256(key.encode()).hexdigest()}" for name, key in keys.items())
+    traced = TracedServer(env={"TOKENSPOUT_API_KEYS": digests})
+    try:
+        held = traced.engine.plan("shared-", hold_after=1)  # each keeps running, after its first token, until released
+        request = greedy("The sky is", max_new_tokens=4, ignore_eos=True)
+        request.request_id = "shared-id"
+        with grpc.insecure_channel(traced.address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            calls = {
+                name: stub.GenerateStream(request, metadata=(("authorization", f"Bearer {key}"),), timeout=60)
+                for name, key in keys.items()
+            }
+            firsts = [next(call) for call in calls.values()]  # both running at once
+            traced.engine.release(held)
+            lasts = [list(call)[-1] for call in calls.values()]
+        assert [m.request_id for m in firsts + lasts] == ["shared-id"] * 4
+        assert [m.finish.reason for m in lasts] == [pb.FinishReason.FINISH_REASON_MAX_TOKENS] * 2
+        rpcs = {span.attributes["tokenspout.caller"]: span.attributes for span in traced.wait_for_span(RPC_SPAN, 2)}
+        assert sorted(rpcs) == ["alice", "bob"]
+        for attributes in rpcs.values():
+            assert attributes["tokenspout.request_id"] == attributes["gen_ai.response.id"] == "shared-id"
     finally:
         traced.close()
