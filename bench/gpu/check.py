@@ -141,21 +141,25 @@ class Checks:
     def free_run(self) -> list[pb.GenerateStreamResponse]:
         """32 greedy tokens with their ids, once: what the stop checks cut short."""
         if self._free is None:
-            request = greedy_request(PROMPT, 32)
-            request.output.return_token_ids = True
-            request.output.return_logprobs, request.output.top_logprobs = True, 2
-            self._free = stream(self.stub, request)
+            self._free = stream(self.stub, self.free_request())
         return self._free
 
+    @staticmethod
+    def free_request() -> pb.GenerateStreamRequest:
+        request = greedy_request(PROMPT, 32)
+        request.output.return_token_ids = True
+        return request
+
     def stop_in_free_text(self) -> tuple[str, str]:
-        """The free run's text and a 4-character stop sequence from the part of it that later runs
-        repeat: before its first near tie. Later runs take the prompt's pages from the cache, and on a
-        GPU that may flip a near tie (streams_incrementally), so text past one may not come again."""
+        """The free run's text and a 4-character stop sequence from the part of it that a run on the
+        cached prompt repeats. On a GPU such a run may flip a near tie (streams_incrementally), so
+        text past the first parting may not come again; llama.cpp repeats it all."""
         free_messages = self.free_run()
+        again = [t for m in stream(self.stub, self.free_request()) for t in m.tokens]
         tokens = [t for m in free_messages for t in m.tokens]
-        ties = [i for i, token in enumerate(tokens) if top_two_margin(token) < TIE_MARGIN]
-        stable = token_text(tokens[: ties[0]] if ties else tokens)
-        assert len(stable) >= 8, f"the free run meets a near tie after {len(stable)} characters: no stable stop sequence"
+        parting = first_parting(tokens, again)
+        stable = token_text(tokens if parting is None else tokens[:parting])
+        assert len(stable) >= 8, f"a run on the cached prompt parts from the free run after {len(stable)} characters"
         middle = len(stable) // 2
         return text_of(free_messages), stable[middle - 4 : middle]
 
