@@ -56,7 +56,7 @@ proto: tools
 	cd $(TS) && PYTHON=$(CURDIR)/$(PY) npm run --silent generate
 	# Reflection serves these, so grpcurl describe shows the protos' comments.
 	$(BUF) build --as-file-descriptor-set -o service/descriptors.binpb
-	# Envoy's JSON transcoder: the same plus google.rpc's error types (deploy/README.md, "HTTP/JSON").
+	# Envoy's JSON transcoder: the same plus google.rpc's error types (docs/deployment.md, "HTTP/JSON and Server-Sent Events").
 	$(PY) deploy/envoy/descriptor_set.py
 
 # At a release: record the committed proto as the baseline of the breaking-change test.

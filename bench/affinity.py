@@ -7,7 +7,7 @@ its ratio to the baseline's (target >= 0.9 with the key), the caller's TTFT medi
 to the keyless run's through the same proxy, and the load spread (the busiest replica's turns over
 the mean; target <= 1.5).
 
-Each replica runs llama.cpp on one thread with --max-batch-size 8 (tests/proxies.py), so it keeps
+Each replica runs llama.cpp on one thread with --max-batch-size 8 (tests/harness/proxies.py), so it keeps
 at most 10 prefixes (8 + prefix_cache_slots 2). On a 2-core machine the three replicas share the
 cores; the TTFTs are that machine's.
 

@@ -1,6 +1,6 @@
 """Fuzzing one real server at volume: status codes per call, and memory before and after.
 
-Sends random GenerateStreamRequests across every field (tests/hostile_requests.py)
+Sends random GenerateStreamRequests across every field (tests/harness/hostile_requests.py)
 and random bytes in place of requests to every method, and prints how many calls
 ended with each status code, how many errors were too big to deliver, whether
 health stayed SERVING, and the server's RSS once caches are warm and at the end.

@@ -165,7 +165,7 @@ def check_gptq(fp16: dict[str, np.ndarray], quantized: dict[str, np.ndarray]) ->
 
 
 def write_model(directory: pathlib.Path, tensors: dict[str, np.ndarray], config: dict, tokenizer: Tokenizer) -> None:
-    from safetensors.numpy import save_file  # here: the tokenizer alone (tests/test_exllamav2_vocabulary.py) needs none
+    from safetensors.numpy import save_file  # here: the tokenizer alone (tests/backend/exllamav2/test_vocabulary.py) needs none
 
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})

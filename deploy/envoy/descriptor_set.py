@@ -3,7 +3,7 @@
 service/descriptors.binpb (the service's protos, with comments, for reflection) plus
 google.rpc.Status and the error details the service sends (google/rpc/error_details.proto) with
 their imports: the transcoder needs every detail type to write an error as JSON.
-Run by `make proto`; tests/test_deploy.py checks the committed file is current.
+Run by `make proto`; tests/deploy/test_deploy.py checks the committed file is current.
 
     python deploy/envoy/descriptor_set.py [OUTPUT]
 """

@@ -1,6 +1,6 @@
 """The fair-sharing policy as pure logic (backend.common.fairness, service.shares, service.callers), on plain
 stand-ins for the engine's sequences; the engines and the server are proven on the real model in
-tests/test_fair_scheduling.py and tests/test_fair_sharing.py."""
+tests/backend/test_fair_scheduling.py and tests/service/test_fair_sharing.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ would do differently a test scripts per request id prefix (`FakeEngine.plan`): h
 some tokens until released, end it with EOS, or fail it with any ErrorKind. The engine can be paced
 (`step_s`, standing in for a model's speed), held between steps while requests gather (`hold_steps`),
 and killed (its thread dies, as a bug would).
-tests/faults.py --fake-engine serves it from a real `tokenspout serve` process.
+tests/harness/faults.py --fake-engine serves it from a real `tokenspout serve` process.
 
 The vocabulary is bytes: 0 is BOS, 1 EOS, 2 and 3 the chat markers, 4 + b the byte b; the chat
 template and the constraint compiler are the real ones (backend.common.chat, llguidance) over it.

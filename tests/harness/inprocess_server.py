@@ -1,6 +1,6 @@
 """A tokenspout server in the test process, on a loopback port: TokenspoutServer on an event loop
 thread of its own, configured from the same flags and environment as `tokenspout serve`, serving the
-engine a test gives it (tests/fake_engine.py's, usually). Real sockets, real gRPC; what a subprocess
+engine a test gives it (tests/harness/fake_engine.py's, usually). Real sockets, real gRPC; what a subprocess
 adds (signals, exit codes) is left to conftest.start_server."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Several tokenspout replicas and the shipped HAProxy and Envoy configs in front of them, on loopback.
 
-tests/test_replicas.py, tests/test_deploy_envoy.py, tests/test_affinity.py, tests/test_envoy_http.py,
+tests/deploy/test_replicas.py, tests/deploy/test_deploy_envoy.py, tests/deploy/test_affinity.py, tests/deploy/test_envoy_http.py,
 bench/replicas.py and bench/affinity.py share this.
 """
 

@@ -1,6 +1,6 @@
 """Property-based fuzzing of the real server: whatever a caller sends, only documented codes come back.
 
-Random GenerateStreamRequests across every field (tests/hostile_requests.py) and
+Random GenerateStreamRequests across every field (tests/harness/hostile_requests.py) and
 random bytes in place of any request: never UNKNOWN, never INTERNAL, every error
 small enough to deliver, health SERVING throughout, and no traceback in the log.
 """

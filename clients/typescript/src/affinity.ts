@@ -1,7 +1,7 @@
 // The affinity key: the x-tokenspout-affinity header that pins calls sharing a
 // prefix to one replica (Envoy's ring_hash and HAProxy's balance hdr in
 // deploy/ route on it). The rule is the Python client's
-// (clients/python/tokenspout/affinity.py, clients/README.md "Affinity key");
+// (clients/python/tokenspout/affinity.py, docs/clients.md "Affinity key");
 // clients/affinity-vectors.json holds the test vectors both clients pass.
 import { createHash } from "node:crypto";
 

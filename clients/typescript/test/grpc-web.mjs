@@ -1,6 +1,6 @@
 // A gRPC-Web caller, as a browser would be: Connect's gRPC-Web transport
 // (@connectrpc/connect-node, pinned in package.json) over HTTP/1.1, through
-// deploy/envoy's grpc_web filter at ENVOY_URL. Run by tests/test_envoy_http.py,
+// deploy/envoy's grpc_web filter at ENVOY_URL. Run by tests/deploy/test_envoy_http.py,
 // which checks what it prints (one JSON object).
 import { createClient } from "@connectrpc/connect";
 import { createGrpcWebTransport } from "@connectrpc/connect-node";

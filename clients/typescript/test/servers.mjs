@@ -1,6 +1,6 @@
 // Live tokenspout servers for the tests: the addresses in TOKENSPOUT_ADDRESS
 // (max batch 8) and TOKENSPOUT_FULL_ADDRESS (one slot, no queue) when given
-// (tests/test_client_typescript.py passes them), else servers started here;
+// (tests/clients/test_client_typescript.py passes them), else servers started here;
 // a server with an API key is always started here.
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";

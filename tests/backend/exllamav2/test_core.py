@@ -1,4 +1,4 @@
-"""The exllamav2 engine's CPU side, against a fake generator that behaves like 0.3.2 (tests/exllamav2_fakes.py).
+"""The exllamav2 engine's CPU side, against a fake generator that behaves like 0.3.2 (tests/harness/exllamav2_fakes.py).
 
 exllamav2 itself needs CUDA to import, so these tests drive the owner-thread core
 through the generator's queue API (enqueue / cancel / iterate) as 0.3.2's source has

@@ -1,6 +1,6 @@
 """Every keyword the engine gives exllamav2's sampler settings and jobs is one 0.3.2 has.
 
-The lists are pinned in tests/exllamav2_fakes.py from v0.3.2's source. Where that source is on
+The lists are pinned in tests/harness/exllamav2_fakes.py from v0.3.2's source. Where that source is on
 this machine (exllamav2 installed, or EXLLAMAV2_SOURCE naming a folder that holds the unpacked
 exllamav2-0.3.2 wheel or repository), the pinned lists are checked against it, read with `ast`
 (importing exllamav2 would compile its CUDA extension).
