@@ -462,6 +462,16 @@ def test_run_sh_stages_past_the_budget_are_skipped_and_fail_the_run(tmp_path):
     assert "result: FAILED" in (tmp_path / "out" / "summary.txt").read_text()
 
 
+def test_run_sh_skips_a_stage_left_under_half_its_limit(tmp_path):
+    """Started that short it would fail for want of time and say something else (a server given 10 s
+    "did not start"): skipped, it says why. 36 s: the preflight gets 21 of its 30, the wheels at most 21 of 45."""
+    rc, output, table = run_gpu_check(tmp_path, GPU_CHECK_BUDGET_S="36")
+    assert rc == 1, output
+    assert table["preflight"][0] != "SKIP", table
+    assert table["wheels"][0] == "SKIP" and table["wheels"][2].startswith("no time left"), table
+    assert "of the 45s it may need" in table["wheels"][2]
+
+
 @pytest.mark.skipif(os.environ.get("TOKENSPOUT_GPU_REHEARSAL") != "1", reason="set TOKENSPOUT_GPU_REHEARSAL=1 (9-16 min)")
 def test_the_cpu_rehearsal_passes():
     rehearse = ROOT / "bench" / "gpu" / "rehearse.sh"
