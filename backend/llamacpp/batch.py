@@ -22,7 +22,8 @@ class Batch:
 
     @property
     def rows(self) -> int:
-        return self._batch.n_tokens
+        rows: int = self._batch.n_tokens
+        return rows
 
     def clear(self) -> None:
         self._batch.n_tokens = 0
@@ -47,7 +48,8 @@ class Batch:
 
     def decode(self, ctx: llama_cpp.llama_context_p) -> int:
         """Runs the model over every row; 0 on success, llama.cpp's status otherwise."""
-        return llama_cpp.llama_decode(ctx, self._batch)
+        status: int = llama_cpp.llama_decode(ctx, self._batch)
+        return status
 
     def free(self) -> None:
         llama_cpp.llama_batch_free(self._batch)

@@ -255,5 +255,5 @@ class LlamaCppCore:
         if self.ctx:
             self.batch.free()
             llama_cpp.llama_free(self.ctx)
-            self.ctx = None
+            self.ctx = llama_cpp.llama_context_p(0)  # NULL, as llama.cpp has it: closed
         return self._done()

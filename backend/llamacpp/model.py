@@ -29,8 +29,7 @@ _load_errors: list[str] | None = None
 """While a model loads: llama.cpp's errors, for the one line that says why it could not."""
 
 
-@llama_cpp.llama_log_callback
-def _forward_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+def _log_to_python(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     # llama.cpp is chatty on stderr; keep only its errors, through Python logging.
     if level == _LOG_LEVEL_ERROR:
         message = text.decode("utf-8", "replace").rstrip()
@@ -38,6 +37,10 @@ def _forward_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> 
             _load_errors.append(message)
         else:
             log.error("llama.cpp: %s", message)
+
+
+# llama_log_callback is a ctypes CFUNCTYPE, untyped as a decorator: wrapped by a call instead.
+_forward_llama_log = llama_cpp.llama_log_callback(_log_to_python)
 
 
 _backend_ready = False
@@ -58,7 +61,7 @@ def _load(path: pathlib.Path, gpu_layers: int) -> llama_cpp.llama_model_p:
     params.n_gpu_layers = gpu_layers
     _load_errors = []
     try:
-        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        model: llama_cpp.llama_model_p | None = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         errors = _load_errors
     finally:
         _load_errors = None
@@ -73,7 +76,7 @@ class GgufModel:
         init_backend()
         model = _load(path, gpu_layers)
         self.path = path
-        self.ptr = model
+        self.ptr: llama_cpp.llama_model_p | None = model
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.vocab_size: int = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.context_length_trained: int = llama_cpp.llama_model_n_ctx_train(model)
@@ -128,7 +131,7 @@ class GgufModel:
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
     ) -> list[int]:
         """Special-token text in message content stays plain text, unless `special_tokens_in_content`."""
-        if self._chat is None:
+        if self._chat is None or self._chat_specials is None:  # both set together, from the template
             raise ChatTemplateError(NO_TEMPLATE)
         if special_tokens_in_content:  # opted into: any special-token text, the callers' too, is a token
             text = self._chat.render(messages, add_generation_prompt)
@@ -136,7 +139,8 @@ class GgufModel:
         chat = self._chat.render_marked(messages, add_generation_prompt)
         plain = lambda piece: self.tokenize(piece, add_special=False, parse_special=False)  # noqa: E731
         tokens = tokenize_chat(chat, messages, self._chat_specials, plain)
-        return [self.bos_token_id, *tokens] if self._adds_bos(chat.text) else tokens
+        bos = self.bos_token_id
+        return [bos, *tokens] if bos is not None and self._adds_bos(chat.text) else tokens
 
     def _adds_bos(self, text: str) -> bool:
         """Whether BOS goes before a rendered chat: the template may already start with it; never twice."""
@@ -171,7 +175,7 @@ class GgufModel:
         next decode."""
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, row), shape=(self.vocab_size,))
 
-    def new_context(self, sequences: int, tokens_per_sequence: int, batch_tokens: int, threads: int):
+    def new_context(self, sequences: int, tokens_per_sequence: int, batch_tokens: int, threads: int) -> llama_cpp.llama_context_p:
         """A llama.cpp context for `sequences` sequences of up to `tokens_per_sequence` tokens each."""
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = tokens_per_sequence * sequences
@@ -183,7 +187,7 @@ class GgufModel:
         # sequences have ascending, contiguous ids (see backend.llamacpp.slots and docs/benchmarks.md).
         params.kv_unified = False
         params.no_perf = True
-        ctx = llama_cpp.llama_init_from_model(self.ptr, params)
+        ctx: llama_cpp.llama_context_p | None = llama_cpp.llama_init_from_model(self.ptr, params)
         if not ctx:
             raise RuntimeError("llama.cpp could not create a context")
         return ctx

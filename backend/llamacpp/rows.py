@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import llama_cpp
+
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.prompt_logprobs import wants_prompt_logprobs
 from backend.llamacpp.sampling import TokenPicker
@@ -82,7 +84,7 @@ def add_feed(batch: Batch, feed: Feed, every_row: bool = False) -> tuple[RowsToS
 
 
 def sample_rows(
-    entry: RowsToSample, ctx, picker: TokenPicker, slots: Slots, eos: frozenset[int],
+    entry: RowsToSample, ctx: llama_cpp.llama_context_p, picker: TokenPicker, slots: Slots, eos: frozenset[int],
     take: Callable[[Sequence, int, Event], None],
 ) -> int:
     """Outputs the tokens sampling picks on `entry`'s rows (through `take`); returns how many proposals it accepted."""

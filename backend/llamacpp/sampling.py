@@ -39,7 +39,7 @@ class Sampler:
     """
 
     def __init__(self, params: SamplingParams, model: GgufModel, context_length: int) -> None:
-        self.chain = build_sampler_chain(params, model.vocab, model.vocab_size, context_length)
+        self.chain: llama_cpp.llama_sampler_p | None = build_sampler_chain(params, model.vocab, model.vocab_size, context_length)
         self._looks_back = params.penalized or params.dry_on
         self._argmax = params.greedy and not (params.logit_bias or self._looks_back)
         self._model = model
@@ -58,7 +58,8 @@ class Sampler:
         """Samples from a row's logits and accepts the token."""
         if self._argmax:
             return int(self._model.logits_row(ctx, row).argmax())
-        return llama_cpp.llama_sampler_sample(self.chain, ctx, row)
+        token: int = llama_cpp.llama_sampler_sample(self.chain, ctx, row)
+        return token
 
     def free(self) -> None:
         if self.chain is not None:
@@ -131,8 +132,11 @@ def build_sampler_chain(
     """
     chain_params = llama_cpp.llama_sampler_chain_default_params()
     chain_params.no_perf = True
-    chain = llama_cpp.llama_sampler_chain_init(chain_params)
-    add = lambda sampler: llama_cpp.llama_sampler_chain_add(chain, sampler)  # noqa: E731
+    chain: llama_cpp.llama_sampler_p = llama_cpp.llama_sampler_chain_init(chain_params)
+
+    def add(sampler: llama_cpp.llama_sampler_p) -> None:
+        llama_cpp.llama_sampler_chain_add(chain, sampler)
+
     if params.logit_bias:
         biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))(
             *(llama_cpp.llama_logit_bias(token, bias) for token, bias in params.logit_bias.items())

@@ -111,7 +111,9 @@ class Slots:
             candidates = holes or beside or self._free
         if source in candidates and source in self.prefixes:
             return source
-        return self.prefixes.victim(candidates)
+        slot = self.prefixes.victim(candidates)
+        assert slot is not None, "a sequence is placed only while a slot is free"  # so victim has candidates
+        return slot
 
     # -- prefix reuse ----------------------------------------------------------------
 
