@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenspout.v1 import generation_pb2 as pb
 
 HEADER = "x-tokenspout-affinity"
 PROMPT_CHARACTERS = 256
@@ -54,7 +58,7 @@ def token_ids_key(ids: Sequence[int]) -> str:
     return "tokens-" + _digest(" ".join(str(i) for i in ids[:PROMPT_CHARACTERS]))
 
 
-def affinity_key(request, session_id: str | None = None) -> str:
+def affinity_key(request: pb.GenerateStreamRequest | pb.GenerateRequest, session_id: str | None = None) -> str:
     """The key of a GenerateStreamRequest or GenerateRequest."""
     if session_id is not None:
         return session_key(session_id)
@@ -65,6 +69,8 @@ def affinity_key(request, session_id: str | None = None) -> str:
     return prompt_key(request.prompt)
 
 
-def with_affinity(metadata: tuple[tuple[str, str], ...], request, session_id: str | None) -> tuple[tuple[str, str], ...]:
+def with_affinity(
+    metadata: tuple[tuple[str, str], ...], request: pb.GenerateStreamRequest | pb.GenerateRequest, session_id: str | None
+) -> tuple[tuple[str, str], ...]:
     return (*metadata, (HEADER, affinity_key(request, session_id)))
 

@@ -92,7 +92,7 @@ class AsyncClient:
             self._channel = grpc.aio.secure_channel(spec.target, spec.credentials, spec.options)
         else:
             self._channel = grpc.aio.insecure_channel(spec.target, spec.options)
-        self.stub = pb_grpc.GenerationServiceStub(self._channel)
+        self.stub = pb_grpc.GenerationServiceStub(self._channel)  # type: ignore[no-untyped-call]  # generated unannotated
         self._metadata = spec.metadata
         self.affinity = affinity
         self.timeout = timeout

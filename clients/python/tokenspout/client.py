@@ -99,7 +99,7 @@ class Client:
             self._channel = grpc.secure_channel(spec.target, spec.credentials, spec.options)
         else:
             self._channel = grpc.insecure_channel(spec.target, spec.options)
-        self.stub = pb_grpc.GenerationServiceStub(self._channel)
+        self.stub = pb_grpc.GenerationServiceStub(self._channel)  # type: ignore[no-untyped-call]  # generated unannotated
         """The generated stub on the same channel, for anything this client does not cover."""
         self._metadata = spec.metadata
         self.affinity = affinity

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]  # no stubs, no py.typed
 
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 # gRPC's own retry hint; read when a server sends it without a RetryInfo.
@@ -185,10 +185,10 @@ def _pushback_s(trailing_metadata: Any) -> float | None:
 
 def from_rpc_error(error: grpc.RpcError) -> TokenspoutError:
     """The typed exception for a failed call (sync or asyncio)."""
-    code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
-    message: str = error.details() or code.name  # type: ignore[attr-defined]
+    code: grpc.StatusCode = error.code()
+    message: str = error.details() or code.name
     fields: dict[str, Any] = {}
-    trailers = error.trailing_metadata()  # type: ignore[attr-defined]
+    trailers = error.trailing_metadata()
     details = _trailer(trailers, _STATUS_DETAILS_KEY)
     status = status_pb2.Status.FromString(details) if details is not None else None
     violations: list[FieldViolation] = []

@@ -218,7 +218,7 @@ def constraint_of(
         return constraint
     if constraint is not None or len(given) > 1:
         raise ValueError("give one constraint: `constraint=` or one of json_schema/regex/grammar/choices")
-    return Constraint(**given)
+    return Constraint(json_schema=json_schema, regex=regex, grammar=grammar, choice=choices)  # the one given
 
 
 def generate_request(message_class: type, prompt: str | None, options: GenerateOptions) -> Any:
@@ -242,9 +242,10 @@ def generate_request(message_class: type, prompt: str | None, options: GenerateO
             request.chat.add_generation_prompt = options["add_generation_prompt"]
 
     sampling = options.get("sampling", Sampling())
-    for name in ("temperature", "seed"):
-        if name in options:
-            sampling = dataclasses.replace(sampling, **{name: options[name]})  # type: ignore[literal-required]
+    if "temperature" in options:
+        sampling = dataclasses.replace(sampling, temperature=options["temperature"])
+    if "seed" in options:
+        sampling = dataclasses.replace(sampling, seed=options["seed"])
     fill(request.sampling, sampling)
 
     stopping = options.get("stopping", Stopping())

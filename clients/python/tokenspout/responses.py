@@ -227,11 +227,11 @@ class ServerStatus:
 @functools.cache
 def _nested_classes(cls: type) -> dict[str, type]:
     """Field name -> the dataclass it holds (alone or in a list)."""
-    nested = {}
+    nested: dict[str, type] = {}
     for name, hint in typing.get_type_hints(cls).items():
         for candidate in (hint, *typing.get_args(hint)):
             inner = typing.get_args(candidate) or (candidate,)
-            dataclass_types = [t for t in inner if dataclasses.is_dataclass(t)]
+            dataclass_types = [t for t in inner if isinstance(t, type) and dataclasses.is_dataclass(t)]
             if dataclass_types:
                 nested[name] = dataclass_types[0]
     return nested
@@ -242,7 +242,7 @@ def _plan(cls: type, descriptor: Any) -> list[tuple[str, str, Any]]:
     """How to copy each field of `cls` from messages of `descriptor`: (name, how, detail), worked
     out once per class, since streams convert one message per token."""
     nested = _nested_classes(cls)
-    plan = []
+    plan: list[tuple[str, str, Any]] = []
     for f in dataclasses.fields(cls):
         field_descriptor = descriptor.fields_by_name.get(f.name)
         if field_descriptor is None:
@@ -264,7 +264,8 @@ def _plan(cls: type, descriptor: Any) -> list[tuple[str, str, Any]]:
 def from_proto(cls: type[T], message: Any) -> T:
     """Builds `cls` from a message with the same field names; fields the proto lacks keep defaults."""
     values: dict[str, Any] = {}
-    for name, how, detail in _plan(cls, message.DESCRIPTOR):
+    plain_class: type = cls  # a class, so hashable for _plan's cache
+    for name, how, detail in _plan(plain_class, message.DESCRIPTOR):
         value = getattr(message, name)
         if how == "scalar":
             values[name] = value
