@@ -16,16 +16,15 @@ import collections
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-from backend.types import ChatMessage
+from backend.common.models import default_model_path
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.speculation import speculator as speculator_module
 from backend.llamacpp.speculation.drafts import DraftState
-from backend.common.models import default_model_path
-from backend.types import GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams
-from tests.harness.core_driver import Recorder, make_core, run_until_idle
+from backend.types import ChatMessage, GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams
 from bench.workloads import WORKLOADS
+from tests.harness.core_driver import Recorder, make_core, run_until_idle
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def main() -> int:

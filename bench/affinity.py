@@ -2,7 +2,8 @@
 replicas, with the affinity key (x-tokenspout-affinity) and without, every figure from one run.
 
 Prints, for one replica alone called directly (with the replicas' own flags, and with cache room
-for every session, 8 + 8 cache streams: the baseline) and for each proxy with and without the key: the share of prompt tokens served from cache (usage.cached_tokens / prompt_tokens) and
+for every session, 8 + 8 cache streams: the baseline) and for each proxy with and without the key: the share of prompt
+tokens served from cache (usage.cached_tokens / prompt_tokens) and
 its ratio to the baseline's (target >= 0.9 with the key), the caller's TTFT median and its ratio
 to the keyless run's through the same proxy, and the load spread (the busiest replica's turns over
 the mean; target <= 1.5).
@@ -22,11 +23,11 @@ import pathlib
 import sys
 import tempfile
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 from tests.harness.chat_sessions import run_sessions
-from tests.harness.servers import start_server
 from tests.harness.proxies import REPLICA_FLAGS, Envoy, HAProxy, start_replicas, stop_replicas
+from tests.harness.servers import start_server
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
@@ -46,7 +47,7 @@ def main() -> int:
             addresses = [r.address for r in replicas]
             proxies = {"Envoy": Envoy(pathlib.Path(tmp), addresses), "HAProxy": HAProxy(pathlib.Path(tmp), addresses)}
             for rep in range(args.reps):
-                def run(address, label, logs, affinity=True):
+                def run(address, label, logs, affinity=True, rep=rep):  # called within this rep
                     return run_sessions(address, f"{label}-{rep}", logs, args.sessions, args.turns, args.tokens, affinity)
 
                 same = run(replicas[0].address, "alone-10-cache-streams", replicas[:1])

@@ -24,16 +24,16 @@ import tempfile
 import time
 import timeit
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from bench.common import PROMPTS, cpu_seconds, greedy_request, timed_request
-from tests.harness.servers import start_server, stop_server
 from service.auth import KeyStore
 from service.guard import guarded
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 KEY = "bench-key-0"
 

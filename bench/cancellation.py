@@ -20,14 +20,14 @@ import sys
 import threading
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from bench.common import PROMPTS, aggregate_rate, greedy_request
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def cancel_latency(stub) -> tuple[int, float, float]:
     """(engine steps, server ms, caller-observed ms) for one cancellation mid-stream."""

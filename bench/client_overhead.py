@@ -26,8 +26,6 @@ import tempfile
 import time
 import timeit
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 import grpc.aio
 
@@ -37,6 +35,8 @@ from tokenspout import AsyncClient, Client, Stopping
 from tokenspout import responses as rs
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def rates(arrivals: list[float], start: float, tokens: int) -> tuple[float, float]:

@@ -9,7 +9,7 @@ import concurrent.futures
 import os
 import pathlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -45,8 +45,9 @@ def timed_request(stub, request: pb.GenerateStreamRequest) -> tuple[float, float
     for message in stub.GenerateStream(request, timeout=300):
         last = time.perf_counter()
         first = first or last
-    assert message.generated_tokens == tokens, f"{message.generated_tokens} of {tokens} tokens: {message.finish}"
-    return first - start, (tokens - 1) / (last - first), message
+        final = message
+    assert final.generated_tokens == tokens, f"{final.generated_tokens} of {tokens} tokens: {final.finish}"
+    return first - start, (tokens - 1) / (last - first), final
 
 
 def aggregate_rate(

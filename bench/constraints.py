@@ -20,18 +20,17 @@ import statistics
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
-from backend.constraints import ConstraintCompiler, ConstraintError
-from backend.llamacpp.model import GgufModel
 from backend.common.models import default_model_path
-from backend.constraints import ConstraintSpec
+from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintSpec
+from backend.llamacpp.model import GgufModel
 from bench.common import timed_request
 from tests.harness.servers import SHARED_DATA, start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Long enough that no stream can finish before the token budget: lengths stay equal.
 PEOPLE = {
@@ -119,7 +118,8 @@ def main() -> int:
         stop_server(server)
     times = cold_compile_times()
     pick = lambda q: times[min(len(times) - 1, int(q * len(times)))] * 1000  # noqa: E731
-    print(f"cold compile over {len(times)} real schemas: p50 {pick(0.5):.2f} ms, p99 {pick(0.99):.2f} ms, max {times[-1] * 1000:.2f} ms")
+    print(f"cold compile over {len(times)} real schemas: p50 {pick(0.5):.2f} ms, p99 {pick(0.99):.2f} ms, "
+          f"max {times[-1] * 1000:.2f} ms")
     return 0
 
 

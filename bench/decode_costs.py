@@ -20,15 +20,15 @@ import statistics
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import llama_cpp
 import numpy as np
 
-from backend.llamacpp.batch import Batch
-from backend.llamacpp.speculation.costs import passes_for
-from backend.llamacpp.model import GgufModel
 from backend.common.models import default_model_path
+from backend.llamacpp.batch import Batch
+from backend.llamacpp.model import GgufModel
+from backend.llamacpp.speculation.costs import passes_for
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SHAPES = [
     *((k,) for k in range(1, 18)),

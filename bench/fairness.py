@@ -28,14 +28,14 @@ import tempfile
 import threading
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from bench.common import PROMPTS, greedy_request
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 CALLERS = {"one": 1, "four": 4, "sixteen": 16}
 KEYS = {name: f"{name}-key" for name in [*CALLERS, "flood", "interactive", "watch"]}
@@ -211,7 +211,8 @@ def main() -> None:
                   f"recomputed {r['recomputed']} of {r['served']} tokens served")
         t = ttfts[scheduling]
         print(f"[{scheduling}] interactive TTFT median: idle {t['idle'] * 1000:.0f} ms, beside a "
-              f"{FLOOD_STREAMS}-stream flood {t['flood'] * 1000:.0f} ms ({t['flood'] / t['idle']:.2f}x); {t['refused']} of {args.questions} "
+              f"{FLOOD_STREAMS}-stream flood {t['flood'] * 1000:.0f} ms ({t['flood'] / t['idle']:.2f}x); "
+              f"{t['refused']} of {args.questions} "
               f"refused; the flood was refused {t['flood_refused']} times")
         summary[scheduling] = {
             "jain": statistics.median(r["jain"] for r in rounds[scheduling]),

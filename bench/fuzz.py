@@ -17,19 +17,23 @@ import pathlib
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.harness.servers import start_server, stop_server
 from tests.harness.hostile_requests import (
-    ALLOWED_CODES, MAX_ERROR_BYTES, generate_requests, raw_bytes, tokenize_requests,
+    ALLOWED_CODES,
+    MAX_ERROR_BYTES,
+    generate_requests,
+    raw_bytes,
+    tokenize_requests,
 )
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 METHODS = [
     f"/tokenspout.v1.GenerationService/{name}"

@@ -18,14 +18,14 @@ import tempfile
 import threading
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def probe_health(channel, seconds: float) -> list[float]:
@@ -50,8 +50,10 @@ def hostile_callers(address: str, stop: threading.Event, only: str = "") -> tupl
         n = 0
         while not stop.is_set():
             n += 1
-            schema = {"type": "object", "properties": {f"p{n}_{i}": {"type": "string", "pattern": "^[a-z]+$"} for i in range(2500)}}
-            call(lambda: stub.CompileConstraint(pb.CompileConstraintRequest(constraint=pb.Constraint(json_schema=json.dumps(schema))), timeout=30))
+            properties = {f"p{n}_{i}": {"type": "string", "pattern": "^[a-z]+$"} for i in range(2500)}
+            schema = {"type": "object", "properties": properties}
+            request = pb.CompileConstraintRequest(constraint=pb.Constraint(json_schema=json.dumps(schema)))
+            call(lambda request=request: stub.CompileConstraint(request, timeout=30))
             counts["compiles"] += 1
 
     def tokenizes(stub):

@@ -24,7 +24,7 @@ class LlamaServer:
         self.process.terminate()
         self.process.wait()
 
-    def stream(self, prompt: str | list[int], tokens: int, cache_prompt: bool = True, ignore_eos: bool = True) -> "Completion":
+    def stream(self, prompt: str | list[int], tokens: int, cache_prompt: bool = True, ignore_eos: bool = True) -> Completion:
         """One greedy completion through the streaming (SSE) endpoint, timed as a client sees it."""
         body = json.dumps(
             {"prompt": prompt, "n_predict": tokens, "temperature": 0, "ignore_eos": ignore_eos,

@@ -17,14 +17,14 @@ import pathlib
 import statistics
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-from backend.types import ChatMessage
-from backend.llamacpp.model import GgufModel, init_backend
 from backend.common.models import default_model_path
+from backend.llamacpp.model import GgufModel, init_backend
+from backend.types import ChatMessage
 from bench.llama_server import start_llama_server
 from bench.speculation import CONTEXT, SLOTS
 from bench.workloads import WORKLOADS
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 CANDIDATES = {
     "ngram-mod 4/2/16": "--spec-type ngram-mod --spec-ngram-mod-n-match 4 --spec-ngram-mod-n-min 2 --spec-ngram-mod-n-max 16",

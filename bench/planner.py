@@ -26,20 +26,25 @@ import pathlib
 import statistics
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
+from backend.common.models import default_model_path
 from backend.config import EngineConfig
-from backend.types import ChatMessage
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel, init_backend
 from backend.llamacpp.speculation import drafts, planner, proposers
 from backend.llamacpp.speculation.costs import DecodeCosts
 from backend.llamacpp.speculation.drafts import DraftState, proposal
-from backend.common.models import default_model_path
 from backend.types import (
-    GenerationRequest, SamplingParams, Scheduling, SpeculationMode, SpeculationParams, StopParams,
+    ChatMessage,
+    GenerationRequest,
+    SamplingParams,
+    Scheduling,
+    SpeculationMode,
+    SpeculationParams,
+    StopParams,
 )
 from bench.workloads import WORKLOADS
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 LINE = dict(pass_s=0.00665, row_s=0.00331)

@@ -23,15 +23,15 @@ import statistics
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from backend.common.models import default_model_path
-from tests.harness.servers import start_server, stop_server
 from bench.llama_server import LlamaServer, start_llama_server
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 CONTEXT, SLOTS = 2048, 8
 QUESTIONS = ["Where are the hammers?", "Do you sell blue paint?", "What saw cuts timber best?",

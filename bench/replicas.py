@@ -23,13 +23,13 @@ import statistics
 import sys
 import tempfile
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from bench.common import PROMPTS, aggregate_rate, cpu_seconds
 from tests.harness.proxies import HAProxy, start_replicas, stop_replicas
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 BATCH = 8  # REPLICA_FLAGS' --max-batch-size
 

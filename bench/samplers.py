@@ -15,14 +15,14 @@ import pathlib
 import statistics
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from bench.common import aggregate_rate
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SETTINGS = {
     "plain": {},

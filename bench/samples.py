@@ -21,13 +21,13 @@ import statistics
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 PROMPT_TOKENS = 1000
 
@@ -79,11 +79,14 @@ def main() -> None:
                 for rep in range(args.reps):  # alternate, so machine noise hits both alike
                     text = prompt(stub)
                     lengths.append(stub.Tokenize(pb.TokenizeRequest(text=text)).count)
-                    together.append(computed_rows(stub, lambda: stub.Generate(request(text, n, rep, args.new_tokens),
-                                                                               timeout=600)))
+                    together.append(computed_rows(stub, lambda text=text, rep=rep: stub.Generate(
+                        request(text, n, rep, args.new_tokens), timeout=600)))
                     text = prompt(stub)
-                    calls = lambda: list(pool.map(  # noqa: E731
-                        lambda i: stub.Generate(request(text, 1, rep + i, args.new_tokens), timeout=600), range(n)))
+
+                    def calls(text: str = text, rep: int = rep) -> list[pb.GenerateResponse]:
+                        return list(pool.map(
+                            lambda i: stub.Generate(request(text, 1, rep + i, args.new_tokens), timeout=600), range(n)))
+
                     apart.append(computed_rows(stub, calls))
         finally:
             stop_server(server)

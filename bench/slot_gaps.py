@@ -10,15 +10,13 @@ gap. Prints tokens/s of the other eight with and without moving a sequence into 
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import time
 
-
+from backend.common.models import default_model_path
 from backend.config import EngineConfig
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
-from backend.common.models import default_model_path
 from backend.types import GenerationRequest, SamplingParams, StopParams
 from backend.worker import deliver_all
 

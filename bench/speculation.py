@@ -34,20 +34,21 @@ import statistics
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from backend.common.models import default_model_path
-from tests.harness.servers import start_server, stop_server
 from bench.llama_server import start_llama_server
+from bench.workloads import WORKLOADS
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
-from bench.workloads import WORKLOADS
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 CONTEXT, SLOTS = 1024, 8
 CALLER_HEADER = "x-bench-caller"
-BEST_SPEC = "--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8"  # best of 10 settings on these workloads (docs/benchmarks.md)
+# The best of 10 settings on these workloads (docs/benchmarks.md).
+BEST_SPEC = "--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8"
 # Integers bounded, as real schemas bound them: unbounded, the embedded model wrote 100-digit numbers in
 # most runs, so the workload measured a digit loop, not keys (docs/benchmarks.md).
 KEY_HEAVY_SCHEMA = {

@@ -24,18 +24,18 @@ import sys
 import time
 from typing import NamedTuple
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
+from backend.common.models import default_model_path
 from backend.config import EngineConfig
 from backend.llamacpp.engine import LlamaCppEngine
-from backend.common.models import default_model_path
 from backend.types import GenerationRequest, SamplingParams, StopParams
 from bench.common import aggregate_rate, greedy_request, timed_stream
-from tests.harness.servers import start_server, stop_server
 from bench.llama_server import LlamaServer, start_llama_server
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 PROMPTS = [
     "The history of the printing press",

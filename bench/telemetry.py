@@ -14,14 +14,14 @@ import pathlib
 import statistics
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from bench.common import PROMPTS, aggregate_rate, timed_stream
-from tests.harness.servers import start_server, stop_server
 from tests.harness.otlp_collector import start_collector
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -47,7 +47,8 @@ def main() -> int:
                     for mode, stub in stubs.items():
                         rates[mode].append(aggregate_rate(stub, streams, args.tokens))
                 off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
-                print(f"{streams} stream(s): tracing off {off:.1f} tok/s, on {on:.1f} tok/s, ratio {on / off:.3f} (target >= 0.97)")
+                print(f"{streams} stream(s): tracing off {off:.1f} tok/s, on {on:.1f} tok/s, "
+                      f"ratio {on / off:.3f} (target >= 0.97)")
     finally:
         stop_server(plain)
         stop_server(traced)  # flushes its last batch of spans

@@ -19,13 +19,13 @@ import statistics
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from bench.common import aggregate_rate, greedy_request, timed_stream
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def spin(stop) -> None:

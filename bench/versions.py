@@ -26,15 +26,15 @@ import pathlib
 import statistics
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 import grpc
 
 from bench.common import aggregate_rate, cpu_seconds, timed_stream
-from tests.harness.servers import start_server, stop_server
 from bench.prefix import chat, multi_turn, ours, shared_prompt_ttft
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 from bench.threads import first_token_s
+from tests.harness.servers import start_server, stop_server
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 

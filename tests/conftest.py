@@ -12,7 +12,7 @@ and there anything that would load the model fails, naming the fixture to ask fo
 from __future__ import annotations
 
 import pathlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest

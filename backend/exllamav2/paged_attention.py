@@ -14,7 +14,8 @@ tanh softcapping. Rows that have no key to attend to return zeros, as flash-attn
 
 What it does not prove: flash-attn's kernels or their speed. A kvcache call copies the pages its
 block table lists (O(context) memory per layer, repeated per query head group under GQA) and masks
-what lies past each sequence; tokens per second measured with this provider say nothing about flash-attn. Rotary, ALiBi, cache_batch_idx, cache_leftpad, dropout and the softmax
+what lies past each sequence; tokens per second measured with this provider say nothing about flash-attn. Rotary,
+ALiBi, cache_batch_idx, cache_leftpad, dropout and the softmax
 LSE are not implemented (exllamav2 passes none of them on one GPU) and raise NotImplementedError.
 `stats` counts the calls so that a GPU check can show that batched paged calls happened.
 """

@@ -7,18 +7,17 @@ temperature 0.8, repetition penalty 1.025), so nothing is left to them.
 from __future__ import annotations
 
 import math
-from typing import AbstractSet, Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 
-from backend.types import COMMON_SAMPLERS
 from backend.exllamav2.jobs import heals
-from backend.types import GenerationRequest
+from backend.types import COMMON_SAMPLERS, GenerationRequest
 
 EXLLAMAV2_ONLY_SAMPLERS = ("top_a", "tfs", "skew", "smoothing_factor", "banned_strings", "token_healing")
 SUPPORTED_SAMPLERS = COMMON_SAMPLERS + EXLLAMAV2_ONLY_SAMPLERS
 _DRY_MAX_NGRAM = 20  # exllamav2's default longest repeat tracked
 
 
-BreakerIds = Callable[[tuple[str, ...]], AbstractSet[int]]
+BreakerIds = Callable[[tuple[str, ...]], Set[int]]
 """The ids of every token whose text holds one of the given DRY sequence breakers."""
 
 

@@ -17,7 +17,7 @@ tokenizers and llguidance directly:
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 import tokenizers
 

@@ -49,10 +49,10 @@ import grpc  # noqa: E402
 import jsonschema  # noqa: E402
 
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS  # noqa: E402
-from bench.common import greedy_request, timed_request, timed_stream  # noqa: E402
-from tests.harness.servers import start_server, stop_server  # noqa: E402
-from tests.harness.helpers import stream, text_of  # noqa: E402
+from bench.common import greedy_request, timed_request  # noqa: E402
 from bench.gpu.model_check import PROMPT, SAFE_MARGIN, STEPS, greedy_with_margins  # noqa: E402
+from tests.harness.helpers import stream, text_of  # noqa: E402
+from tests.harness.servers import start_server  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -397,7 +397,7 @@ def attention_provider(info: pb.GetModelInfoResponse) -> str:
     """GetModelInfo's attention_provider, or "unknown" from a server (or proto) without the field."""
     if "attention_provider" not in info.DESCRIPTOR.fields_by_name:
         return "unknown"
-    return getattr(info, "attention_provider") or "unknown"
+    return info.attention_provider or "unknown"
 
 
 def runs_paged(info: pb.GetModelInfoResponse, provider: str) -> bool:
@@ -431,7 +431,7 @@ class BatchWatcher:
             self.most_running = max(self.most_running, self._status().running_sequences)
             self._done.wait(self.interval_s)
 
-    def __enter__(self) -> "BatchWatcher":
+    def __enter__(self) -> BatchWatcher:
         self._steps_before = self._status().engine_steps
         self._thread.start()
         return self
@@ -756,7 +756,8 @@ def speculation_rates(args, report: Report) -> None:
                 outputs[setting] = (text_of(stream(stub, greedy_request(copy, 128))), last.finish.usage)
                 with concurrent.futures.ThreadPoolExecutor(4) as pool:
                     start = time.perf_counter()
-                    list(pool.map(lambda _: list(stub.GenerateStream(greedy_request(copy, 128), timeout=300)), range(4)))
+                    list(pool.map(
+                        lambda _, stub=stub: list(stub.GenerateStream(greedy_request(copy, 128), timeout=300)), range(4)))
                     rates[setting] = (rate, 4 * 128 / (time.perf_counter() - start))
         finally:
             stop_or_kill(server)

@@ -9,8 +9,7 @@ import threading
 import pytest
 
 from backend.config import EngineConfig
-from backend.types import ChatMessage
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.types import ChatMessage, ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams
 from tests.harness.fake_engine import BOS, EOS, IM_START, FakeEngine
 
 

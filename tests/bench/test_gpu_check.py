@@ -1,9 +1,11 @@
 """The GPU check (bench/gpu/), kept from rotting between sessions that have a GPU.
 
 Here: check.py's gRPC checks against the llama.cpp engine (and three of them against a server
-with the mistakes they are there to catch), its report that keeps every step's result, its server stop that kills, and run.sh's stages, limits, report and archive with nothing
+with the mistakes they are there to catch), its report that keeps every step's result, its server stop that kills, and
+run.sh's stages, limits, report and archive with nothing
 there to use (seconds); paged_smoke.py and check.py's direct baseline run through on a fake of
-exllamav2 0.3.2 (CPU), and the decode-rate measure and the summary on made-up figures. The full CPU rehearsal in a Python 3.12 environment like the GPU machine's
+exllamav2 0.3.2 (CPU), and the decode-rate measure and the summary on made-up figures. The full CPU rehearsal in a
+Python 3.12 environment like the GPU machine's
 (bench/gpu/rehearse.sh: ~4 GB of wheels and a prebuilt extension first) runs with
 TOKENSPOUT_GPU_REHEARSAL=1.
 """

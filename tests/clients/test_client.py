@@ -16,8 +16,8 @@ import pydantic
 import pytest
 
 import tokenspout
-from tests.harness.servers import ROOT, start_server, stop_server
 from tests.harness.helpers import wait_for
+from tests.harness.servers import ROOT, start_server, stop_server
 from tokenspout import Client, Constraint, Output, RetryPolicy, Sampling, Stopping
 
 

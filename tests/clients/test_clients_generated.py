@@ -17,8 +17,8 @@ import time
 import grpc
 import pytest
 
-from tests.harness.servers import REPORT, ROOT, start_server, stop_server
 from tests.harness.helpers import bad_request_fields, rpc_error, wait_for
+from tests.harness.servers import REPORT, ROOT, start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 

@@ -18,9 +18,9 @@ import grpc
 import pytest
 
 from tests.harness.chat_sessions import Run, run_sessions
-from tests.harness.servers import REPORT, start_server
 from tests.harness.helpers import greedy
 from tests.harness.proxies import AFFINITY_HEADER, REPLICA_FLAGS, Envoy, HAProxy, requests_finished, start_replicas, stop_replicas
+from tests.harness.servers import REPORT, start_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 SESSIONS, TURNS = 12, 6

@@ -10,15 +10,14 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from tests.harness.servers import ROOT
 from service.config import ENV_PREFIX, SETTINGS
 from service.server import SERVICE_NAME
+from tests.harness.servers import ROOT
 
 sys.path.insert(0, str(ROOT / "deploy" / "haproxy"))
 import grpc_health_check  # noqa: E402

@@ -8,9 +8,9 @@ import signal
 
 import grpc
 
+from tests.deploy.test_replicas import Load
 from tests.harness.helpers import greedy, wait_for
 from tests.harness.proxies import AFFINITY_HEADER, Envoy, requests_finished, start_replicas, stop_replicas
-from tests.deploy.test_replicas import Load
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 

@@ -10,9 +10,9 @@ import time
 import grpc
 import pytest
 
-from tests.harness.servers import start_server, stop_server
 from tests.harness.helpers import error_reason, greedy
 from tests.harness.proxies import SERVICE_CONFIG
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 

@@ -51,8 +51,10 @@ def test_v1_and_v1alpha_answer_alike_with_source_info(channel):
             rpb.ServerReflectionRequest(file_by_filename=health_pb2.DESCRIPTOR.name),
         )
         names = {s.name for s in listed.list_services_response.service}
-        assert {"tokenspout.v1.GenerationService", "grpc.health.v1.Health", f"grpc.reflection.{version}.ServerReflection"} <= names
-        (file,) = [descriptor_pb2.FileDescriptorProto.FromString(b) for b in by_symbol.file_descriptor_response.file_descriptor_proto]
+        services = {"tokenspout.v1.GenerationService", "grpc.health.v1.Health", f"grpc.reflection.{version}.ServerReflection"}
+        assert services <= names
+        protos = by_symbol.file_descriptor_response.file_descriptor_proto
+        (file,) = [descriptor_pb2.FileDescriptorProto.FromString(b) for b in protos]
         assert file.name == "tokenspout/v1/generation.proto"
         comments = [loc.leading_comments for loc in file.source_code_info.location if loc.leading_comments]
         assert any("streams tokens from one loaded model" in c for c in comments)

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from tests.harness.servers import ROOT
 from tests.harness.helpers import greedy, text_of, wait_for
 from tests.harness.proxies import Envoy, start_replicas, stop_replicas
+from tests.harness.servers import ROOT
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 SERVICE = "tokenspout.v1.GenerationService"

@@ -20,10 +20,9 @@ import time
 import grpc
 import pytest
 
-from tests.harness.servers import REPORT
 from tests.harness.helpers import greedy
 from tests.harness.proxies import HAProxy, grpc_request, requests_finished, service_config, start_replicas, stop_replicas
-from tokenspout.v1 import generation_pb2 as pb
+from tests.harness.servers import REPORT
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 STREAMS = 24
@@ -46,7 +45,8 @@ class Load:
         request.request_id = request_id
         started, last = False, None
         try:
-            for last in self._stub.GenerateStream(request, timeout=300):
+            for message in self._stub.GenerateStream(request, timeout=300):
+                last = message
                 if not started:
                     started = True
                     self._started.release()

@@ -4,7 +4,8 @@ and records what each request receives: the helpers the step-by-step core tests 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from backend.common.stats import CancelOrder
 from backend.types import ErrorEvent, GenerationRequest, SamplingParams, StopParams, TokenEvent

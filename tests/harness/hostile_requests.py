@@ -175,7 +175,9 @@ def output(draw) -> pb.OutputOptions:
 @st.composite
 def chats(draw) -> pb.Chat:
     roles = st.one_of(st.sampled_from(["system", "user", "assistant", "tool"]), odd_text)
-    messages = draw(st.lists(st.builds(pb.ChatMessage, role=roles, content=odd_text), max_size=draw(mostly(st.just(4), st.just(500)))))
+    messages = draw(
+        st.lists(st.builds(pb.ChatMessage, role=roles, content=odd_text), max_size=draw(mostly(st.just(4), st.just(500))))
+    )
     chat = pb.Chat(messages=messages)
     if draw(st.booleans()):
         chat.add_generation_prompt = draw(st.booleans())

@@ -10,15 +10,16 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import Callable, Coroutine, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import TypeVar
 
 from backend.engine import Engine
-from tests.harness.fake_engine import FakeEngine
 from service import cli
 from service.config import ServeConfig, load_config
 from service.logs import TextFormatter
 from service.server import TokenspoutServer
 from service.telemetry import Telemetry
+from tests.harness.fake_engine import FakeEngine
 
 T = TypeVar("T")
 

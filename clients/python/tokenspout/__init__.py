@@ -36,8 +36,8 @@ from tokenspout.responses import (
     Sample,
     ServerStatus,
     Token,
-    TokenizeResult,
     Tokenized,
+    TokenizeResult,
     TokenOffsets,
 )
 from tokenspout.retry import RetryPolicy

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Mapping, Sequence, Unpack
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Unpack
 
 import grpc
 import grpc.aio
 
 from tokenspout import requests as rq
-from tokenspout.affinity import with_affinity
 from tokenspout import responses as rs
+from tokenspout.affinity import with_affinity
 from tokenspout.connection import Tls, channel_spec
 from tokenspout.errors import CancelledError, TokenspoutError, from_rpc_error
 from tokenspout.retry import RetryPolicy, deadline_of, remaining

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator, Mapping, Sequence, Unpack
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Unpack
 
 import grpc
 
 from tokenspout import requests as rq
-from tokenspout.affinity import with_affinity
 from tokenspout import responses as rs
+from tokenspout.affinity import with_affinity
 from tokenspout.connection import Tls, channel_spec
 from tokenspout.errors import TokenspoutError, from_rpc_error
 from tokenspout.retry import RetryPolicy, deadline_of, remaining

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import grpc
 

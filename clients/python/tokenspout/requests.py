@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, TypedDict, Union
+from typing import Any, TypedDict
 
 from tokenspout.v1 import generation_pb2 as pb
 
-JsonSchema = Union[str, Mapping[str, Any], type]
+JsonSchema = str | Mapping[str, Any] | type
 """A JSON Schema as a JSON string, a dict, or a pydantic model class."""
 
 

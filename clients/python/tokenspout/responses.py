@@ -13,7 +13,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-
 T = TypeVar("T")
 
 

@@ -7,7 +7,8 @@ the bookkeeping they share is here: the chunks so far, whether anything arrived
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tokenspout import responses as rs
 from tokenspout.errors import TokenspoutError

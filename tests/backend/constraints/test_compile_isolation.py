@@ -14,11 +14,10 @@ import time
 import grpc
 import pytest
 
-from backend.constraints import ConstraintCompiler, ConstraintLimits
+from backend.constraints import ConstraintCompiler, ConstraintLimits, ConstraintSpec
 from backend.constraints.compiler import estimated_bytes
-from backend.constraints import ConstraintSpec
-from tests.harness.servers import start_server, stop_server
 from tests.harness.helpers import bad_request_fields, error_reason, rpc_error
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 

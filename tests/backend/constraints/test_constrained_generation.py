@@ -10,9 +10,9 @@ import grpc
 import jsonschema
 import pytest
 
-from tests.harness.servers import REPORT
-from tests.harness.helpers import bad_request_fields, greedy, rpc_error, stream, text_of, token_ids_of
 from tests.backend.constraints.test_constraint_corpus import load_corpus
+from tests.harness.helpers import bad_request_fields, greedy, rpc_error, stream, text_of, token_ids_of
+from tests.harness.servers import REPORT
 from tokenspout.v1 import generation_pb2 as pb
 
 FINISH = pb.FinishReason

@@ -15,10 +15,9 @@ import os
 import grpc
 import pytest
 
-from backend.constraints import ConstraintCompiler, ConstraintError
-from backend.constraints import ConstraintSpec
-from tests.harness.servers import REPORT, SHARED_DATA
+from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintSpec
 from tests.harness.helpers import bad_request_fields
+from tests.harness.servers import REPORT, SHARED_DATA
 from tokenspout.v1 import generation_pb2 as pb
 
 CORPUS = SHARED_DATA / "jsonschema"

@@ -13,8 +13,7 @@ import json
 import grpc
 import pytest
 
-from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintState
-from backend.constraints import ConstraintSpec
+from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintSpec, ConstraintState
 from tests.harness.helpers import bad_request_fields, error_reason, rpc_error
 from tokenspout.v1 import generation_pb2 as pb
 

@@ -8,8 +8,7 @@ import llguidance.numpy
 import numpy as np
 import pytest
 
-from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintState, apply_bitmask
-from backend.constraints import ConstraintSpec
+from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintSpec, ConstraintState, apply_bitmask
 
 
 @pytest.fixture(scope="module")

@@ -15,21 +15,32 @@ import math
 import grpc
 import pytest
 
-from backend.types import ModelInfo
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.jobs import budget_problem, job_fields
 from backend.exllamav2.settings import (
-    SUPPORTED_SAMPLERS, padded_logit_width, sequence_breaker_ids, settings_fields, token_bias_values,
+    SUPPORTED_SAMPLERS,
+    padded_logit_width,
+    sequence_breaker_ids,
+    settings_fields,
+    token_bias_values,
 )
 from backend.types import (
-    DryParams, ErrorEvent, FinishReason, GenerationRequest, MirostatParams, OutputParams, SamplingParams, StopParams,
+    DryParams,
+    ErrorEvent,
+    FinishReason,
+    GenerationRequest,
+    MirostatParams,
+    ModelInfo,
+    OutputParams,
+    SamplingParams,
+    StopParams,
     XtcParams,
 )
-from tests.harness.core_driver import Delivering
-from tests.harness.exllamav2_fakes import EOS, FakeGenerators, FakeJobs, eos, streaming
 from service.errors import ServiceError
 from service.prompt import PromptBuilder
 from service.validate import Limits, RequestParams, RequestValidator
+from tests.harness.core_driver import Delivering
+from tests.harness.exllamav2_fakes import EOS, FakeGenerators, FakeJobs, eos, streaming
 from tokenspout.v1 import generation_pb2 as pb
 
 PIECES = {10: b"Hel", 11: b"lo", 12: b" wor", 13: b"ld", 2: b""}

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend.constraints import ConstraintCompiler
+from backend.constraints import ConstraintCompiler, ConstraintSpec
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore
-from backend.constraints import ConstraintSpec
 from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
 from tests.harness.core_driver import Delivering
 from tests.harness.exllamav2_fakes import FakeGenerators, FakeJobs, eos, streaming
@@ -102,8 +101,10 @@ def test_a_finished_grammar_ends_as_constraint_complete(model, constrained):
     finish = events[-1].finish
     assert finish.reason is FinishReason.CONSTRAINT_COMPLETE and finish.constraint_satisfied is True
     assert "".join(e.text for e in events) == "123"
-    assert [t.token_id for e in events for t in e.tokens] == [*tokens, end_id] and finish.usage.completion_tokens == len(tokens) + 1
-    assert finish.timings.constraint_mask_s > 0 and sum(e.mask_s for e in events) == pytest.approx(finish.timings.constraint_mask_s)
+    assert [t.token_id for e in events for t in e.tokens] == [*tokens, end_id]
+    assert finish.usage.completion_tokens == len(tokens) + 1
+    assert finish.timings.constraint_mask_s > 0
+    assert sum(e.mask_s for e in events) == pytest.approx(finish.timings.constraint_mask_s)
 
 
 def test_a_grammar_cut_short_by_max_tokens_is_reported_unsatisfied(model, constrained):

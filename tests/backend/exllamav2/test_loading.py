@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from backend.config import EngineConfig, SpeculationSetting
+from backend.exllamav2.loading import load_model_and_cache, unavailable_message
 from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
 from backend.types import SpeculationMode, SpeculationParams
-from backend.exllamav2.loading import load_model_and_cache, unavailable_message
 from tests.harness.exllamav2_fakes import GENERATOR_PARAMETERS, FakeLibrary
 
 

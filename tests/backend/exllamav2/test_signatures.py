@@ -18,7 +18,13 @@ import pytest
 from backend.exllamav2.jobs import job_fields
 from backend.exllamav2.settings import settings_fields
 from backend.types import (
-    DryParams, GenerationRequest, MirostatParams, OutputParams, SamplingParams, StopParams, XtcParams,
+    DryParams,
+    GenerationRequest,
+    MirostatParams,
+    OutputParams,
+    SamplingParams,
+    StopParams,
+    XtcParams,
 )
 from tests.harness.exllamav2_fakes import EOS, GENERATOR_PARAMETERS, JOB_PARAMETERS, SETTINGS_FIELDS, no_breakers
 

@@ -11,8 +11,6 @@ compiles its extension), so where these tests show what 0.3.2 would do, they mak
 from __future__ import annotations
 
 import json
-import pathlib
-import sys
 
 import llguidance
 import pytest
@@ -20,10 +18,8 @@ import tokenizers
 from tokenizers import decoders, models, normalizers
 
 from backend.common.chat import ChatTemplate, ChatTemplateError
-from backend.types import ChatMessage
 from backend.exllamav2.vocabulary import Vocabulary
-from tests.harness.servers import ROOT
-
+from backend.types import ChatMessage
 from bench.gpu.tiny_llama import CHATML, train_tokenizer
 
 BOS, IM_START, IM_END = 0, 2, 3

@@ -154,7 +154,9 @@ def test_the_threaded_engine_delivers_events_from_its_worker(model_path):
     try:
         events: queue.Queue = queue.Queue()
         engine.submit(
-            GenerationRequest("x", tuple(engine.tokenize("Hi")), SamplingParams(temperature=0), StopParams(max_new_tokens=3, ignore_eos=True)),
+            GenerationRequest(
+                "x", tuple(engine.tokenize("Hi")), SamplingParams(temperature=0), StopParams(max_new_tokens=3, ignore_eos=True)
+            ),
             events.put,
         )
         received = [events.get(timeout=30) for _ in range(3)]
@@ -201,8 +203,9 @@ def test_a_deadline_that_passes_while_waiting_never_starts(core, model):
 
 
 def test_cancel_latency_is_recorded_in_steps(core, model):
-    from backend.worker import CancelOrder
     import time
+
+    from backend.worker import CancelOrder
 
     core.add(request(model, "a", max_new_tokens=50), Recorder(core))
     for _ in range(5):
@@ -213,8 +216,7 @@ def test_cancel_latency_is_recorded_in_steps(core, model):
 
 
 def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypatch):
-    from backend.constraints import ConstraintCompiler
-    from backend.constraints import ConstraintSpec
+    from backend.constraints import ConstraintCompiler, ConstraintSpec
 
     compiled = ConstraintCompiler(model.constraint_tokenizer()).compile(ConstraintSpec("regex", "[0-9]{5}"))
     letter = model.tokenize("x", add_special=False)[0]

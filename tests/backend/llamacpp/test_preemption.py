@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from backend.types import ErrorEvent, ErrorKind, FinishReason
-from tests.harness.servers import start_server, stop_server
-from tests.harness.helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of
 from tests.harness.core_driver import Recorder, make_core, request, run_until_idle, token_ids
+from tests.harness.helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 

@@ -6,14 +6,12 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 
-from backend.constraints import ConstraintCompiler
-from backend.types import ChatMessage
-from backend.llamacpp.slots import MIN_REUSE_TOKENS
+from backend.constraints import ConstraintCompiler, ConstraintSpec
 from backend.llamacpp.layout import TILE_ROWS
-from backend.constraints import ConstraintSpec
-from backend.types import FinishReason, GenerationRequest, SamplingParams, StopParams
-from tests.harness.helpers import greedy, stream
+from backend.llamacpp.slots import MIN_REUSE_TOKENS
+from backend.types import ChatMessage, FinishReason, GenerationRequest, SamplingParams, StopParams
 from tests.harness.core_driver import Recorder, make_core, run_until_idle, token_ids
+from tests.harness.helpers import greedy, stream
 from tokenspout.v1 import generation_pb2 as pb
 
 SYSTEM = (
@@ -233,14 +231,15 @@ def test_cancelling_during_a_cached_prefix_copy(model):
         # Cancelled while waiting for a neighbour to compute the shared prefix, then mid-prefill after its copy.
         long_prompt = model.tokenize(SYSTEM * 3)
         leader, waiter, late = Recorder(core), Recorder(core), Recorder(core)
-        core.add(GenerationRequest("leader", tuple(long_prompt), SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), leader)
-        core.add(GenerationRequest("waiter", tuple(long_prompt) + (13,), SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), waiter)
+        greedy, eight = SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)
+        core.add(GenerationRequest("leader", tuple(long_prompt), greedy, eight), leader)
+        core.add(GenerationRequest("waiter", tuple(long_prompt) + (13,), greedy, eight), waiter)
         core.step()
         assert inner.scheduler.running["waiter"].needs_prefix
         core.cancel("waiter")
         check_cells(core)
-        core.add(GenerationRequest("late", tuple(long_prompt[:-4]) + tuple(model.tokenize(" more words to read here " * 8, add_special=False)),
-                                   SamplingParams(temperature=0.0), StopParams(8, ignore_eos=True)), late)
+        more = tuple(model.tokenize(" more words to read here " * 8, add_special=False))
+        core.add(GenerationRequest("late", tuple(long_prompt[:-4]) + more, greedy, eight), late)
         for _ in range(6):
             core.step()
             check_cells(core)

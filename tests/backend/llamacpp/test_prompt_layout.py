@@ -30,7 +30,9 @@ def check_modes(layout: PromptLayout, cached: int = 0, batch_tokens: int = BATCH
         assert rows >= TILE_ROWS if tiled else MIN_GROUP <= rows < TILE_ROWS or layout.length == 1
 
 
-@pytest.mark.parametrize("length", [1, 2, 3, 40, 63, 64, 65, 66, 67, 127, 128, 129, 130, 511, 512, 513, 575, 576, 577, 578, 1426, 2047])
+@pytest.mark.parametrize(
+    "length", [1, 2, 3, 40, 63, 64, 65, 66, 67, 127, 128, 129, 130, 511, 512, 513, 575, 576, 577, 578, 1426, 2047]
+)
 @pytest.mark.parametrize("last_message_start", [0, 1, 30, 64, 100, 500, 1400])
 def test_every_row_is_in_a_group_of_its_mode(length, last_message_start):
     layout = PromptLayout.of(length, last_message_start, BATCH)

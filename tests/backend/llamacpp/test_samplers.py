@@ -7,9 +7,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from backend.types import COMMON_SAMPLERS
 from backend.exllamav2.settings import EXLLAMAV2_ONLY_SAMPLERS
-from backend.types import DryParams, MirostatParams, SamplingParams, XtcParams
+from backend.types import COMMON_SAMPLERS, DryParams, MirostatParams, SamplingParams, XtcParams
 from tests.harness.helpers import bad_request_fields, error_reason, greedy, rpc_error, stream, token_ids_of
 from tokenspout.v1 import generation_pb2 as pb
 

@@ -13,8 +13,8 @@ import secrets
 import grpc
 import pytest
 
-from tests.harness.servers import start_server, stop_server
 from tests.harness.helpers import bad_request_fields, error_reason, rpc_error, wait_for
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -107,7 +107,7 @@ def test_cancelling_the_call_cancels_every_sample(stub):
 
 def test_hostile_sample_counts(stub):
     for n in (17, 2**32 - 1):
-        error = rpc_error(lambda: list(stub.GenerateStream(sampled("Hi", n), timeout=30)))
+        error = rpc_error(lambda n=n: list(stub.GenerateStream(sampled("Hi", n), timeout=30)))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "n" in bad_request_fields(error)
         assert len(error.details()) < 512
     info = stub.GetModelInfo(pb.GetModelInfoRequest())
@@ -160,8 +160,8 @@ def _core_samples(model, core, request_id: str, seeds: tuple[int, ...], **fields
     import dataclasses
 
     from backend.types import GenerationRequest, SamplingParams, StopParams, TokenEvent
-    from tests.harness.core_driver import Recorder
     from tests.backend.llamacpp.test_prefix_cache import check_cells
+    from tests.harness.core_driver import Recorder
 
     request = GenerationRequest(request_id, tuple(model.tokenize("Once upon a time, in a quiet village,")),
                                 SamplingParams(temperature=1.0, seed=seeds[0]), StopParams(max_new_tokens=10, ignore_eos=True),

@@ -112,7 +112,7 @@ def test_a_million_offsets_are_answered_and_other_callers_go_on(fake_server):
 
 
 def test_token_offsets_match_sentencepiece_leading_space_and_control_tokens():
-    data = "Hi there".encode()
+    data = b"Hi there"
     offsets = token_offsets(data, [b"", b" Hi", b" there"])  # BOS, then pieces with SentencePiece's space
     assert offsets.byte_starts == [0, 0, 2] and offsets.byte_ends == [0, 2, 8]
     assert offsets.char_starts == [0, 0, 2] and offsets.char_ends == [0, 2, 8]
