@@ -25,7 +25,9 @@ def unavailable_message(exc: BaseException) -> str:
     return message
 
 
-def load_model_and_cache(exllamav2: Any, xconfig: Any, cache_type: str, cache_tokens: int, gpu_split: tuple[float, ...]):
+def load_model_and_cache(
+    exllamav2: Any, xconfig: Any, cache_type: str, cache_tokens: int, gpu_split: tuple[float, ...]
+) -> tuple[Any, Any]:
     """(model, cache) on the GPUs. A cache built eagerly places each layer on the device in
     model.cache_map, which only load() and load_autosplit() fill (cache.py:85-90, model.py:348, 699-704):
     before them every layer would land on the CPU. So with a manual split the model loads first, as

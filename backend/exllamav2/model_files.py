@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import struct
+from typing import Any
 
 from backend.common.models import ModelError
 
@@ -21,7 +22,7 @@ def find_model_dir(path: str, setting: str) -> pathlib.Path:
     return directory
 
 
-def _config(model_dir: pathlib.Path, name: str) -> dict:
+def _config(model_dir: pathlib.Path, name: str) -> dict[str, Any]:
     path = model_dir / name
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -45,7 +46,8 @@ def adds_bos(model_dir: pathlib.Path, bos_token: str) -> bool:
     processor = _config(model_dir, "tokenizer.json").get("post_processor") or {}
     for step in processor.get("processors", [processor]):
         if step.get("type") == "TemplateProcessing" and step.get("single"):
-            return step["single"][0].get("SpecialToken", {}).get("id") == bos_token
+            first: object = step["single"][0].get("SpecialToken", {}).get("id")
+            return first == bos_token
     return False
 
 
@@ -82,12 +84,12 @@ def unloadable_weights(model_dir: pathlib.Path) -> str:
     return ""
 
 
-def _tensors(model_dir: pathlib.Path) -> dict[str, dict]:
+def _tensors(model_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
     """Every tensor's header entry (dtype, shape), from the safetensors files' headers alone."""
     return {name: header for path in sorted(model_dir.glob("*.safetensors")) for name, header in _header(path).items()}
 
 
-def _header(path: pathlib.Path) -> dict[str, dict]:
+def _header(path: pathlib.Path) -> dict[str, dict[str, Any]]:
     """A safetensors file starts with an 8-byte little-endian length and that much JSON header."""
     with path.open("rb") as file:
         (length,) = struct.unpack("<Q", file.read(8))

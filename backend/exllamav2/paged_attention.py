@@ -27,7 +27,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-NO_WINDOW = (-1, -1)
+NO_WINDOW: tuple[int, int] = (-1, -1)
 
 
 @dataclasses.dataclass
@@ -56,9 +56,10 @@ stats = ProviderStats()
 
 
 def flash_attn_func(
-    q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=NO_WINDOW, softcap=0.0,
-    alibi_slopes=None, deterministic=False, return_attn_probs=False,
-):
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
+    causal: bool = False, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None, deterministic: bool = False, return_attn_probs: bool = False,
+) -> torch.Tensor:
     """Attention of q (B, Lq, Hq, D) over k, v (B, Lk, Hkv, D); returns (B, Lq, Hq, D), contiguous."""
     _refuse(dropout_p=bool(dropout_p), alibi_slopes=alibi_slopes is not None, return_attn_probs=return_attn_probs)
     stats.calls += 1
@@ -69,10 +70,12 @@ def flash_attn_func(
 
 
 def flash_attn_varlen_func(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
-    causal=False, window_size=NO_WINDOW, softcap=0.0, alibi_slopes=None, deterministic=False,
-    return_attn_probs=False, block_table=None,
-):
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: float | None = None,
+    causal: bool = False, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None, deterministic: bool = False, return_attn_probs: bool = False,
+    block_table: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Attention of packed segments: q (total_q, Hq, D), k, v (total_k, Hkv, D); segment b is
     rows cu_seqlens[b] .. cu_seqlens[b + 1]. Returns (total_q, Hq, D)."""
     _refuse(dropout_p=bool(dropout_p), alibi_slopes=alibi_slopes is not None,
@@ -87,11 +90,14 @@ def flash_attn_varlen_func(
 
 
 def flash_attn_with_kvcache(
-    q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
-    cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
-    window_size=NO_WINDOW, softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-    return_softmax_lse=False,
-):
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None, rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: int | torch.Tensor | None = None, cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None, causal: bool = False, window_size: tuple[int, int] = NO_WINDOW,
+    softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
+    num_splits: int = 0, return_softmax_lse: bool = False,
+) -> torch.Tensor:
     """Attention of q (B, Lq, Hq, D) over a KV cache, optionally appending k, v (B, Lnew, Hkv, D) first.
 
     With block_table (int32, (B, max_pages)) the caches are (num_pages, page_size, Hkv, D) and
@@ -114,7 +120,7 @@ def flash_attn_with_kvcache(
     seqlens = _as_lengths(cache_seqlens, batch, device)
     if block_table is not None:
         block_table = block_table.to(device=device, dtype=torch.long)
-    if k is not None:
+    if k is not None and v is not None:  # both or neither, checked above
         _append(k_cache, v_cache, k, v, seqlens, block_table)
         seqlens = seqlens + k.shape[1]
     _count_kvcache_call(batch, k, paged=block_table is not None)
@@ -133,7 +139,7 @@ def _refuse(**asked_for: bool) -> None:
             )
 
 
-def _count_kvcache_call(batch: int, k, paged: bool) -> None:
+def _count_kvcache_call(batch: int, k: torch.Tensor | None, paged: bool) -> None:
     stats.calls += 1
     stats.kvcache_calls += 1
     stats.paged_calls += int(paged)
@@ -142,13 +148,16 @@ def _count_kvcache_call(batch: int, k, paged: bool) -> None:
         stats.appended_tokens += k.shape[0] * k.shape[1]
 
 
-def _as_lengths(cache_seqlens, batch: int, device) -> torch.Tensor:
+def _as_lengths(cache_seqlens: int | torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
     if isinstance(cache_seqlens, int):
         return torch.full((batch,), cache_seqlens, dtype=torch.long, device=device)
     return cache_seqlens.to(device=device, dtype=torch.long).expand(batch)
 
 
-def _append(k_cache, v_cache, k, v, seqlens, block_table) -> None:
+def _append(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: torch.Tensor,
+    block_table: torch.Tensor | None,
+) -> None:
     """Writes k, v (B, Lnew, Hkv, D) into the caches at positions seqlens[b] .. + Lnew, in place."""
     batch, new = k.shape[:2]
     positions = seqlens[:, None] + torch.arange(new, device=seqlens.device)  # (B, Lnew)
@@ -164,7 +173,9 @@ def _append(k_cache, v_cache, k, v, seqlens, block_table) -> None:
     v_cache.index_put_(index, v.to(v_cache.dtype))
 
 
-def _key_slots(cache_seqlens, new: int, k_cache, block_table) -> int:
+def _key_slots(
+    cache_seqlens: int | torch.Tensor, new: int, k_cache: torch.Tensor, block_table: torch.Tensor | None
+) -> int:
     """How many key positions to read per sequence: up to the longest sequence when the lengths are on
     the host, else all that the block table addresses. Reading device lengths would sync once per
     layer; exllamav2's table is only as wide as the batch's longest sequence (generator/dynamic.py:1143-1165),
@@ -179,7 +190,7 @@ def _key_slots(cache_seqlens, new: int, k_cache, block_table) -> int:
     return longest
 
 
-def _host_longest(cache_seqlens) -> int | None:
+def _host_longest(cache_seqlens: int | torch.Tensor) -> int | None:
     """The longest length when it can be read without waiting for the device, else None."""
     if isinstance(cache_seqlens, int):
         return cache_seqlens
@@ -188,7 +199,7 @@ def _host_longest(cache_seqlens) -> int | None:
     return None
 
 
-def _live_keys(cache, block_table, batch: int, key_slots: int) -> torch.Tensor:
+def _live_keys(cache: torch.Tensor, block_table: torch.Tensor | None, batch: int, key_slots: int) -> torch.Tensor:
     """Positions 0 .. key_slots of every sequence, as (B, key_slots, Hkv, D); positions past a
     sequence's length (the rest of its last page, padding page 0) are masked in _attend."""
     if block_table is None:
@@ -197,20 +208,23 @@ def _live_keys(cache, block_table, batch: int, key_slots: int) -> torch.Tensor:
     return cache[pages].flatten(1, 2)[:, :key_slots]  # the gather copies: (B, pages * page_size, Hkv, D)
 
 
-def _pad_segments(packed, cu_seqlens, max_len: int) -> torch.Tensor:
+def _pad_segments(packed: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int) -> torch.Tensor:
     """Packed (total, H, D) rows as (B, max_len, H, D); rows past a segment's end repeat valid
     data and are masked by the segment lengths."""
     offsets = cu_seqlens[:-1, None] + torch.arange(max_len, device=packed.device)
     return packed[offsets.clamp(max=max(packed.shape[0] - 1, 0))]
 
 
-def _unpad_segments(padded, cu_seqlens, total: int) -> torch.Tensor:
+def _unpad_segments(padded: torch.Tensor, cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     tokens = torch.arange(total, device=padded.device)
     segment = torch.searchsorted(cu_seqlens[1:], tokens, right=True)
     return padded[segment, tokens - cu_seqlens[segment]]
 
 
-def _attend(q, k, v, q_lens, k_lens, softmax_scale, causal, window_size, softcap) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: torch.Tensor, k_lens: torch.Tensor,
+    softmax_scale: float | None, causal: bool, window_size: tuple[int, int], softcap: float,
+) -> torch.Tensor:
     """q (B, Lq, Hq, D) over k, v (B, Lk, Hkv, D), where sequence b has q_lens[b] queries and
     k_lens[b] keys, its last query aligned with its last key. Returns (B, Lq, Hq, D), contiguous."""
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
@@ -228,7 +242,9 @@ def _attend(q, k, v, q_lens, k_lens, softmax_scale, causal, window_size, softcap
     return out.transpose(1, 2).contiguous()
 
 
-def _allowed(q_len: int, k_len: int, q_lens, k_lens, causal: bool, window_size) -> torch.Tensor:
+def _allowed(
+    q_len: int, k_len: int, q_lens: torch.Tensor, k_lens: torch.Tensor, causal: bool, window_size: tuple[int, int]
+) -> torch.Tensor:
     """Which key each query may read, (B, 1, Lq, Lk). Query i of sequence b sits at key position
     k_lens[b] - q_lens[b] + i (bottom-right alignment); window (left, right) is flash-attn's:
     keys from that position - left to that position + right, -1 meaning unbounded."""
@@ -247,7 +263,7 @@ def _allowed(q_len: int, k_len: int, q_lens, k_lens, causal: bool, window_size) 
     return allowed[:, None]
 
 
-def _expand_kv_heads(kv, q_heads: int) -> torch.Tensor:
+def _expand_kv_heads(kv: torch.Tensor, q_heads: int) -> torch.Tensor:
     """Grouped-query attention: kv head j serves query heads j * ratio .. (j + 1) * ratio - 1."""
     kv_heads = kv.shape[2]
     if q_heads % kv_heads:
@@ -255,7 +271,9 @@ def _expand_kv_heads(kv, q_heads: int) -> torch.Tensor:
     return kv if kv_heads == q_heads else kv.repeat_interleave(q_heads // kv_heads, dim=2)
 
 
-def _softcapped_attention(q, k, v, allowed, scale: float, softcap: float) -> torch.Tensor:
+def _softcapped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float, softcap: float
+) -> torch.Tensor:
     """Scores capped as softcap * tanh(scores / softcap) before the softmax, which SDPA cannot do;
     float32 throughout, as flash-attn accumulates."""
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale

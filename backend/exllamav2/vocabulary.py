@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import llguidance
 import tokenizers
 
 from backend.common.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
@@ -29,7 +30,12 @@ class Vocabulary:
     """Thread-safe: read-only after construction."""
 
     def __init__(
-        self, tokenizer_json: str, ll_tokenizer, bos_token_id: int | None, add_bos: bool, chat: ChatTemplate | None
+        self,
+        tokenizer_json: str,
+        ll_tokenizer: llguidance.LLTokenizer,
+        bos_token_id: int | None,
+        add_bos: bool,
+        chat: ChatTemplate | None,
     ) -> None:
         self._tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
         self._tokenizer.encode_special_tokens = True  # special-token text in the input is text
