@@ -20,6 +20,7 @@ import urllib.request
 from tests.harness.servers import ROOT, RunningServer, start_server, stop_server
 
 sys.path.insert(0, str(ROOT / "deploy" / "haproxy"))
+from grpc_health_check import grpc_request as grpc_request  # noqa: E402  (after its path; re-exported for tests/deploy: raw HTTP/2 gRPC calls)
 
 HAPROXY_CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 ENVOY_CONFIG = ROOT / "deploy" / "envoy" / "envoy.yaml"
