@@ -85,7 +85,7 @@ def test_no_key_wrong_key_and_right_key(keyed, stub):
         (("authorization", "Bearer "),),
         (("authorization", digest(KEYS["alice"])),),
     ):
-        unauthenticated(lambda: stub.GenerateStream(request, metadata=metadata, timeout=10))
+        unauthenticated(lambda metadata=metadata: stub.GenerateStream(request, metadata=metadata, timeout=10))
     for call in (
         lambda: stub.Generate(pb.GenerateRequest(prompt="Hi"), timeout=10),
         lambda: stub.Tokenize(pb.TokenizeRequest(text="Hi"), timeout=10),

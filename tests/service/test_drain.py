@@ -11,10 +11,10 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.harness.servers import start_server, stop_server
+from service.lifecycle import Phase
 from tests.harness.helpers import SMALL_WINDOW, error_reason, greedy, rpc_error, wait_for
 from tests.harness.inprocess_server import start_fake
-from service.lifecycle import Phase
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 

@@ -6,10 +6,10 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
-from tests.harness.servers import SERVER_CONTEXT_LENGTH
+from service.errors import MAX_STATUS_BYTES
 from tests.harness.helpers import bad_request_fields, error_reason, greedy, rpc_error, stream
 from tests.harness.inprocess_server import start_fake
-from service.errors import MAX_STATUS_BYTES
+from tests.harness.servers import SERVER_CONTEXT_LENGTH
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -138,7 +138,7 @@ def test_malformed_request_bytes_are_invalid_argument_without_a_traceback(fake_s
     not_a_message = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, a length past the end of the data
     for method in ("Generate", "Tokenize", "CompileConstraint"):
         call = fake_channel.unary_unary(f"/tokenspout.v1.GenerationService/{method}")
-        error = rpc_error(lambda: call(not_a_message, timeout=10))
+        error = rpc_error(lambda call=call: call(not_a_message, timeout=10))
         assert error.code() == INVALID and error_reason(error) == "MALFORMED_REQUEST", error.details()
     stream = fake_channel.unary_stream("/tokenspout.v1.GenerationService/GenerateStream")
     error = rpc_error(lambda: stream(not_a_message, timeout=10))

@@ -13,9 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from hypothesis import HealthCheck, given, settings
 
-from tests.harness.servers import start_server, stop_server
 from tests.harness.hostile_requests import ALLOWED_CODES, MAX_ERROR_BYTES, generate_requests, raw_bytes, tokenize_requests
-from tokenspout.v1 import generation_pb2 as pb
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 FUZZ = settings(

@@ -10,9 +10,9 @@ import pytest
 
 from backend.common.chat import ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
 from backend.types import ChatMessage
-from tests.harness.servers import start_server, stop_server
-from tests.harness.helpers import bad_request_fields, greedy, rpc_error
 from service.logs import JsonFormatter, TextFormatter
+from tests.harness.helpers import bad_request_fields, greedy, rpc_error
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 

@@ -147,7 +147,7 @@ def test_an_engine_without_samples_or_prompt_logprobs_names_the_field(fake_stub)
         ("output.prompt_logprobs", pb.GenerateStreamRequest(prompt="Hi", output=pb.OutputOptions(prompt_logprobs=True))),
         ("output.prompt_logprobs", pb.GenerateStreamRequest(prompt="Hi", output=pb.OutputOptions(prompt_top_logprobs=2))),
     ):
-        error = rpc_error(lambda: list(fake_stub.GenerateStream(request, timeout=10)))
+        error = rpc_error(lambda request=request: list(fake_stub.GenerateStream(request, timeout=10)))
         assert error.code() == grpc.StatusCode.UNIMPLEMENTED and set(bad_request_fields(error)) == {field}, error_reason(error)
     by_ids = pb.GenerateStreamRequest(prompt_token_ids=pb.TokenIds(ids=[5, 6, 7]), truncate_input_tokens=2,
                                       stopping=pb.StoppingCriteria(max_new_tokens=2))

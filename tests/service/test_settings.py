@@ -12,9 +12,9 @@ import time
 import grpc
 import pytest
 
-from tests.harness.servers import ROOT, start_server, stop_server
 from service.cli import _parser, main
 from service.config import SETTINGS, load_config, value_of
+from tests.harness.servers import ROOT, start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 

@@ -10,8 +10,8 @@ import pytest
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.harness.servers import SERVER_CONTEXT_LENGTH
 from tests.harness.helpers import greedy, stream, text_of, token_ids_of
+from tests.harness.servers import SERVER_CONTEXT_LENGTH
 from tokenspout.v1 import generation_pb2 as pb
 
 FINISH = pb.FinishReason

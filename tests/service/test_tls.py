@@ -9,8 +9,8 @@ import subprocess
 import grpc
 import pytest
 
-from tests.harness.servers import start_server, stop_server
 from tests.harness.helpers import greedy, stream
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 # CI always has openssl: missing there, the TLS tests must fail rather than skip.
