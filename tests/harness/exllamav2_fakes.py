@@ -33,11 +33,14 @@ import dataclasses
 import itertools
 import random
 
+from backend.config import EngineConfig
+from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.held import Resume
 from backend.exllamav2.jobs import job_fields, job_input
 from backend.exllamav2.preemption import continue_with
 from backend.exllamav2.settings import settings_fields, token_bias_values
 from backend.types import GenerationRequest
+from tests.harness.core_driver import Delivering
 
 EOS = (2,)
 
@@ -360,3 +363,13 @@ def streaming(identifier: str, ids: list[int] | None = None, text: str | None = 
 def eos(identifier: str, reason: str, new_tokens: int, **extra) -> dict:
     """A raw EOS result, for `script`."""
     return streaming(identifier, **({"eos": True, "eos_reason": reason} | eos_timings(new_tokens, 3) | extra))
+
+
+def fake_core(vocab_size: int = 64, **settings: object) -> tuple[Delivering, FakeGenerators]:
+    """An ExLlamaV2Core with these engine settings on fake generators and jobs, driven step by step,
+    and its generators."""
+    generators = FakeGenerators()
+    config = EngineConfig.of(**settings)
+    core = ExLlamaV2Core(generators, FakeJobs(), EOS, lambda token: b"x", vocab_size=vocab_size, cache_tokens=4096,
+                         config=config)
+    return Delivering(core), generators

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import time
 
-from backend.config import EngineConfig
-from backend.exllamav2.core import ExLlamaV2Core
 from backend.types import ErrorEvent, ErrorKind, GenerationRequest, SamplingParams, Scheduling, StopParams
-from tests.harness.core_driver import Delivering
-from tests.harness.exllamav2_fakes import EOS, FakeGenerators, FakeJobs
+from tests.harness.exllamav2_fakes import fake_core
 
 TOKENS = 3
 
@@ -24,11 +21,7 @@ def request(request_id: str, caller: str, priority: int = 0, queue_timeout_s: fl
 
 
 def make_core(**settings):
-    generators = FakeGenerators()
-    config = EngineConfig.of(**({"max_batch_size": 2, "max_queued_requests": 8} | settings))
-    core = Delivering(ExLlamaV2Core(generators, FakeJobs(), EOS, lambda t: b"x", vocab_size=16, cache_tokens=4096,
-                                    config=config))
-    return core, generators
+    return fake_core(vocab_size=16, **({"max_batch_size": 2, "max_queued_requests": 8} | settings))
 
 
 def add(core, generators, request_id: str, caller: str, events: dict, **scheduling) -> None:

@@ -7,23 +7,16 @@ from __future__ import annotations
 
 import types
 
-from backend.config import EngineConfig
-from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.jobs import job_fields, job_input
 from backend.types import FinishReason, GenerationRequest, SamplingParams, Scheduling, StopParams, TokenEvent
-from tests.harness.core_driver import Delivering
-from tests.harness.exllamav2_fakes import EOS, FakeGenerators, FakeJobs
+from tests.harness.exllamav2_fakes import EOS, fake_core
 
 PROMPT = (1, 5, 6)
 WORDS = [(20 + i, f" w{i}".encode()) for i in range(6)]
 
 
 def make_core(**settings):
-    generators = FakeGenerators()
-    config = EngineConfig.of(**({"max_batch_size": 1, "max_queued_requests": 8} | settings))
-    core = Delivering(ExLlamaV2Core(generators, FakeJobs(), EOS, lambda t: b"x", vocab_size=64, cache_tokens=4096,
-                                    config=config))
-    return core, generators
+    return fake_core(vocab_size=64, **({"max_batch_size": 1, "max_queued_requests": 8} | settings))
 
 
 def request(request_id: str, caller: str = "a", priority: int = 0, max_new_tokens: int = 6, seed: int = 7,

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config import EngineConfig
-from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.engine import EXLLAMAV2_REQUEST_FEATURES
 from backend.types import (
     ErrorEvent,
@@ -22,8 +20,7 @@ from backend.types import (
     TokenEvent,
 )
 from service.validate import RequestValidator
-from tests.harness.core_driver import Delivering
-from tests.harness.exllamav2_fakes import EOS, FakeGenerators, FakeJobs
+from tests.harness.exllamav2_fakes import EOS, fake_core
 from tokenspout.v1 import generation_pb2 as pb
 
 PROMPT = (1, 5, 6, 7)
@@ -32,11 +29,7 @@ IDS = ("r", "r·1", "r·2")
 
 
 def make_core(**settings):
-    generators = FakeGenerators()
-    config = EngineConfig.of(**({"max_batch_size": 4, "max_queued_requests": 4} | settings))
-    core = Delivering(ExLlamaV2Core(generators, FakeJobs(), EOS, lambda t: b"x", vocab_size=64, cache_tokens=4096,
-                                    config=config))
-    return core, generators
+    return fake_core(vocab_size=64, **({"max_batch_size": 4, "max_queued_requests": 4} | settings))
 
 
 def samples_request(request_id: str = "r", caller: str = "a", seeds: tuple[int, ...] = SEEDS) -> GenerationRequest:
