@@ -11,7 +11,7 @@ CACHE_CLASSES = {"fp16": "ExLlamaV2Cache", "q4": "ExLlamaV2Cache_Q4", "q6": "ExL
 def unavailable_message(exc: BaseException) -> str:
     """Why exllamav2 cannot be used here, for EngineUnavailable. exllamav2.attn catches only a missing
     flash-attn (ModuleNotFoundError, attn.py:62-65): one that is installed but fails to import (built for
-    another torch or CUDA) breaks `import exllamav2` itself, and only EXLLAMA_NO_FLASH_ATTN gets past it."""
+    another torch or CUDA) breaks `import exllamav2` itself; attention `sdpa` or `off` never imports it."""
     message = (
         "the exllamav2 engine needs a CUDA build of torch and exllamav2, which compiles its extension "
         f"on first import (pip install 'tokenspout[exllamav2]'): {type(exc).__name__}: {exc}"
@@ -20,7 +20,7 @@ def unavailable_message(exc: BaseException) -> str:
     if any("flash_attn" in text for text in (str(exc), getattr(exc, "name", None) or "", *frames)):
         message += (
             "; flash-attn is installed but does not import: rebuild it for this torch and CUDA, remove it, or set "
-            "EXLLAMA_NO_FLASH_ATTN=1 to run without it (unpaged: one request at a time)"
+            "attention = sdpa (tokenspout's paged attention) to run without it"
         )
     return message
 
