@@ -12,6 +12,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # decade), its generic build elsewhere.
 LLAMA_CPP := $(shell grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
 LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+LLAMA_WHEELS := $(HOME)/.cache/tokenspout/wheels/$(shell echo '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS) $(shell uname -m) $(shell $(PYTHON) -V 2>&1)' | sha256sum | cut -c1-16)
 
 .PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint check run test test-fast bench clean
 
@@ -29,8 +30,11 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip==25.3
 	# llama-cpp-python compiles llama.cpp (10-15 min) for a fixed x86-64 level, not -march=native: a native
 	# build on a CPU with AMX crashes in llama_decode where the OS does not grant AMX state (seen on these
-	# machines). Built apart, bypassing pip's wheel cache, which keys a wheel by its sdist, not by these flags.
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-cache-dir $(LLAMA_CPP)
+	# machines). pip's wheel cache keys a wheel by its sdist, not by these flags, so the wheel is built apart
+	# and kept under a key of its own (version, flags, machine, Python): a later clone installs it in seconds.
+	[ -n "$$(ls $(LLAMA_WHEELS)/*.whl 2>/dev/null)" ] || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+	  $(PY) -m pip wheel --quiet --no-deps --no-cache-dir --wheel-dir $(LLAMA_WHEELS) $(LLAMA_CPP)
+	$(PY) -m pip install --quiet $(LLAMA_WHEELS)/*.whl
 	# The client package first: the server depends on it (tokenspout-client is not on PyPI).
 	$(PY) -m pip install --quiet -e './clients/python[pydantic]'
 	$(PY) -m pip install --quiet -e '.[dev]'
