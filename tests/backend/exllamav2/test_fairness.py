@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from backend.types import ErrorEvent, ErrorKind, GenerationRequest, SamplingParams, Scheduling, StopParams
+from tests.harness.core_driver import run_until_idle
 from tests.harness.exllamav2_fakes import fake_core
 
 TOKENS = 3
@@ -34,14 +35,6 @@ def enqueue_order(generators) -> list[str]:
     return [job.identifier for job in generators[0].enqueued]
 
 
-def run(core) -> None:
-    for _ in range(200):
-        if not core.has_work():
-            return
-        core.step()
-    raise AssertionError("the core did not finish")
-
-
 def test_jobs_enter_the_generator_by_priority_then_least_served_caller():
     core, generators = make_core()
     events: dict = {}
@@ -54,7 +47,7 @@ def test_jobs_enter_the_generator_by_priority_then_least_served_caller():
     assert enqueue_order(generators) == ["a0", "a1", "urgent"]
     assert [job.identifier for job in generators[0].cancelled] == ["a0"]
     assert core.stats.queued_requests == 6
-    run(core)
+    run_until_idle(core, limit=200)
     # As places freed: b (served least), then a's in arrival order, a0 first.
     assert enqueue_order(generators) == ["a0", "a1", "urgent", "b0", "a0", "a2", "a3"]
     assert all(not isinstance(e[-1], ErrorEvent) and e[-1].finish is not None for e in events.values())
@@ -69,7 +62,7 @@ def test_a_caller_at_its_running_limit_leaves_the_free_place_to_others():
     add(core, generators, "a1", "a", events)
     add(core, generators, "b0", "b", events)
     assert enqueue_order(generators) == ["a0", "b0"]
-    run(core)
+    run_until_idle(core, limit=200)
     assert enqueue_order(generators) == ["a0", "b0", "a1"]
 
 
@@ -80,7 +73,7 @@ def test_past_capacity_the_floods_newest_waiting_job_is_shed():
         add(core, generators, f"a{i}", "a", events)
     add(core, generators, "b0", "b", events)
     assert isinstance(events["a2"][-1], ErrorEvent) and events["a2"][-1].kind is ErrorKind.SHED
-    run(core)
+    run_until_idle(core, limit=200)
     assert enqueue_order(generators) == ["a0", "b0", "a1"]
     assert generators[0].cancelled == []  # a shed job never reached the generator
 
@@ -94,6 +87,6 @@ def test_a_job_not_started_within_its_queue_timeout_ends():
     core.expire()
     event = events["b0"][-1]
     assert isinstance(event, ErrorEvent) and event.kind is ErrorKind.QUEUE_TIMEOUT
-    run(core)
+    run_until_idle(core, limit=200)
     assert enqueue_order(generators) == ["a0"]
     assert {t.caller: t.queue_timeouts_total for t in core.stats.callers}["b"] == 1

@@ -9,6 +9,7 @@ import types
 
 from backend.exllamav2.jobs import job_fields, job_input
 from backend.types import FinishReason, GenerationRequest, SamplingParams, Scheduling, StopParams, TokenEvent
+from tests.harness.core_driver import run_until_idle
 from tests.harness.exllamav2_fakes import EOS, fake_core
 
 PROMPT = (1, 5, 6)
@@ -32,14 +33,6 @@ def add(core, generators, events: dict, req: GenerationRequest, samples: list[tu
     core.add(req, events[req.request_id].append)
 
 
-def run(core) -> None:
-    for _ in range(200):
-        if not core.has_work():
-            return
-        core.step()
-    raise AssertionError("the core did not finish")
-
-
 def jobs_of(generators, request_id: str) -> list:
     return [job for job in generators[0].enqueued if job.identifier == request_id]
 
@@ -56,7 +49,7 @@ def test_a_more_urgent_request_preempts_a_running_job_whose_stream_goes_on_witho
     core.step()  # two tokens out
     add(core, generators, events, request("urgent", caller="b", priority=1, max_new_tokens=2), WORDS[:2])
     assert core.stats.preempted_total == 1 and core.stats.preempted_sequences == 1
-    run(core)
+    run_until_idle(core, limit=200)
     first, second = jobs_of(generators, "low")
     assert generators[0].cancelled == [first]
     assert [job.identifier for job in generators[0].enqueued] == ["low", "urgent", "low"]
@@ -85,7 +78,7 @@ def test_a_job_holding_back_part_of_a_stop_string_gives_way_only_once_it_has_rel
     assert core.stats.preempted_total == 0 and [job.identifier for job in generators[0].enqueued] == ["low"]
     core.step()  # "Help" is released: nothing held, and it gives way
     assert core.stats.preempted_total == 1
-    run(core)
+    run_until_idle(core, limit=200)
     assert jobs_of(generators, "low")[1].input_ids == [*PROMPT, 10, 11]
     low = events["low"]
     assert "".join(e.text for e in low) == "Help and " and ids(low) == [10, 11, 12, 13, 14]
@@ -100,7 +93,7 @@ def test_a_constrained_job_is_never_preempted():
     add(core, generators, events, constrained, WORDS[:3])
     core.step()
     add(core, generators, events, request("urgent", caller="b", priority=1, max_new_tokens=1), WORDS[:1])
-    run(core)
+    run_until_idle(core, limit=200)
     assert core.stats.preempted_total == 0 and generators[0].cancelled == []
     assert [job.identifier for job in generators[0].enqueued] == ["json", "urgent"]  # it took the next free place
 
@@ -116,7 +109,7 @@ def test_a_caller_over_its_share_gives_a_place_after_a_time_slice():
     for _ in range(3):
         core.step()
     assert core.stats.preempted_total == 1
-    run(core)
+    run_until_idle(core, limit=200)
     assert all(len(ids(e)) == (2 if name == "b0" else 12) for name, e in events.items())
     assert all(e[-1].finish.reason is FinishReason.MAX_TOKENS for e in events.values())
 
@@ -128,7 +121,7 @@ def test_a_job_preempted_before_the_generator_started_it_starts_again_from_its_p
     add(core, generators, events, request("urgent", caller="b", priority=1, max_new_tokens=1), WORDS[:1])
     (first,), second = jobs_of(generators, "low"), core.held.jobs["low"].job  # waiting to come back
     assert generators[0].cancelled == [first] and second.input_ids == list(PROMPT) and second.max_new_tokens == 6
-    run(core)
+    run_until_idle(core, limit=200)
     assert ids(events["low"]) == [token for token, _ in WORDS]
     assert core.stats.queued_requests == core.stats.preempted_sequences == 0
 
@@ -143,7 +136,7 @@ def test_a_preempted_job_can_be_cancelled_while_it_waits_to_come_back():
     last = events["low"][-1]
     assert isinstance(last, TokenEvent) and last.finish.reason is FinishReason.CANCELLED
     assert last.generated_tokens == 1 and core.stats.preempted_sequences == 0
-    run(core)
+    run_until_idle(core, limit=200)
     assert len(jobs_of(generators, "low")) == 1  # never came back
 
 
