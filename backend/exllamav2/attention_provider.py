@@ -64,7 +64,9 @@ def import_exllamav2(setting: AttentionSetting | str) -> tuple[types.ModuleType,
             module = _import_with_env(no_flash_attn=False)
     else:
         module = _import_with_env(no_flash_attn=True)
-    provider = _provider_of(setting, module)
+    # What exllamav2 made of it: `auto` is settled by now, and only a paged import has a provider.
+    paged = bool(importlib.import_module("exllamav2.attn").has_flash_attn_with_paged)
+    provider = _provider_for(setting, NONE) if paged else NONE
     _imported = (setting, provider)
     return module, provider
 
@@ -97,13 +99,6 @@ def _provider_for(setting: AttentionSetting, current: str) -> str:
     return {AttentionSetting.FLASH_ATTN: FLASH_ATTN, AttentionSetting.SDPA: SDPA, AttentionSetting.OFF: NONE}.get(
         setting, current
     )
-
-
-def _provider_of(setting: AttentionSetting, module: types.ModuleType) -> str:
-    paged = bool(importlib.import_module("exllamav2.attn").has_flash_attn_with_paged)
-    if not paged:
-        return NONE
-    return SDPA if setting is AttentionSetting.SDPA else FLASH_ATTN
 
 
 def _import_with_env(no_flash_attn: bool) -> types.ModuleType:
