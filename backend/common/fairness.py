@@ -142,6 +142,17 @@ class FairnessPolicy:
         )
         return [candidate for _, candidate in order]
 
+    def displaced(
+        self, candidate: Held, running: Iterable[Held], willing: Sequence[H], steps_run: Callable[[H], int],
+        comeback_cost: Callable[[H], int],
+    ) -> H | None:
+        """Who among the `willing` running gives its place to `candidate`: at its caller's limit one of its
+        own (less urgent, or past its share: no time slice asked), else the policy's pick (see victim)."""
+        if self.at_limit(candidate, running):
+            own = [item for item in willing if caller_of(item) == caller_of(candidate)]
+            return self.victim(candidate, own, lambda item: 0, comeback_cost)
+        return self.victim(candidate, willing, steps_run, comeback_cost)
+
     def victim(
         self, candidate: Held, running: Sequence[H], steps_run: Callable[[H], int], comeback_cost: Callable[[H], int]
     ) -> H | None:

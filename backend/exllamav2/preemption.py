@@ -53,11 +53,8 @@ def victim_for(
     llama.cpp scheduler chooses: at its caller's limit one of its own (a less urgent one); else the
     policy's pick among those that have run a time slice, or any less urgent one."""
     willing = [entry for entry in enqueued if may_give_way(entry)]
-    cost = lambda entry: comeback_cost(entry, page_size)  # noqa: E731
-    if policy.at_limit(candidate, enqueued):
-        own = [entry for entry in willing if caller_of(entry) == caller_of(candidate)]
-        return policy.victim(candidate, own, lambda entry: 0, cost)
-    return policy.victim(candidate, willing, lambda entry: step - entry.admitted_step, cost)
+    return policy.displaced(candidate, enqueued, willing, lambda entry: step - entry.admitted_step,
+                            lambda entry: comeback_cost(entry, page_size))
 
 
 def continuation(victim: HeldJob, make_job: JobFactory, page_size: int) -> Any:

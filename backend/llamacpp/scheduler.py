@@ -276,12 +276,9 @@ class Scheduler:
         """Who gives its slot to `seq`: at its caller's limit one of its own (paused, or less urgent); else the
         sequence paused longest, or the one the policy names (which has run a time slice, unless less urgent)."""
         decoding = [s for s in self.running.values() if not s.gives_way]
-        if self.policy.at_limit(seq, self.running.values()):
-            own = [s for s in decoding if caller_of(s) == caller_of(seq)]
-            mine = self._longest_paused(caller_of(seq)) or self._slow_reader(caller_of(seq))
-            return mine or self.policy.victim(seq, own, lambda s: 0, self._comeback_cost)
-        return self._longest_paused() or self._slow_reader() or self.policy.victim(
-            seq, decoding, lambda s: step - s.admitted_step, self._comeback_cost
+        mine = caller_of(seq) if self.policy.at_limit(seq, self.running.values()) else None
+        return self._longest_paused(mine) or self._slow_reader(mine) or self.policy.displaced(
+            seq, self.running.values(), decoding, lambda s: step - s.admitted_step, self._comeback_cost
         )
 
     def _slow_reader(self, caller: str | None = None) -> Sequence | None:
