@@ -120,6 +120,8 @@ class ScriptedCore:
         self.max_batch_size = config.max_batch_size
         self.max_pause_s = config.llamacpp.max_pause_s
         self.step_s = step_s
+        self._paced_until = 0.0
+        """When the step in progress is due to end, on a paced engine (see _pace)."""
         self._plans = plans
         self.waiting: collections.deque[FakeSequence] = collections.deque()
         self.running: dict[str, FakeSequence] = {}
@@ -178,7 +180,7 @@ class ScriptedCore:
     def step(self) -> list[Output]:
         self._check_alive()
         if self.step_s:
-            time.sleep(self.step_s)  # the model's time per step
+            self._pace()
         self.steps += 1
         self._expire()
         while self.waiting and len(self.running) < self.max_batch_size:
@@ -213,6 +215,17 @@ class ScriptedCore:
         self._outputs.append((seq.sink, event))
         if output.finished:
             self._release(seq)
+
+    def _pace(self) -> None:
+        """Waits out the model's time for this step. Steps start on the clock's ticks, step_s apart, so the
+        host's work between steps overlaps the model's, as on a GPU the host plans while the device computes
+        (one step per step_s while the host keeps up); the first step after a pause waits a whole step."""
+        now = time.monotonic()
+        due = self._paced_until + self.step_s
+        if due < now:  # idle, held, or the host fell behind: a whole step from now
+            due = now + self.step_s
+        time.sleep(due - now)
+        self._paced_until = due
 
     def _expire(self) -> None:
         now = time.monotonic()
