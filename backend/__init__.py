@@ -28,7 +28,7 @@ from backend.config import (
     SchedulingPolicy,
     SpeculationSetting,
 )
-from backend.engine import Engine, EngineUnavailable, EventSink
+from backend.engine import Engine, EngineUnavailable, EventBatcher, EventSink
 from backend.registry import build_engine
 from backend.types import (
     ALL_REQUEST_FEATURES,
@@ -85,6 +85,7 @@ __all__ = [
     "ErrorEvent",
     "ErrorKind",
     "Event",
+    "EventBatcher",
     "EventSink",
     "ExLlamaV2Settings",
     "FairnessSettings",

@@ -19,6 +19,15 @@ EventSink = Callable[[Event], None]
 """Receives one request's events on the engine thread; must not block."""
 
 
+class EventBatcher(Protocol):
+    """Takes the events of many sinks at once. A sink with a `batcher` attribute (one of these) gets the
+    events an engine step produced through `batcher.deliver` in one call, with the other sinks of that
+    batcher, rather than one call each: a service relaying events to an event loop then wakes it once
+    per step, not once per stream (see service.streams). Each sink's events keep their order."""
+
+    def deliver(self, outputs: list[tuple[EventSink, Event]]) -> None: ...
+
+
 class EngineUnavailable(Exception):
     """The engine's own libraries are missing or fail to load on this machine."""
 

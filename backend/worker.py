@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from backend.common.stats import CancelOrder, EngineStats
-from backend.engine import EventSink
+from backend.engine import EventBatcher, EventSink
 from backend.types import Event, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,19 @@ def deliver(sink: EventSink, event: Event) -> None:
 
 
 def deliver_all(outputs: Iterable[Output]) -> None:
+    """Delivers a step's outputs: to each sink one by one, or together to their EventBatcher in one call."""
+    batches: dict[int, tuple[EventBatcher, list[Output]]] = {}
     for sink, event in outputs:
-        deliver(sink, event)
+        batcher: EventBatcher | None = getattr(sink, "batcher", None)
+        if batcher is None:
+            deliver(sink, event)
+        else:
+            batches.setdefault(id(batcher), (batcher, []))[1].append((sink, event))
+    for batcher, batch in batches.values():
+        try:
+            batcher.deliver(batch)
+        except Exception:
+            log.exception("could not deliver %d events", len(batch))
 
 
 class Command(enum.Enum):

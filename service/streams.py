@@ -14,7 +14,8 @@ buffer then holds at most max_new_tokens events.
 from __future__ import annotations
 
 import asyncio
-import threading
+import collections
+from typing import Any
 
 from backend import Engine, ErrorEvent, Event, EventSink, TokenEvent
 
@@ -27,22 +28,29 @@ _INTERRUPT = _Interrupt()
 
 
 class RequestStream:
+    """One request's events on the event loop. A deque and one waiting future rather than an asyncio.Queue:
+    at hundreds of streams the queue's bookkeeping per event was a visible share of the loop's time."""
+
     def __init__(self, engine: Engine, request_id: str, buffer_events: int) -> None:
         self.request_id = request_id
         self._engine = engine
-        self._events: asyncio.Queue[Event | _Interrupt] = asyncio.Queue()
+        self._events: collections.deque[Event | _Interrupt] = collections.deque()
+        self._waiter: asyncio.Future[bool] | None = None
         self._high_water = buffer_events
         self._low_water = buffer_events // 2
         self._paused = False
 
     def interrupt(self) -> None:
         """Makes the pending (or next) `next_batch` return an empty batch at once."""
-        self._events.put_nowait(_INTERRUPT)
+        self.put(_INTERRUPT)
 
-    def put(self, event: Event) -> None:
+    def put(self, event: Event | _Interrupt) -> None:
         """Called on the event loop by the relay."""
-        self._events.put_nowait(event)
-        if not self._paused and self._events.qsize() >= self._high_water:
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+        if not self._paused and len(self._events) >= self._high_water:
             self._paused = True
             self._engine.pause(self.request_id)
 
@@ -54,66 +62,95 @@ class RequestStream:
         when the stream ends. Returns None when `heartbeat_s` passes with nothing to send, and
         an empty batch once interrupted.
         """
-        try:
-            first = await asyncio.wait_for(self._events.get(), heartbeat_s or None)
-        except TimeoutError:
+        events = self._events
+        if not events and not await self._arrival(heartbeat_s or None):
             return None
-        loop = asyncio.get_running_loop()
-        flush_at = loop.time() + flush_s if flush_s else None
-        batch = [first]
-        tokens = _token_count(first)
-        while not _ends_stream(batch[-1]) and not (max_tokens and tokens >= max_tokens):
-            if self._events.empty():
-                wait = None if flush_at is None else flush_at - loop.time()
-                if tokens >= min_tokens or (wait is not None and wait <= 0):
+        first = events.popleft()
+        flush_at = asyncio.get_running_loop().time() + flush_s if flush_s else None
+        batch: list[Any] = [first]
+        last = first
+        # Inlined checks (type() is, not helpers): this loop runs once per event at hundreds of streams.
+        if type(first) is TokenEvent and first.finish is None:  # more may join it
+            tokens = len(first.tokens)
+            while not (max_tokens and tokens >= max_tokens):
+                if not events:
+                    wait = None if flush_at is None else flush_at - asyncio.get_running_loop().time()
+                    if tokens >= min_tokens or (wait is not None and wait <= 0):
+                        break
+                    if not await self._arrival(wait):
+                        break
+                last = events.popleft()
+                batch.append(last)
+                if type(last) is not TokenEvent or last.finish is not None:  # the stream ends here
                     break
-                try:
-                    event = await asyncio.wait_for(self._events.get(), wait)
-                except TimeoutError:
-                    break
-            else:
-                event = self._events.get_nowait()
-            batch.append(event)
-            tokens += _token_count(event)
-        if _INTERRUPT in batch:
-            return []
-        if self._paused and self._events.qsize() <= self._low_water:
+                tokens += len(last.tokens)
+        if self._paused and len(events) <= self._low_water:
             self._paused = False
             self._engine.resume(self.request_id)
-        error = next((event for event in batch if isinstance(event, ErrorEvent)), None)
-        if error is not None:
-            return error
-        return [event for event in batch if isinstance(event, TokenEvent)]  # all of them, by now
+        # What ends a stream ends the batch: an interrupt or an error can only be its last event.
+        if last is _INTERRUPT:
+            return []
+        if isinstance(last, ErrorEvent):
+            return last
+        return batch
+
+    async def _arrival(self, timeout: float | None) -> bool:
+        """Waits for the next event; False when `timeout` passes first."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self._waiter = waiter
+        timer = None if timeout is None else loop.call_later(timeout, _time_up, waiter)
+        try:
+            return await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
 
-def _token_count(event: Event | _Interrupt) -> int:
-    return len(event.tokens) if isinstance(event, TokenEvent) else 0
+def _time_up(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
-def _ends_stream(event: Event | _Interrupt) -> bool:
-    return isinstance(event, (_Interrupt, ErrorEvent)) or event.finish is not None
+class _StreamSink:
+    """A request stream's EventSink: alone it relays one event; the engine worker hands a step's events for
+    every stream at once to its `batcher`, the relay (see backend.EventBatcher)."""
+
+    __slots__ = ("stream", "batcher")
+
+    def __init__(self, stream: RequestStream, relay: EventRelay) -> None:
+        self.stream = stream
+        self.batcher = relay
+
+    def __call__(self, event: Event) -> None:
+        self.batcher.deliver([(self, event)])
 
 
 class EventRelay:
-    """Carries events from the engine thread to request streams on the event loop."""
+    """Carries events from the engine thread to request streams on the event loop: one wake-up of the loop
+    per engine step, whatever the number of streams. No lock: deque.extend and popleft are atomic, and
+    _flush clears `_scheduled` before it drains, so events added after the drain found the deque empty
+    schedule the next flush."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._lock = threading.Lock()
-        self._pending: list[tuple[RequestStream, Event]] = []
+        self._pending: collections.deque[tuple[RequestStream, Event]] = collections.deque()
+        self._scheduled = False
 
     def sink(self, stream: RequestStream) -> EventSink:
-        return lambda event: self._post(stream, event)
+        return _StreamSink(stream, self)
 
-    def _post(self, stream: RequestStream, event: Event) -> None:
-        with self._lock:
-            self._pending.append((stream, event))
-            wake = len(self._pending) == 1  # otherwise a flush is already scheduled
-        if wake:
+    def deliver(self, outputs: list[tuple[EventSink, Event]]) -> None:
+        """Called on the engine thread with the events of one step (EventBatcher)."""
+        self._pending.extend([(sink.stream, event) for sink, event in outputs])  # type: ignore[attr-defined]
+        if not self._scheduled:  # else a flush that has not started draining yet will take them
+            self._scheduled = True
             self._loop.call_soon_threadsafe(self._flush)
 
     def _flush(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for stream, event in pending:
+        self._scheduled = False
+        pending = self._pending
+        while pending:
+            stream, event = pending.popleft()
             stream.put(event)
