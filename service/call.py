@@ -19,7 +19,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import grpc
@@ -223,8 +223,9 @@ class GenerationCall:
         try:
             with self._calls.lifecycle.interruptible(stream.interrupt):
                 samples = _Samples(self.generation, self.request_id)
+                pacing = self._pacing()
                 while not samples.done:
-                    batch = await self._next_batch(stream)
+                    batch = await stream.next_batch(*pacing)
                     if self._calls.lifecycle.ending is not None:  # the grace period is over, or the engine died
                         raise self._calls.lifecycle.ending
                     if batch is None:
@@ -232,9 +233,13 @@ class GenerationCall:
                     elif isinstance(batch, ErrorEvent):
                         raise self._failed(batch)
                     else:
-                        for index, events in _by_sample(batch):
+                        for index, events in _by_sample(batch, samples.n):
                             message = samples.message(index, events)
-                            with self._traced(events, events[-1].finish if samples.done else None):
+                            if self._trace is None:
+                                yield message
+                                continue
+                            # The message's span around its write; the call's last one records how it finished.
+                            with _message_span(self._trace, events, events[-1].finish if samples.done else None):
                                 yield message
             self._finished(samples.finishes[0])
         finally:
@@ -267,17 +272,12 @@ class GenerationCall:
         calls.engine.submit(self.generation, calls.sink(stream))
         return stream
 
-    async def _next_batch(self, stream: RequestStream) -> list[TokenEvent] | ErrorEvent | None:
-        """The next message's events, paced as the request's OutputOptions ask (see RequestStream.next_batch)."""
+    def _pacing(self) -> tuple[int, int, float, float]:
+        """RequestStream.next_batch's arguments for the messages the request's OutputOptions ask for: max and
+        min tokens, flush interval and heartbeat interval (read once, not from the protobuf per message)."""
         output = self._request.output
-        return await stream.next_batch(output.max_tokens_per_message, max(output.min_tokens_per_message, 1),
-                                       output.flush_interval_ms / 1000, output.heartbeat_interval_ms / 1000)
-
-    def _traced(self, events: list[TokenEvent], finish: Finish | None) -> contextlib.AbstractContextManager[None]:
-        """The message's span around its write (see service.tracing); the call's last one records how it finished."""
-        if self._trace is None:
-            return contextlib.nullcontext()
-        return _message_span(self._trace, events, finish)
+        return (output.max_tokens_per_message, max(output.min_tokens_per_message, 1),
+                output.flush_interval_ms / 1000, output.heartbeat_interval_ms / 1000)
 
     def _failed(self, event: ErrorEvent) -> ServiceError:
         """The status the engine's error ends the call with, counted when it is a refusal for load, and logged."""
@@ -322,6 +322,7 @@ class _Samples:
     def __init__(self, generation: GenerationRequest, request_id: str) -> None:
         self._generation = generation
         self._request_id = request_id
+        self.n = generation.n
         self._started: set[int] = set()
         self.finishes: dict[int, Finish] = {}
         constraint = generation.constraint
@@ -330,7 +331,7 @@ class _Samples:
 
     @property
     def done(self) -> bool:
-        return len(self.finishes) == self._generation.n
+        return len(self.finishes) == self.n
 
     def message(self, index: int, events: list[TokenEvent]) -> pb.GenerateStreamResponse:
         """One sample's events as a message. Raises DEADLINE_EXCEEDED when the caller's deadline ended the sample."""
@@ -339,7 +340,8 @@ class _Samples:
         self._started.add(index)
         message = convert.stream_response(self._request_id, events, generation.output.return_tokens,
                                           len(generation.prompt_token_ids) if first else 0)
-        message.index = index
+        if index:  # 0 is the field's default: nothing to set
+            message.index = index
         if first:
             message.truncated_input_tokens = generation.truncated_tokens
         finish = events[-1].finish
@@ -372,8 +374,10 @@ def _message_span(request_trace: RequestTrace, events: list[TokenEvent], finish:
         yield
 
 
-def _by_sample(batch: Sequence[TokenEvent]) -> list[tuple[int, list[TokenEvent]]]:
+def _by_sample(batch: list[TokenEvent], samples: int) -> list[tuple[int, list[TokenEvent]]]:
     """A batch's events grouped by sample, each sample's in order, the samples in order of first event."""
+    if samples == 1:
+        return [(0, batch)]
     grouped: dict[int, list[TokenEvent]] = {}
     for event in batch:
         grouped.setdefault(event.index, []).append(event)

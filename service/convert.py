@@ -89,15 +89,17 @@ def stream_response(
 ) -> pb.GenerateStreamResponse:
     """One response message for a batch of events (in order) of one request."""
     last = events[-1]
+    alone = len(events) == 1  # a caller that keeps up: one event a message, the common case at scale
     message = pb.GenerateStreamResponse(
         request_id=request_id,
-        text="".join(event.text for event in events),
+        text=last.text if alone else "".join(event.text for event in events),
         generated_tokens=last.generated_tokens,
         input_tokens=input_tokens,
     )
     if with_tokens:
         message.tokens.extend(token_pb(token) for event in events for token in event.tokens)
-    message.prompt_tokens.extend(token_pb(token) for event in events for token in event.prompt_tokens)
+    if not alone or last.prompt_tokens:
+        message.prompt_tokens.extend(token_pb(token) for event in events for token in event.prompt_tokens)
     if last.finish is not None:
         message.finish.CopyFrom(finish_pb(last.finish))
     return message

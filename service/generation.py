@@ -60,9 +60,15 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             await call.build()
             async with contextlib.aclosing(call.run()) as messages:
                 async for message in messages:
-                    await _write(context, message)
+                    # A caller that resets its stream while a write waits on HTTP/2 flow control fails the
+                    # write before gRPC marks the call closed, and gRPC would log that as a crash; it is the
+                    # caller leaving, so the call ends as gRPC ends any cancelled one.
+                    try:
+                        await context.write(message)
+                    except grpc.aio.InternalError:
+                        raise asyncio.CancelledError from None
         return
-        yield  # an async generator, as gRPC's interceptors expect, that writes its messages itself (see _write)
+        yield  # an async generator, as gRPC's interceptors expect, that writes its messages itself
 
     async def Generate(self, request: pb.GenerateRequest, context: Context) -> pb.GenerateResponse:
         # Same fields under the same numbers: the wire bytes are a valid stream request.
@@ -148,13 +154,3 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             cached=compiled.cached,
             warnings=compiled.warnings,
         )
-
-
-async def _write(context: Context, message: pb.GenerateStreamResponse) -> None:
-    """Sends one message. A caller that resets its stream while the write waits on HTTP/2 flow control
-    fails the write before gRPC marks the call closed, and gRPC would log that as a crash with a
-    traceback; it is the caller leaving, so the call ends as gRPC ends any cancelled one."""
-    try:
-        await context.write(message)
-    except grpc.aio.InternalError:  # the call's stream is gone
-        raise asyncio.CancelledError from None

@@ -97,6 +97,7 @@ class FakeSequence:
         self.plan = plan
         self.output = SequenceOutput(request)
         self.text = output_text(request.prompt_token_ids)
+        self.prompt_length = len(request.prompt_token_ids)
         self.paused_since: float | None = None
 
     @property
@@ -109,7 +110,7 @@ class FakeSequence:
 
     @property
     def cells(self) -> int:
-        return len(self.request.prompt_token_ids) + self.output.generated
+        return self.prompt_length + self.output.generated
 
 
 class ScriptedCore:
