@@ -1,7 +1,8 @@
 """The client of bench.service_ceiling: N concurrent greedy streams from one grpc.aio process, timed.
 
 Prints one JSON object: the streams' steady rate (tokens that arrived while all N were streaming,
-over that window), the whole run's rate, the p99 gap between one stream's consecutive messages,
+over that window), the whole run's rate, when the last stream's first message came, the p99 gap
+between one stream's consecutive messages,
 the messages and tokens received, and this process's own CPU seconds (what the client costs).
 
     python -m bench.ceiling_client ADDRESS --streams 256 --tokens 200
@@ -73,6 +74,7 @@ async def run(address: str, streams: int, tokens: int) -> dict:
         "steady_window_s": window,
         "whole_tokens_per_s": streams * tokens / (end - start),
         "p99_gap_s": percentile(gaps, 0.99),
+        "last_first_message_s": all_streaming - start,
         "messages": sum(len(arrivals) for arrivals in runs),
         "tokens": streams * tokens,
         "client_cpu_s": cpu,
