@@ -4,7 +4,8 @@ step loop and messages behind a bare grpc.aio server), with the same client, in 
 
 For each stream count, alternating the two servers (each going first in every other rep), one
 bench.ceiling_client process opens N greedy streams of `--tokens` tokens and reports:
-  - tokens/s while all N streamed, as a fraction of the ideal N / step_s
+  - tokens/s while all N streamed, as a fraction of the ideal N / step_s ("steady"), and over the whole
+    run, from the first request sent to the last message ("whole run": the streams' start counts too)
   - server CPU per token (every thread of the server process, from /proc), in microseconds
   - p99 gap between one stream's consecutive messages, in milliseconds
   - the client's own CPU per token (it shares the machine's cores with the server)
@@ -48,6 +49,7 @@ def measure(address: str, pid: int, streams: int, tokens: int, step_s: float) ->
     result = json.loads(done.stdout)
     result["server_cpu_s"] = cpu_seconds(pid) - before
     result["of_ideal"] = result["steady_tokens_per_s"] / (streams / step_s)
+    result["whole_of_ideal"] = result["whole_tokens_per_s"] / (streams / step_s)
     return result
 
 
@@ -61,6 +63,8 @@ def report(streams: int, runs: dict[str, list[dict]]) -> str:
     for side in SIDES:
         cells.append(span([r["of_ideal"] for r in runs[side]]))
     for side in SIDES:
+        cells.append(span([r["whole_of_ideal"] for r in runs[side]]))
+    for side in SIDES:
         cells.append(span([r["server_cpu_s"] / r["tokens"] for r in runs[side]], 1e6, 0))
     cpu_ratios = [t["server_cpu_s"] / m["server_cpu_s"] for t, m in zip(runs["tokenspout"], runs["minimal"])]
     cells.append(span(cpu_ratios))
@@ -71,8 +75,9 @@ def report(streams: int, runs: dict[str, list[dict]]) -> str:
 
 
 HEADER = (
-    "| streams | tokenspout of ideal | minimal of ideal | server CPU/token us, tokenspout | minimal | CPU ratio "
-    "| p99 gap ms, tokenspout | minimal | client CPU/token us |\n|" + "---|" * 10
+    "| streams | steady of ideal, tokenspout | minimal | whole run of ideal, tokenspout | minimal "
+    "| server CPU/token us, tokenspout | minimal | CPU ratio | p99 gap ms, tokenspout | minimal "
+    "| client CPU/token us |\n|" + "---|" * 11
 )
 
 
