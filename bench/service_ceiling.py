@@ -48,12 +48,17 @@ def measure(address: str, pid: int, streams: int, tokens: int, step_s: float) ->
                            "--tokens", str(tokens)], cwd=ROOT, capture_output=True, text=True, check=True)
     result = json.loads(done.stdout)
     result["server_cpu_s"] = cpu_seconds(pid) - before
-    result["of_ideal"] = result["steady_tokens_per_s"] / (streams / step_s)
+    # Under a second with all N streaming (they started late), the steady rate means nothing: none.
+    steady = result["steady_window_s"] >= 1.0
+    result["of_ideal"] = result["steady_tokens_per_s"] / (streams / step_s) if steady else None
     result["whole_of_ideal"] = result["whole_tokens_per_s"] / (streams / step_s)
     return result
 
 
-def span(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+def span(measured: list[float | None], scale: float = 1.0, digits: int = 2) -> str:
+    values = [value for value in measured if value is not None]
+    if not values:
+        return "none"
     low, high = min(values) * scale, max(values) * scale
     return f"{low:.{digits}f}" if round(low, digits) == round(high, digits) else f"{low:.{digits}f}-{high:.{digits}f}"
 
@@ -109,8 +114,8 @@ def main() -> None:
                         time.sleep(0.5)  # the last streams' ends settle before the next run
                 print(report(streams, runs), flush=True)
                 for side in SIDES:
-                    print(f"#   {side}: " + json.dumps([{k: round(v, 4) for k, v in r.items()} for r in runs[side]]),
-                          file=sys.stderr, flush=True)
+                    rounded = [{k: v if v is None else round(v, 4) for k, v in r.items()} for r in runs[side]]
+                    print(f"#   {side}: " + json.dumps(rounded), file=sys.stderr, flush=True)
         finally:
             stop_server(tokenspout)
             minimal.terminate()
