@@ -71,8 +71,8 @@ def report(streams: int, runs: dict[str, list[dict]]) -> str:
         cells.append(span([r["whole_of_ideal"] for r in runs[side]]))
     for side in SIDES:
         cells.append(span([r["server_cpu_s"] / r["tokens"] for r in runs[side]], 1e6, 0))
-    cpu_ratios = [t["server_cpu_s"] / m["server_cpu_s"] for t, m in zip(runs["tokenspout"], runs["minimal"])]
-    cells.append(span(cpu_ratios))
+    pairs = zip(runs["tokenspout"], runs["minimal"])
+    cells.append(span([t["server_cpu_s"] / m["server_cpu_s"] if m["server_cpu_s"] else None for t, m in pairs]))
     for side in SIDES:
         cells.append(span([r["p99_gap_s"] for r in runs[side]], 1e3, 0))
     cells.append(span([r["client_cpu_s"] / r["tokens"] for side in SIDES for r in runs[side]], 1e6, 0))
