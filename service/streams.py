@@ -1,7 +1,8 @@
 """Per-request event streams between the engine thread and the gRPC handlers.
 
-The engine delivers events from its own thread; `EventRelay` moves them onto
-the event loop, waking it once per burst rather than once per event. Each
+The engine delivers events from its own thread, a step's events for every
+stream in one call; `EventRelay` moves them onto the event loop, waking it
+once per step rather than once per event or per stream. Each
 request's `RequestStream` is a bounded buffer: when a caller reads slowly and
 its buffer fills, its sequence is paused in the engine (cache kept, other
 streams unaffected) and resumed once the caller has read half of it; while
