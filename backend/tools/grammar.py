@@ -127,6 +127,10 @@ def _call_schema(fmt: ToolFormat, tools: Sequence[ToolSchema]) -> dict[str, obje
 
 
 def _arguments_schema(parameters: dict[str, object] | bool) -> dict[str, object] | bool:
+    """Without its own additionalProperties, a schema with properties allows only those (OpenAI's strict
+    mode does the same): otherwise a small model can add keys until max_new_tokens."""
     if parameters is True or parameters == {}:
         return {"type": "object"}
+    if isinstance(parameters, dict) and "properties" in parameters and "additionalProperties" not in parameters:
+        return {**parameters, "additionalProperties": False}
     return parameters

@@ -1,0 +1,62 @@
+"""A chat's streamed output split into answer text, reasoning and tool calls, message by message.
+
+One `ChatOutput` per sample: each outgoing message's text goes through the sample's parser
+(backend.tools.parser), which holds back what could still be markup, so `text` never carries it;
+the last message takes what was held, counts the reasoning tokens, and finishes with
+FINISH_REASON_TOOL_CALLS when the turn ended after calls.
+"""
+
+from __future__ import annotations
+
+from backend.tools import OutputParser, Parsed
+from service.chat_tools import ChatFormats, ToolPlan
+from tokenspout.v1 import generation_pb2 as pb
+
+# The turn ended by itself (not cut short) after its calls: the caller's move.
+_ENDED = (pb.FINISH_REASON_EOS_TOKEN, pb.FINISH_REASON_CONSTRAINT_COMPLETE, pb.FINISH_REASON_STOP_TOKEN)
+
+
+def wants_parsing(formats: ChatFormats, plan: ToolPlan, is_chat: bool) -> bool:
+    return is_chat and (formats.reasoning is not None or (plan.calls_parsed and formats.tools is not None))
+
+
+class ChatOutput:
+    def __init__(self, formats: ChatFormats, plan: ToolPlan, in_reasoning: bool, caller_constraint: bool) -> None:
+        self._caller_constraint = caller_constraint
+        tools = formats.tools if plan.calls_parsed else None
+        names = frozenset(tool.name for tool in plan.tools)
+        self._parser = OutputParser(tools, formats.reasoning, names, in_reasoning)
+        self._generated = 0
+        self.reasoning_tokens = 0
+
+    def rewrite(self, message: pb.GenerateStreamResponse) -> None:
+        """Replaces the message's text with its answer part and fills reasoning and the tool calls."""
+        was_reasoning = self._parser.in_reasoning
+        parsed = self._parser.push(message.text)
+        finish = message.finish if message.HasField("finish") else None
+        if finish is not None:
+            _merge(parsed, self._parser.finish())
+        tokens = message.generated_tokens - self._generated
+        self._generated = message.generated_tokens
+        if was_reasoning or self._parser.in_reasoning or parsed.reasoning:
+            self.reasoning_tokens += tokens
+        message.text = parsed.text
+        message.reasoning = parsed.reasoning
+        message.tool_call_deltas.extend(
+            pb.ToolCallDelta(index=d.index, id=d.id, name=d.name, arguments_delta=d.arguments) for d in parsed.deltas
+        )
+        message.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in parsed.calls)
+        if finish is not None:
+            finish.usage.reasoning_tokens = self.reasoning_tokens
+            if not self._caller_constraint:  # the grammar was the server's own (tools, reasoning), not the caller's
+                finish.ClearField("constraint_satisfied")
+                finish.constraint_message = ""
+            if self._parser.calls and finish.reason in _ENDED:
+                finish.reason = pb.FINISH_REASON_TOOL_CALLS
+
+
+def _merge(into: Parsed, more: Parsed) -> None:
+    into.text += more.text
+    into.reasoning += more.reasoning
+    into.deltas += more.deltas
+    into.calls += more.calls
