@@ -382,7 +382,7 @@ class _Samples:
         if first:
             message.truncated_input_tokens = generation.truncated_tokens
         if self._chat_output is not None:
-            self._outputs.setdefault(index, self._chat_output()).rewrite(message)
+            self._outputs.setdefault(index, self._chat_output()).rewrite(message, events)
         finish = events[-1].finish
         if finish is not None:
             self.finishes[index] = finish

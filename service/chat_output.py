@@ -8,6 +8,9 @@ FINISH_REASON_TOOL_CALLS when the turn ended after calls.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from backend import TokenEvent
 from backend.tools import OutputParser, Parsed
 from service.chat_tools import ChatFormats, ToolPlan
 from tokenspout.v1 import generation_pb2 as pb
@@ -27,19 +30,30 @@ class ChatOutput:
         names = frozenset(tool.name for tool in plan.tools)
         self._parser = OutputParser(tools, formats.reasoning, names, in_reasoning)
         self._generated = 0
+        self._held_tokens = 0
         self.reasoning_tokens = 0
 
-    def rewrite(self, message: pb.GenerateStreamResponse) -> None:
-        """Replaces the message's text with its answer part and fills reasoning and the tool calls."""
-        was_reasoning = self._parser.in_reasoning
-        parsed = self._parser.push(message.text)
+    def rewrite(self, message: pb.GenerateStreamResponse, events: Sequence[TokenEvent]) -> None:
+        """Replaces the message's text (its events' texts) with its answer part and fills reasoning and the
+        tool calls; an event's tokens count as reasoning when its text was in or entered a reasoning block."""
+        parsed = Parsed()
+        for event in events:
+            was_reasoning = self._parser.in_reasoning
+            part = self._parser.push(event.text)
+            tokens = event.generated_tokens - self._generated
+            self._generated = event.generated_tokens
+            if was_reasoning or self._parser.in_reasoning or part.reasoning:
+                # The start marker's tokens were held back as possible markup before it completed.
+                self.reasoning_tokens += tokens + (0 if was_reasoning else self._held_tokens)
+                self._held_tokens = 0
+            elif part:
+                self._held_tokens = 0
+            else:
+                self._held_tokens += tokens
+            _merge(parsed, part)
         finish = message.finish if message.HasField("finish") else None
         if finish is not None:
             _merge(parsed, self._parser.finish())
-        tokens = message.generated_tokens - self._generated
-        self._generated = message.generated_tokens
-        if was_reasoning or self._parser.in_reasoning or parsed.reasoning:
-            self.reasoning_tokens += tokens
         message.text = parsed.text
         message.reasoning = parsed.reasoning
         message.tool_call_deltas.extend(

@@ -85,6 +85,8 @@ class Plan:
     """Fail with `error` after this many tokens."""
     error: ErrorKind = ErrorKind.ENGINE_FAILURE
     message: str = "scripted failure"
+    output: bytes | None = None
+    """Generate these bytes (one token each, repeated) instead of OUTPUT_TEXT; with eos_after, a scripted reply."""
     released: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def holds(self, generated: int) -> bool:
@@ -97,7 +99,7 @@ class FakeSequence:
         self.sink = sink
         self.plan = plan
         self.output = SequenceOutput(request)
-        self.text = output_text(request.prompt_token_ids)
+        self.text = plan.output or output_text(request.prompt_token_ids)
         self.paused_since: float | None = None
 
     @property
