@@ -272,7 +272,8 @@ class GenerationCall:
                 try:
                     await self._calls.compiles.compile(schema)
                 except ConstraintError as exc:
-                    raise invalid_argument([FieldViolation(f"chat.tools[{i}].parameters", f"cannot be enforced: {exc}")]) from None
+                    where = f"chat.tools[{i}].parameters"
+                    raise invalid_argument([FieldViolation(where, f"cannot be enforced: {exc}")]) from None
         builder = GrammarBuilder(lambda marker: False)  # markers are spelled as text (see docs/api.md)
         return grammar_spec(plan, formats, params.constraint, prompt.reasoning_opened, builder)
 

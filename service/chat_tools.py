@@ -88,7 +88,8 @@ def check_chat(chat: pb.Chat, formats: ChatFormats, max_schema_chars: int, viola
     names = {tool.name for tool in tools}
     choice, named = _choice(chat, names, violations)
     if choice != "none" and formats.tools is None:
-        violations.append(FieldViolation("chat.tools", "this model cannot take tools (no chat template, or tool_call_format = none)"))
+        violations.append(
+            FieldViolation("chat.tools", "this model cannot take tools (no chat template, or tool_call_format = none)"))
     _history(chat, names, violations)
     mode, budget = chat.reasoning.mode, chat.reasoning.budget_tokens
     if mode == pb.REASONING_MODE_OFF and budget:
@@ -199,7 +200,7 @@ def chat_messages(chat: pb.Chat, plan: ToolPlan, formats: ChatFormats) -> tuple[
                     m.tool_call_id, m.reasoning)
         for m in chat.messages
     ]
-    thinking = {pb.REASONING_MODE_ON: True, pb.REASONING_MODE_OFF: False}.get(plan.reasoning_mode)
+    thinking = None if plan.reasoning_mode == pb.REASONING_MODE_UNSPECIFIED else plan.reasoning_mode == pb.REASONING_MODE_ON
     if formats.tools is None or (not plan.tools and not any(m.tool_calls for m in messages)):
         return messages, ChatContext(enable_thinking=thinking)
     shown = plan.template_tools() if plan.calls_parsed else ()

@@ -24,8 +24,8 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from backend import Engine, EngineConfig, build_engine
 from service import auth
-from service.chat_tools import ChatFormats
 from service.boundary import ErrorBoundary
+from service.chat_tools import ChatFormats
 from service.config import ServeConfig
 from service.generation import GenerationServicer
 from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, Lifecycle

@@ -125,6 +125,10 @@ def bad(stub, chat: pb.Chat, **fields) -> dict[str, str]:
 USER = pb.ChatMessage(role="user", content="hi")
 
 
+def calling(name: str, arguments: str) -> pb.ChatMessage:
+    return pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(id="c1", name=name, arguments=arguments)])
+
+
 @pytest.mark.parametrize(
     ("chat", "field"),
     [
@@ -134,10 +138,8 @@ USER = pb.ChatMessage(role="user", content="hi")
         (pb.Chat(messages=[USER], tools=[pb.Tool(name="t", parameters="[" * 200 + "]" * 200)]), "chat.tools[0].parameters"),
         (pb.Chat(messages=[USER], tools=TOOLS, tool_choice=pb.ToolChoice(name="nope")), "chat.tool_choice.name"),
         (pb.Chat(messages=[USER], tool_choice=pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED)), "chat.tool_choice"),
-        (pb.Chat(messages=[USER, pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(id="c1", name="rm", arguments="{}")])],
-                 tools=TOOLS), "chat.messages[1].tool_calls[0].name"),
-        (pb.Chat(messages=[USER, pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(id="c1", name="add", arguments="[1]")])],
-                 tools=TOOLS), "chat.messages[1].tool_calls[0].arguments"),
+        (pb.Chat(messages=[USER, calling("rm", "{}")], tools=TOOLS), "chat.messages[1].tool_calls[0].name"),
+        (pb.Chat(messages=[USER, calling("add", "[1]")], tools=TOOLS), "chat.messages[1].tool_calls[0].arguments"),
         (pb.Chat(messages=[USER, pb.ChatMessage(role="tool", tool_call_id="c9", content="42")], tools=TOOLS),
          "chat.messages[1].tool_call_id"),
         (pb.Chat(messages=[USER], reasoning=pb.Reasoning(mode=pb.REASONING_MODE_OFF, budget_tokens=5)),

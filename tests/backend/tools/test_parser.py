@@ -86,7 +86,8 @@ def test_reasoning_opened_by_the_prompt_ends_at_the_end_marker() -> None:
 
 
 def test_unfinished_reasoning_stays_reasoning() -> None:
-    assert parse(None, ["<think>still thinking</thi"]) == {"text": "", "reasoning": "still thinking</thi", "calls": [], "streamed": []}
+    result = parse(None, ["<think>still thinking</thi"])
+    assert result == {"text": "", "reasoning": "still thinking</thi", "calls": [], "streamed": []}
 
 
 @pytest.mark.parametrize(
