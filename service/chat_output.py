@@ -65,6 +65,8 @@ class ChatOutput:
             if not self._caller_constraint:  # the grammar was the server's own (tools, reasoning), not the caller's
                 finish.ClearField("constraint_satisfied")
                 finish.constraint_message = ""
+                if finish.reason == pb.FINISH_REASON_CONSTRAINT_COMPLETE:
+                    finish.reason = pb.FINISH_REASON_EOS_TOKEN  # the answer ended; there was no constraint to complete
             if self._parser.calls and finish.reason in _ENDED:
                 finish.reason = pb.FINISH_REASON_TOOL_CALLS
 
