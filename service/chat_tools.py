@@ -100,9 +100,22 @@ def check_chat(chat: pb.Chat, formats: ChatFormats, max_schema_chars: int, viola
     return ToolPlan(tuple(tools), tuple(descriptions), choice, named, parallel, mode, budget)
 
 
+def chat_bytes(chat: pb.Chat) -> int:
+    """A chat's text as UTF-8: its messages, and the tools, calls and reasoning rendered with them."""
+    size = 0
+    for m in chat.messages:
+        size += len(m.content.encode()) + len(m.role.encode()) + len(m.reasoning.encode())
+        size += sum(len(c.name.encode()) + len(c.arguments.encode()) for c in m.tool_calls)
+    return size + sum(len(t.name.encode()) + len(t.description.encode()) + len(t.parameters.encode()) for t in chat.tools)
+
+
 def _tools(chat: pb.Chat, max_schema_chars: int, violations: list[FieldViolation]) -> tuple[list[ToolSchema], list[str]]:
     if len(chat.tools) > MAX_TOOLS:
         violations.append(FieldViolation("chat.tools", f"{len(chat.tools)} tools; at most {MAX_TOOLS}"))
+        return [], []
+    total = sum(len(tool.parameters) for tool in chat.tools)
+    if total > max_schema_chars:  # together they become one grammar
+        violations.append(FieldViolation("chat.tools", f"{total} characters of schemas; at most {max_schema_chars} together"))
         return [], []
     tools, descriptions, seen = [], [], set()
     for i, tool in enumerate(chat.tools):

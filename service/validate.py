@@ -28,7 +28,7 @@ from backend import (
     XtcParams,
 )
 from backend.constraints import ConstraintSpec
-from service.chat_tools import ChatFormats, ToolPlan, check_chat
+from service.chat_tools import ChatFormats, ToolPlan, chat_bytes, check_chat
 from service.errors import FieldViolation, invalid_argument, not_found_model, unimplemented
 from service.fields import RangeChecker, checked, listed_strings, printable_ascii
 from tokenspout.v1 import generation_pb2 as pb
@@ -387,7 +387,7 @@ def _sample_seeds(request: pb.GenerateStreamRequest, sampling: SamplingParams) -
 def input_bytes(request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> int:
     """The size of what a request asks to tokenize, as UTF-8 (what the wire carried)."""
     if request.WhichOneof("input") == "chat":
-        return sum(len(m.content.encode()) + len(m.role.encode()) for m in request.chat.messages)
+        return chat_bytes(request.chat)
     if isinstance(request, pb.TokenizeRequest):
         return len(request.text.encode()) + sum(len(text.encode()) for text in request.texts)
     if request.WhichOneof("input") == "prompt_token_ids":
