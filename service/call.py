@@ -275,7 +275,15 @@ class GenerationCall:
                     where = f"chat.tools[{i}].parameters"
                     raise invalid_argument([FieldViolation(where, f"cannot be enforced: {exc}")]) from None
         builder = GrammarBuilder(lambda marker: False)  # markers are spelled as text (see docs/api.md)
-        return grammar_spec(plan, formats, params.constraint, prompt.reasoning_opened, builder)
+        spec = grammar_spec(plan, formats, params.constraint, prompt.reasoning_opened, builder)
+        if spec is not None and spec.kind == COMPOSED:
+            if params.constraint is not None:  # its own problems name its own field
+                await self._calls.compiles.compile(params.constraint)
+            try:
+                await self._calls.compiles.compile(spec)
+            except ConstraintError as exc:
+                raise invalid_argument([FieldViolation("chat", f"the grammar of its tools and reasoning: {exc}")]) from None
+        return spec
 
     def _chat_output_factory(self) -> Callable[[], ChatOutput] | None:
         """Makes each sample's output parser, for a chat whose output holds reasoning or tool calls."""

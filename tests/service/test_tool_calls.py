@@ -159,3 +159,9 @@ def test_a_schema_llguidance_cannot_enforce_names_the_tool(stub) -> None:
 def test_a_constraint_cannot_be_combined_with_tool_calls(stub) -> None:
     chat = pb.Chat(messages=[USER], tools=TOOLS)
     assert "constraint" in bad(stub, chat, constraint=pb.Constraint(json_object=True))
+
+
+def test_a_bad_constraint_with_reasoning_on_names_the_constraint(stub) -> None:
+    chat = pb.Chat(messages=[USER], reasoning=pb.Reasoning(mode=pb.REASONING_MODE_ON))
+    fields = bad(stub, chat, constraint=pb.Constraint(json_schema=json.dumps({"type": "string", "pattern": "(?<=x)a"})))
+    assert "constraint.json_schema" in fields
