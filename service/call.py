@@ -41,7 +41,7 @@ from backend import (
     TokenEvent,
 )
 from backend.constraints import ConstraintError, ConstraintSpec, json_output_problem
-from backend.tools.grammar import GrammarBuilder
+from backend.tools import GrammarBuilder
 from service import auth, convert
 from service.callers import Callers
 from service.chat_output import ChatOutput, wants_parsing

@@ -15,10 +15,19 @@ import re
 from dataclasses import dataclass
 
 from backend import ChatContext, ChatMessage, ModelInfo
-from backend.constraints import ConstraintSpec
-from backend.constraints.compiler import MAX_JSON_DEPTH, json_depth, to_grammar
-from backend.tools import FALLBACK_FORMAT, FORMATS, REASONING_FORMATS, THINK, ReasoningFormat, ToolCall, ToolFormat
-from backend.tools.grammar import GrammarBuilder, ReasoningRule, ToolSchema
+from backend.constraints import MAX_JSON_DEPTH, ConstraintSpec, json_depth, to_grammar
+from backend.tools import (
+    FALLBACK_FORMAT,
+    FORMATS,
+    REASONING_FORMATS,
+    THINK,
+    GrammarBuilder,
+    ReasoningFormat,
+    ReasoningRule,
+    ToolCall,
+    ToolFormat,
+    ToolSchema,
+)
 from service.errors import FieldViolation
 from service.fields import printable_ascii
 from tokenspout.v1 import generation_pb2 as pb

@@ -11,6 +11,7 @@ from backend.tools.formats import (
     detect_format,
     detect_reasoning,
 )
+from backend.tools.grammar import GrammarBuilder, ReasoningRule, ToolSchema
 from backend.tools.parser import CallDelta, OutputParser, Parsed, ToolCall, new_call_id
 
 __all__ = [
@@ -19,12 +20,15 @@ __all__ = [
     "detect_reasoning",
     "FALLBACK_FORMAT",
     "FORMATS",
+    "GrammarBuilder",
     "new_call_id",
     "OutputParser",
     "Parsed",
     "REASONING_FORMATS",
     "ReasoningFormat",
+    "ReasoningRule",
     "THINK",
     "ToolCall",
     "ToolFormat",
+    "ToolSchema",
 ]
