@@ -36,8 +36,8 @@ from backend.exllamav2.settings import (
     token_bias_values,
 )
 from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
-from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
 from backend.tools import detect_format, detect_reasoning
+from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
 from backend.worker import EngineWorker, WorkerEngine
 
 log = logging.getLogger(__name__)

@@ -10,6 +10,7 @@ from backend.constraints import ConstraintCompiler
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
+from backend.tools import ReasoningFormat, ToolFormat, detect_format, detect_reasoning
 from backend.types import (
     ALL_REQUEST_FEATURES,
     CONSTRAINT_KINDS,
@@ -19,7 +20,6 @@ from backend.types import (
     SpeculationMode,
     SpeculationParams,
 )
-from backend.tools import ReasoningFormat, ToolFormat, detect_format, detect_reasoning
 from backend.worker import EngineWorker, WorkerEngine
 
 

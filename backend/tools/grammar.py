@@ -95,7 +95,7 @@ class GrammarBuilder:
         if forced:
             if fmt.array:
                 return f"answer: {start} {body}"
-            repeat = f' ("\\n" call)*' if parallel else ""
+            repeat = ' ("\\n" call)*' if parallel else ""
             return f"answer: call{repeat}\ncall: {start} {body}"
         rules = [f"TAIL: {_FREE_TEXT}"]
         if self._is_special(fmt.start):  # a special token never occurs in free text: no lazy lexeme needed
