@@ -13,7 +13,7 @@ from typing import Protocol
 
 from backend.common.stats import EngineStats
 from backend.constraints import ConstraintCompiler
-from backend.types import ChatMessage, Event, GenerationRequest, ModelInfo
+from backend.types import ChatContext, ChatMessage, Event, GenerationRequest, ModelInfo
 
 EventSink = Callable[[Event], None]
 """Receives one request's events on the engine thread; must not block."""
@@ -50,9 +50,11 @@ class Engine(Protocol):
         ...
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
     ) -> list[int]:
-        """Renders messages with the model's chat template and tokenizes them. Raises ValueError.
+        """Renders messages (and `context`: tools, enable_thinking) with the model's chat template and tokenizes
+        them. Raises ValueError.
 
         Only the template's markup holds special tokens; special-token text in message content is
         plain text unless `special_tokens_in_content` (unsafe: callers could forge turns).

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from backend.constraints import CompiledConstraint
+from backend.tools import ToolCall
 
 
 class FinishReason(enum.Enum):
@@ -229,6 +230,22 @@ class GenerationRequest:
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    """An assistant's calls in this turn."""
+    tool_call_id: str = ""
+    """A "tool" message: the call it answers."""
+    reasoning: str = ""
+    """An assistant's reasoning, for templates that render it (as reasoning_content)."""
+
+
+@dataclass(frozen=True)
+class ChatContext:
+    """What a chat template is given besides the messages (Hugging Face's names)."""
+
+    tools: tuple[dict[str, object], ...] | None = None
+    """Function tools as templates take them: {"type": "function", "function": {name, description, parameters}}."""
+    enable_thinking: bool | None = None
+    """None: the template's default."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +269,10 @@ class ModelInfo:
     request_features: tuple[str, ...] = ("prompt_token_ids", "truncate_input_tokens")
     """The request options it serves, by field name (the service does these two for every engine; "n" and
     "output.prompt_logprobs" are an engine's own)."""
+    template_tool_format: str = ""
+    """The tool-call format its chat template renders (backend.tools.detect_format), "" when it renders no tools."""
+    template_reasoning_format: str = ""
+    """The reasoning markup its chat template knows ("think"), or ""."""
     attention_provider: str = ""
     """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
     attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""

@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -35,11 +36,16 @@ from backend import (
     FinishReason,
     GenerationRequest,
     Scheduling,
+    SpeculationMode,
+    SpeculationParams,
     TokenEvent,
 )
-from backend.constraints import ConstraintSpec, json_output_problem
+from backend.constraints import ConstraintError, ConstraintSpec, json_output_problem
+from backend.tools import GrammarBuilder
 from service import auth, convert
 from service.callers import Callers
+from service.chat_output import ChatOutput, wants_parsing
+from service.chat_tools import COMPOSED, ToolPlan, grammar_spec
 from service.compiles import CompileGate
 from service.config import ServeConfig
 from service.errors import (
@@ -49,6 +55,7 @@ from service.errors import (
     already_exists,
     deadline_exceeded,
     from_engine,
+    invalid_argument,
     unimplemented,
 )
 from service.lifecycle import Lifecycle
@@ -158,6 +165,8 @@ class GenerationCall:
         self._trace: RequestTrace | None = None
         self._ended = False
         """The engine ended the request: every sample finished, or it failed."""
+        self._plan = ToolPlan()
+        self._reasoning_opened = False
 
     @property
     def generation(self) -> GenerationRequest:
@@ -195,9 +204,11 @@ class GenerationCall:
             if isinstance(header, str):  # always: gRPC gives bytes only for a -bin header
                 request.request_id = header[: self._calls.validator.limits.max_request_id_length]
         params, prompt, arrival_time = await off_loop_if_large(self._prepare, request)
+        self._plan = params.tool_plan
         self.request_id = params.request_id
         CURRENT_REQUEST_ID.set(params.request_id)
-        constraint = None if params.constraint is None else await self._calls.compiles.compile(params.constraint)
+        spec = await self._chat_constraint(params, prompt)
+        constraint = None if spec is None else await self._calls.compiles.compile(spec)
         self._generation = GenerationRequest(
             request_id=self._calls.engine_id(params.request_id),  # claimed in run(), with no await between
             prompt_token_ids=prompt.token_ids,
@@ -205,7 +216,7 @@ class GenerationCall:
             stopping=params.stopping,
             output=params.output,
             constraint=constraint,
-            speculation=params.speculation,
+            speculation=_speculation(params.speculation, spec),
             arrival_time=arrival_time,
             deadline=self._deadline(),
             last_message_start=prompt.last_message_start,
@@ -222,7 +233,7 @@ class GenerationCall:
         stream = self._submit()
         try:
             with self._calls.lifecycle.interruptible(stream.interrupt):
-                samples = _Samples(self.generation, self.request_id)
+                samples = _Samples(self.generation, self.request_id, self._chat_output_factory())
                 pacing = self._pacing()
                 while not samples.done:
                     batch = await stream.next_batch(*pacing)
@@ -252,8 +263,41 @@ class GenerationCall:
         """The checks and the prompt (on a worker thread when the input is large), and when they were done:
         the request's arrival, from which its queue time counts."""
         params = self._calls.validator.params(request)
-        prompt = self._calls.prompts.prompt(request, params.stopping.max_new_tokens)
+        prompt = self._calls.prompts.prompt(request, params.stopping.max_new_tokens, params.tool_plan)
+        self._reasoning_opened = prompt.reasoning_opened
         return params, prompt, time.monotonic()
+
+    async def _chat_constraint(self, params: RequestParams, prompt: Prompt) -> ConstraintSpec | None:
+        """The caller's constraint, or the grammar of a chat's tools and reasoning (service.chat_tools) with
+        each tool's schema compiled first, so one llguidance cannot enforce is named."""
+        plan, formats = params.tool_plan, self._calls.validator.formats
+        for i, tool in enumerate(plan.tools if plan.calls_parsed else ()):
+            if isinstance(tool.parameters, dict):
+                schema = ConstraintSpec("json_schema", json.dumps(tool.parameters))
+                try:
+                    await self._calls.compiles.compile(schema)
+                except ConstraintError as exc:
+                    where = f"chat.tools[{i}].parameters"
+                    raise invalid_argument([FieldViolation(where, f"cannot be enforced: {exc}")]) from None
+        builder = GrammarBuilder(lambda marker: False)  # markers are spelled as text (see docs/api.md)
+        spec = grammar_spec(plan, formats, params.constraint, prompt.reasoning_opened, builder)
+        if spec is not None and spec.kind == COMPOSED:
+            if params.constraint is not None:  # its own problems name its own field
+                await self._calls.compiles.compile(params.constraint)
+            try:
+                await self._calls.compiles.compile(spec)
+            except ConstraintError as exc:
+                raise invalid_argument([FieldViolation("chat", f"the grammar of its tools and reasoning: {exc}")]) from None
+        return spec
+
+    def _chat_output_factory(self) -> Callable[[], ChatOutput] | None:
+        """Makes each sample's output parser, for a chat whose output holds reasoning or tool calls."""
+        plan, formats = self._plan, self._calls.validator.formats
+        if not wants_parsing(formats, plan, self._request.HasField("chat")):
+            return None
+        opened = self._reasoning_opened and plan.reasoning_mode != pb.REASONING_MODE_OFF
+        caller_constraint = self._request.HasField("constraint")
+        return lambda: ChatOutput(formats, plan, opened, caller_constraint)
 
     def _deadline(self) -> float | None:
         """The caller's gRPC deadline on the engine's clock: a request still queued then never starts."""
@@ -319,8 +363,12 @@ class _Samples:
     """A call's samples as their messages go out: which have sent their first (it carries the input's counts),
     how each finished, and with a non-strict JSON constraint, the text to check once it ends."""
 
-    def __init__(self, generation: GenerationRequest, request_id: str) -> None:
+    def __init__(
+        self, generation: GenerationRequest, request_id: str, chat_output: Callable[[], ChatOutput] | None = None,
+    ) -> None:
         self._generation = generation
+        self._chat_output = chat_output
+        self._outputs: dict[int, ChatOutput] = {}
         self._request_id = request_id
         self.n = generation.n
         self._started: set[int] = set()
@@ -344,6 +392,8 @@ class _Samples:
             message.index = index
         if first:
             message.truncated_input_tokens = generation.truncated_tokens
+        if self._chat_output is not None:
+            self._outputs.setdefault(index, self._chat_output()).rewrite(message, events)
         finish = events[-1].finish
         if finish is not None:
             self.finishes[index] = finish
@@ -389,3 +439,10 @@ def _ids(request_id: str) -> dict[str, str]:
     span_context = trace.get_current_span().get_span_context()
     trace_id = format(span_context.trace_id, "032x") if span_context.is_valid else ""
     return {"request_id": request_id, "trace_id": trace_id, "caller": auth.caller()}
+
+
+def _speculation(asked: SpeculationParams, spec: ConstraintSpec | None) -> SpeculationParams:
+    """A reasoning grammar's stop and budget lexemes cannot be rolled back, which checking proposals needs."""
+    if spec is not None and spec.kind == COMPOSED and "thought[" in str(spec.value):
+        return SpeculationParams(SpeculationMode.OFF, asked.max_draft_tokens)
+    return asked

@@ -41,6 +41,24 @@ class LogFormat(enum.StrEnum):
     """One object per line, with request_id, trace_id and caller."""
 
 
+class ToolCallFormat(enum.StrEnum):
+    """How the model writes tool calls (backend.tools.formats); auto: from its chat template."""
+
+    AUTO = "auto"
+    HERMES = "hermes"
+    LLAMA3_JSON = "llama3_json"
+    MISTRAL = "mistral"
+    NONE = "none"
+
+
+class ReasoningFormatSetting(enum.StrEnum):
+    """The reasoning markup parsed out of output; auto: the template's, else <think>."""
+
+    AUTO = "auto"
+    THINK = "think"
+    NONE = "none"
+
+
 class LogLevel(enum.StrEnum):
     DEBUG = "DEBUG"
     INFO = "INFO"
@@ -90,6 +108,10 @@ class ServeConfig:
     """With API keys configured, reflection also needs a key (health stays open)."""
     special_tokens_in_chat_content: bool = False
     """Opt-in, unsafe: special-token text inside chat messages becomes real special tokens."""
+    tool_call_format: ToolCallFormat = ToolCallFormat.AUTO
+    """The tool-call markup parsed and enforced: auto takes the template's (hermes for the fallback prompt)."""
+    reasoning_format: ReasoningFormatSetting = ReasoningFormatSetting.AUTO
+    """The reasoning markup parsed out of text and enforced: auto is the template's, else think."""
     log_level: LogLevel = LogLevel.INFO
     log_format: LogFormat = LogFormat.TEXT
     trace_content: bool = False

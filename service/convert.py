@@ -15,6 +15,7 @@ from backend import (
     SpeculationParams,
     TokenEvent,
 )
+from service.chat_tools import ChatFormats
 from service.validate import Limits
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -116,8 +117,11 @@ def speculation_pb(params: SpeculationParams) -> pb.Speculation:
     return pb.Speculation(mode=SPECULATION_MODES[params.mode], max_draft_tokens=params.max_draft_tokens)
 
 
-def model_info(info: ModelInfo, limits: Limits) -> pb.GetModelInfoResponse:
+def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats | None = None) -> pb.GetModelInfoResponse:
     return pb.GetModelInfoResponse(
+        tool_call_format=formats.tools.name if formats and formats.tools else "",
+        template_renders_tools=bool(formats and formats.template_renders_tools),
+        reasoning_format=formats.reasoning.name if formats and formats.reasoning else "",
         model_id=info.model_id,
         engine=info.engine,
         context_length=info.context_length,
@@ -160,10 +164,13 @@ def unary_response(messages: list[pb.GenerateStreamResponse]) -> pb.GenerateResp
         sample = by_sample[index]
         last = sample[-1]
         result = pb.Sample(index=index, text="".join(m.text for m in sample), generated_tokens=last.generated_tokens,
-                           finish=last.finish)
+                           finish=last.finish, reasoning="".join(m.reasoning for m in sample))
         result.tokens.extend(token for m in sample for token in m.tokens)
+        result.tool_calls.extend(call for m in sample for call in m.tool_calls)
         if index == 0:
             response.text, response.generated_tokens = result.text, result.generated_tokens
+            response.reasoning = result.reasoning
+            response.tool_calls.extend(result.tool_calls)
             response.tokens.extend(result.tokens)
             response.finish.CopyFrom(result.finish)
         if len(by_sample) > 1:

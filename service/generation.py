@@ -45,7 +45,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self._validator = validator
         self._config = config
         self._lifecycle = lifecycle
-        self._prompts = PromptBuilder(engine, validator.limits.max_input_bytes, config.special_tokens_in_chat_content)
+        self._prompts = PromptBuilder(engine, validator.limits.max_input_bytes, config.special_tokens_in_chat_content,
+                                      validator.formats)
         self._compiles = CompileGate(
             engine.constraints, config.compile_threads, config.max_concurrent_compiles, config.compile_timeout_s
         )
@@ -138,7 +139,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.GetModelInfoResponse:
         self._validator.check_model(request.model)
-        return convert.model_info(self._engine.info, self._validator.limits)
+        return convert.model_info(self._engine.info, self._validator.limits, self._validator.formats)
 
     async def CompileConstraint(
         self, request: pb.CompileConstraintRequest, context: Context

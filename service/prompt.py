@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from backend import ChatMessage, ChatTemplateError, Engine, common_prefix
+from backend import ChatContext, ChatMessage, ChatTemplateError, Engine, common_prefix
+from service.chat_tools import ChatFormats, ToolPlan, chat_messages, check_chat, reasoning_opened
 from service.errors import FieldViolation, invalid_argument, out_of_range
 from service.truncation import truncated_chat
 from service.validate import input_bytes
@@ -34,15 +35,21 @@ class Prompt:
     """Where a chat's last message begins in token_ids (0: not known; see GenerationRequest)."""
     truncated_tokens: int = 0
     """How many tokens truncate_input_tokens dropped."""
+    reasoning_opened: bool = False
+    """The chat's rendering ends inside a reasoning block (its template opened it)."""
 
 
 class PromptBuilder:
-    def __init__(self, engine: Engine, max_input_bytes: int, special_tokens_in_chat_content: bool = False) -> None:
+    def __init__(
+        self, engine: Engine, max_input_bytes: int, special_tokens_in_chat_content: bool = False,
+        formats: ChatFormats | None = None,
+    ) -> None:
         self._engine = engine
+        self._formats = formats or ChatFormats.resolve(engine.info, "auto", "auto")
         self._max_input_bytes = max_input_bytes
         self._special_tokens_in_chat_content = special_tokens_in_chat_content
 
-    def prompt(self, request: pb.GenerateStreamRequest, max_new_tokens: int) -> Prompt:
+    def prompt(self, request: pb.GenerateStreamRequest, max_new_tokens: int, plan: ToolPlan = ToolPlan()) -> Prompt:
         """The tokens of a checked request's input, truncated as it asks.
 
         Raises INVALID_ARGUMENT (too large, or nothing to generate from) or OUT_OF_RANGE (no room left
@@ -55,19 +62,26 @@ class PromptBuilder:
             raise invalid_argument([FieldViolation(field_name, f"{size} bytes; at most {self._max_input_bytes}")])
         keep = request.truncate_input_tokens
         if field_name == "chat":
-            messages, tokens, truncated = self._chat(request.chat, keep)
+            messages, context, tokens, truncated = self._chat(request.chat, keep, plan)
         else:
-            messages = []
+            messages, context = [], ChatContext()
             tokens, truncated = _last(self._text_tokens(request), keep)
         self._check_fits(tokens, field_name)
         problem = self._engine.budget_problem(len(tokens), max_new_tokens)
         if problem:
             raise out_of_range("stopping.max_new_tokens", problem)
-        return Prompt(tuple(tokens), self._last_message_start(messages, tokens), truncated)
+        tail = b"".join(self._engine.token_piece(t) for t in tokens[-4:])
+        opened = field_name == "chat" and reasoning_opened(self._formats, tail)
+        return Prompt(tuple(tokens), self._last_message_start(messages, tokens, context), truncated, opened)
 
     def chat_tokens(self, chat: pb.Chat) -> list[int]:
-        """A chat's tokens as the template renders it, whole (Tokenize)."""
-        return self._renderer(chat)(_messages(chat))
+        """A chat's tokens as the template renders it, whole, tools included (Tokenize)."""
+        violations: list[FieldViolation] = []
+        plan = check_chat(chat, self._formats, 1 << 20, violations)
+        if violations:
+            raise invalid_argument(violations)
+        messages, context = chat_messages(chat, plan, self._formats)
+        return self._renderer(chat, context)(messages)
 
     def tokenize_texts(self, request: pb.TokenizeRequest) -> list[tuple[bytes, list[int]]]:
         """Each text of a checked Tokenize call (`texts`, else its one text) as UTF-8 with its tokens."""
@@ -83,20 +97,20 @@ class PromptBuilder:
             return list(request.prompt_token_ids.ids)  # as given: the caller decides on BOS
         return self._engine.tokenize(request.prompt, add_special=True)
 
-    def _chat(self, chat: pb.Chat, keep: int) -> tuple[list[ChatMessage], list[int], int]:
+    def _chat(self, chat: pb.Chat, keep: int, plan: ToolPlan) -> tuple[list[ChatMessage], ChatContext, list[int], int]:
         """The messages kept, their tokens, and how many tokens dropping the others saved (see service.truncation)."""
-        messages = _messages(chat)
-        render = self._renderer(chat)
+        messages, context = chat_messages(chat, plan, self._formats)
+        render = self._renderer(chat, context)
         tokens = render(messages)
         if not keep or len(tokens) <= keep:
-            return messages, tokens, 0
+            return messages, context, tokens, 0
         kept, kept_tokens = truncated_chat(messages, tokens, keep, render)
-        return kept, kept_tokens, len(tokens) - len(kept_tokens)
+        return kept, context, kept_tokens, len(tokens) - len(kept_tokens)
 
-    def _renderer(self, chat: pb.Chat) -> Render:
+    def _renderer(self, chat: pb.Chat, context: ChatContext) -> Render:
         """Renders messages as this chat asks; the template refusing them is the caller's input (ChatTemplateError)."""
         add_prompt = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
-        return lambda kept: self._engine.render_chat(kept, add_prompt, self._special_tokens_in_chat_content)
+        return lambda kept: self._engine.render_chat(kept, add_prompt, self._special_tokens_in_chat_content, context)
 
     def _check_fits(self, tokens: list[int], field_name: str) -> None:
         if not tokens:
@@ -105,13 +119,13 @@ class PromptBuilder:
         if len(tokens) >= limit:
             raise out_of_range(field_name, f"{len(tokens)} prompt tokens leave no room in the {limit}-token context")
 
-    def _last_message_start(self, messages: list[ChatMessage], prompt: list[int]) -> int:
+    def _last_message_start(self, messages: list[ChatMessage], prompt: list[int], context: ChatContext) -> int:
         """Where a chat's last message begins in its tokens: the history before it renders to their prefix."""
         if len(messages) < 2:
             return 0
         history = messages[:-1]
         try:
-            before = self._engine.render_chat(history, False, self._special_tokens_in_chat_content)
+            before = self._engine.render_chat(history, False, self._special_tokens_in_chat_content, context)
         except ChatTemplateError:  # a template may refuse a history on its own (e.g. ending with the system)
             return 0
         return common_prefix(before, prompt)
@@ -122,10 +136,6 @@ async def off_loop_if_large(work: Callable[[Request], T], request: Request) -> T
     if input_bytes(request) > _INLINE_TOKENIZE_BYTES:
         return await asyncio.to_thread(work, request)
     return work(request)
-
-
-def _messages(chat: pb.Chat) -> list[ChatMessage]:
-    return [ChatMessage(m.role, m.content) for m in chat.messages]
 
 
 def _last(tokens: list[int], keep: int) -> tuple[list[int], int]:

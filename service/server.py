@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from backend import Engine, EngineConfig, build_engine
 from service import auth
 from service.boundary import ErrorBoundary
+from service.chat_tools import ChatFormats
 from service.config import ServeConfig
 from service.generation import GenerationServicer
 from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, Lifecycle
@@ -153,6 +154,7 @@ class TokenspoutServer:
             engine.info,
             Limits(max_input_bytes=self.config.max_input_bytes),
             model_names=(model,) if model != "default" else (),
+            formats=ChatFormats.resolve(engine.info, self.config.tool_call_format, self.config.reasoning_format),
         )
         self.servicer = GenerationServicer(engine, validator, self.config, self.lifecycle, self.telemetry)
         # protoc's gRPC plugin writes no annotations (the .pyi beside it covers the messages only).

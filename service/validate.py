@@ -28,6 +28,7 @@ from backend import (
     XtcParams,
 )
 from backend.constraints import ConstraintSpec
+from service.chat_tools import ChatFormats, ToolPlan, chat_bytes, check_chat
 from service.errors import FieldViolation, invalid_argument, not_found_model, unimplemented
 from service.fields import RangeChecker, checked, listed_strings, printable_ascii
 from tokenspout.v1 import generation_pb2 as pb
@@ -74,12 +75,18 @@ class RequestParams:
     sample_seeds: tuple[int, ...]
     prompt_logprobs: int
     queue_timeout_s: float | None
+    tool_plan: ToolPlan = ToolPlan()
+    """A chat's tools, choice and reasoning (nothing for other inputs)."""
 
 
 class RequestValidator:
-    def __init__(self, info: ModelInfo, limits: Limits = Limits(), model_names: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, info: ModelInfo, limits: Limits = Limits(), model_names: tuple[str, ...] = (),
+        formats: ChatFormats | None = None,
+    ) -> None:
         self._info = info
         self.limits = limits
+        self.formats = formats or ChatFormats.resolve(info, "auto", "auto")
         self._model_names = {"", "default", info.model_id, *model_names}
 
     def check_model(self, model: str) -> None:
@@ -114,6 +121,9 @@ class RequestValidator:
         output = self._output(request.output, violations)
         speculation = self._speculation(request.speculation, violations)
         violations.extend(self._input_violations(request))
+        plan = self.tool_plan(request.chat, violations) if request.HasField("chat") else ToolPlan()
+        if plan.calls_parsed and constraint is not None:
+            violations.append(FieldViolation("constraint", "cannot be combined with tool calls (set chat.tool_choice to none)"))
         if constraint is not None:
             for name in ("banned_strings", "token_healing"):
                 if getattr(sampling, name):
@@ -134,7 +144,12 @@ class RequestValidator:
             sample_seeds=_sample_seeds(request, sampling) if request.n > 1 else (),
             prompt_logprobs=request.output.prompt_top_logprobs if _wants_prompt_logprobs(request) else -1,
             queue_timeout_s=request.queue_timeout_ms / 1000 if request.queue_timeout_ms else None,
+            tool_plan=plan,
         )
+
+    def tool_plan(self, chat: pb.Chat, violations: list[FieldViolation]) -> ToolPlan:
+        """A chat's tools, tool choice, history and reasoning, checked (see service.chat_tools)."""
+        return check_chat(chat, self.formats, self.limits.max_constraint_chars, violations)
 
     def constraint_spec(self, c: pb.Constraint, violations: list[FieldViolation]) -> ConstraintSpec | None:
         """The neutral form of a constraint; shape problems are added to `violations`."""
@@ -372,7 +387,7 @@ def _sample_seeds(request: pb.GenerateStreamRequest, sampling: SamplingParams) -
 def input_bytes(request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> int:
     """The size of what a request asks to tokenize, as UTF-8 (what the wire carried)."""
     if request.WhichOneof("input") == "chat":
-        return sum(len(m.content.encode()) + len(m.role.encode()) for m in request.chat.messages)
+        return chat_bytes(request.chat)
     if isinstance(request, pb.TokenizeRequest):
         return len(request.text.encode()) + sum(len(text.encode()) for text in request.texts)
     if request.WhichOneof("input") == "prompt_token_ids":

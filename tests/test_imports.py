@@ -13,6 +13,7 @@ import pytest
 
 import backend
 import backend.constraints
+import backend.tools
 from tests.harness.servers import ROOT
 
 PACKAGES = ("backend", "service")
@@ -91,7 +92,7 @@ def test_a_circle_would_be_found():
 
 # -- the engine contract ---------------------------------------------------------------------------------------
 
-CONTRACT = {"backend": backend, "backend.constraints": backend.constraints}
+CONTRACT = {"backend": backend, "backend.constraints": backend.constraints, "backend.tools": backend.tools}
 """The only backend modules service/ may import from, and only the names in their __all__."""
 
 
@@ -130,7 +131,7 @@ def reaches_inside(path: pathlib.Path) -> list[str]:
 
 
 def test_service_imports_the_contract_only():
-    """service/ sees backend through `backend` and `backend.constraints` (their __all__), never the
+    """service/ sees backend through `backend`, `backend.constraints` and `backend.tools` (their __all__), never the
     engines, the shared parts behind them, or a module's own names."""
     assert [problem for path in sorted((ROOT / "service").rglob("*.py")) for problem in reaches_inside(path)] == []
 

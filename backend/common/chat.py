@@ -14,6 +14,7 @@ those spans only.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import re
@@ -28,7 +29,7 @@ import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from backend.types import ChatMessage
+from backend.types import ChatContext, ChatMessage
 
 NO_TEMPLATE = "this model has no chat template; send a prompt instead"
 
@@ -151,19 +152,21 @@ class ChatTemplate:
         # Templates test `tools is not none` and the like: transformers defines them as None.
         self._context = {"bos_token": bos_token, "eos_token": eos_token, "tools": None, "documents": None}
 
-    def render_marked(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> RenderedChat:
+    def render_marked(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, context: ChatContext = ChatContext()
+    ) -> RenderedChat:
         """The rendered text and where each message's content lies in it.
 
         Renders twice: as is, and with each content between random markers no caller can
         guess. Where the markers sit is the content, provided that removing them gives the
         same text, i.e. the template copied content verbatim.
         """
-        text = self.render(messages, add_generation_prompt)
+        text = self.render(messages, add_generation_prompt, context)
         nonce = secrets.token_hex(8)
         opening, closing = f"\ue000{nonce}<", f">{nonce}\ue000"
-        marked_messages = [ChatMessage(m.role, opening + m.content + closing) for m in messages]
+        marked_messages = [dataclasses.replace(m, content=opening + m.content + closing) for m in messages]
         try:
-            marked = self.render(marked_messages, add_generation_prompt)
+            marked = self.render(marked_messages, add_generation_prompt, context)
         except ChatTemplateError:
             return RenderedChat(text, None)
         first, *rest = marked.split(opening)
@@ -179,10 +182,41 @@ class ChatTemplate:
             return RenderedChat(text, None)
         return RenderedChat(text, tuple(spans))
 
-    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
+    def render(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, context: ChatContext = ChatContext()
+    ) -> str:
         """Raises ChatTemplateError when the template fails (e.g. on a role it refuses)."""
-        turns = [{"role": m.role, "content": m.content} for m in messages]
+        turns = [_turn(m) for m in messages]
+        extra: dict[str, object] = {}
+        if context.tools is not None:
+            extra["tools"] = list(context.tools)
+        if context.enable_thinking is not None:
+            extra["enable_thinking"] = context.enable_thinking
         try:
-            return self._template.render(messages=turns, add_generation_prompt=add_generation_prompt, **self._context)
+            return self._template.render(
+                messages=turns, add_generation_prompt=add_generation_prompt, **{**self._context, **extra}
+            )
         except (jinja2.TemplateError, ValueError, TypeError) as exc:
             raise ChatTemplateError(str(exc) or type(exc).__name__) from None
+
+
+def _turn(message: ChatMessage) -> dict[str, object]:
+    """A message as Hugging Face templates read it (OpenAI's shape for tool calls, arguments as an object)."""
+    turn: dict[str, object] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        turn["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": _arguments(call.arguments)}}
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id:
+        turn["tool_call_id"] = message.tool_call_id
+    if message.reasoning:
+        turn["reasoning_content"] = message.reasoning
+    return turn
+
+
+def _arguments(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:  # checked by the service; a template still gets something to print
+        return text

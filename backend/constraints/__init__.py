@@ -7,11 +7,14 @@ samples, and feeds the sampled token back to the matcher.
 """
 
 from backend.constraints.compiler import (
+    MAX_JSON_DEPTH,
     CompiledConstraint,
     ConstraintCompiler,
     ConstraintError,
     ConstraintLimits,
+    json_depth,
     source_chars,
+    to_grammar,
 )
 from backend.constraints.spec import ConstraintSpec
 from backend.constraints.state import ConstraintState, apply_bitmask
@@ -27,6 +30,9 @@ __all__ = [
     "ConstraintLimits",
     "ConstraintSpec",
     "ConstraintState",
+    "json_depth",
     "json_output_problem",
+    "MAX_JSON_DEPTH",
     "source_chars",
+    "to_grammar",
 ]

@@ -165,6 +165,8 @@ def to_grammar(spec: ConstraintSpec) -> str:
         return llguidance.LLMatcher.grammar_from_regex(pattern)
     if spec.kind == "grammar":
         return llguidance.LLMatcher.grammar_from_lark(source_text(spec))
+    if spec.kind == "composed":  # built by the service from checked parts (tools, reasoning): llguidance's own form
+        return source_text(spec)
     if spec.kind == "choice":
         # Lark string literals take JSON's escapes, so every choice is matched byte for byte.
         alternatives = " | ".join(json.dumps(value, ensure_ascii=False) for value in spec.value)

@@ -36,7 +36,8 @@ from backend.exllamav2.settings import (
     token_bias_values,
 )
 from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
-from backend.types import CONSTRAINT_KINDS, ChatMessage, GenerationRequest, ModelInfo
+from backend.tools import detect_format, detect_reasoning
+from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
 from backend.worker import EngineWorker, WorkerEngine
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class ExLlamaV2Engine(WorkerEngine):
             if isinstance(template, str)
             else None
         )
+        tool_format = detect_format(template) if isinstance(template, str) else None
+        reasoning = detect_reasoning(template) if isinstance(template, str) else None
         add_bos = adds_bos(model_dir, self.tokenizer.bos_token or "")
         self.vocabulary = Vocabulary(tokenizer_json, ll_tokenizer, self.tokenizer.bos_token_id, add_bos, chat)
         self.info = ModelInfo(
@@ -116,6 +119,8 @@ class ExLlamaV2Engine(WorkerEngine):
             bos_token_id=self.tokenizer.bos_token_id,
             eos_token_ids=self.eos_token_ids,
             has_chat_template=chat is not None,
+            template_tool_format=tool_format.name if tool_format else "",
+            template_reasoning_format=reasoning.name if reasoning else "",
             samplers=SUPPORTED_SAMPLERS,
             constraint_kinds=CONSTRAINT_KINDS,
             quantization=weight_format(model_dir),
@@ -179,9 +184,10 @@ class ExLlamaV2Engine(WorkerEngine):
         return self.vocabulary.piece(token_id)
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
     ) -> list[int]:
-        return self.vocabulary.render_chat(messages, add_generation_prompt, special_tokens_in_content)
+        return self.vocabulary.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
         self._worker.close()

@@ -23,7 +23,7 @@ import llguidance
 import tokenizers
 
 from backend.common.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
-from backend.types import ChatMessage
+from backend.types import ChatContext, ChatMessage
 
 
 class Vocabulary:
@@ -65,12 +65,13 @@ class Vocabulary:
         return [self._bos, *ids] if add_special and self._bos is not None else ids
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
     ) -> list[int]:
         if self._chat is None:
             raise ChatTemplateError(NO_TEMPLATE)
         if special_tokens_in_content:  # opted into: any special-token text, the callers' too, is a token
-            whole = RenderedChat(self._chat.render(messages, add_generation_prompt), ())
+            whole = RenderedChat(self._chat.render(messages, add_generation_prompt, context), ())
             return tokenize_chat(whole, (), self.specials, self.encode_plain)
-        chat = self._chat.render_marked(messages, add_generation_prompt)
+        chat = self._chat.render_marked(messages, add_generation_prompt, context)
         return tokenize_chat(chat, messages, self.specials, self.encode_plain)

@@ -10,9 +10,11 @@ from backend.constraints import ConstraintCompiler
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
+from backend.tools import ReasoningFormat, ToolFormat, detect_format, detect_reasoning
 from backend.types import (
     ALL_REQUEST_FEATURES,
     CONSTRAINT_KINDS,
+    ChatContext,
     ChatMessage,
     ModelInfo,
     SpeculationMode,
@@ -40,6 +42,8 @@ class LlamaCppEngine(WorkerEngine):
             speculation_modes=(SpeculationMode.OFF, SpeculationMode.NGRAM),
             default_speculation=SpeculationParams(config.speculation_mode(SpeculationMode.NGRAM), config.max_draft_tokens),
             request_features=ALL_REQUEST_FEATURES,
+            template_tool_format=_name(detect_format(self.model.chat_template or "")),
+            template_reasoning_format=_name(detect_reasoning(self.model.chat_template or "")),
             attention_provider="llama.cpp",  # its own kernels (flash attention where the build has it)
         )
         self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
@@ -55,10 +59,15 @@ class LlamaCppEngine(WorkerEngine):
         return self.model.pieces[token_id]
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
     ) -> list[int]:
-        return self.model.render_chat(messages, add_generation_prompt, special_tokens_in_content)
+        return self.model.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
         self._worker.close()
         self.model.close()
+
+
+def _name(found: ToolFormat | ReasoningFormat | None) -> str:
+    return found.name if found else ""

@@ -18,7 +18,7 @@ import numpy as np
 from backend.common.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, SpecialTokens, tokenize_chat
 from backend.common.models import ModelError
 from backend.constraints import build_tokenizer
-from backend.types import ChatMessage
+from backend.types import ChatContext, ChatMessage
 
 log = logging.getLogger(__name__)
 
@@ -128,15 +128,16 @@ class GgufModel:
         return list(tokens[:n])
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
     ) -> list[int]:
         """Special-token text in message content stays plain text, unless `special_tokens_in_content`."""
         if self._chat is None or self._chat_specials is None:  # both set together, from the template
             raise ChatTemplateError(NO_TEMPLATE)
         if special_tokens_in_content:  # opted into: any special-token text, the callers' too, is a token
-            text = self._chat.render(messages, add_generation_prompt)
+            text = self._chat.render(messages, add_generation_prompt, context)
             return self.tokenize(text, add_special=self._adds_bos(text), parse_special=True)
-        chat = self._chat.render_marked(messages, add_generation_prompt)
+        chat = self._chat.render_marked(messages, add_generation_prompt, context)
         plain = lambda piece: self.tokenize(piece, add_special=False, parse_special=False)  # noqa: E731
         tokens = tokenize_chat(chat, messages, self._chat_specials, plain)
         bos = self.bos_token_id

@@ -33,6 +33,7 @@ from backend.engine import EventSink
 from backend.types import (
     COMMON_SAMPLERS,
     CONSTRAINT_KINDS,
+    ChatContext,
     ChatMessage,
     ErrorEvent,
     ErrorKind,
@@ -84,6 +85,8 @@ class Plan:
     """Fail with `error` after this many tokens."""
     error: ErrorKind = ErrorKind.ENGINE_FAILURE
     message: str = "scripted failure"
+    output: bytes | None = None
+    """Generate these bytes (one token each, repeated) instead of OUTPUT_TEXT; with eos_after, a scripted reply."""
     released: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def holds(self, generated: int) -> bool:
@@ -96,7 +99,7 @@ class FakeSequence:
         self.sink = sink
         self.plan = plan
         self.output = SequenceOutput(request)
-        self.text = output_text(request.prompt_token_ids)
+        self.text = plan.output or output_text(request.prompt_token_ids)
         self.prompt_length = len(request.prompt_token_ids)
         self.paused_since: float | None = None
 
@@ -343,13 +346,14 @@ class FakeEngine(WorkerEngine):
         return ""  # like llama.cpp's: each sequence owns context_length cells
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
     ) -> list[int]:
         plain = lambda text: encode(text.encode())  # noqa: E731
         if special_tokens_in_content:  # every special token's text is that token, the callers' too
-            chat = RenderedChat(self._chat.render(messages, add_generation_prompt), content_spans=())
+            chat = RenderedChat(self._chat.render(messages, add_generation_prompt, context), content_spans=())
             return tokenize_chat(chat, messages, self._specials, plain)
-        return tokenize_chat(self._chat.render_marked(messages, add_generation_prompt), messages, self._specials, plain)
+        return tokenize_chat(self._chat.render_marked(messages, add_generation_prompt, context), messages, self._specials, plain)
 
     def close(self) -> None:
         self._worker.close()

@@ -24,7 +24,18 @@ from tokenspout.errors import (
     UnavailableError,
     UnimplementedError,
 )
-from tokenspout.requests import Constraint, Dry, GenerateOptions, Message, Mirostat, Output, Sampling, Stopping, Xtc
+from tokenspout.requests import (
+    Constraint,
+    Dry,
+    GenerateOptions,
+    Message,
+    Mirostat,
+    Output,
+    Sampling,
+    Stopping,
+    Tool,
+    Xtc,
+)
 from tokenspout.responses import (
     CallerStatus,
     Cancelled,
@@ -39,11 +50,15 @@ from tokenspout.responses import (
     Tokenized,
     TokenizeResult,
     TokenOffsets,
+    ToolCall,
+    ToolCallDelta,
 )
 from tokenspout.retry import RetryPolicy
+from tokenspout.streams import assemble as assemble_tool_calls
 
 __all__ = [
     "AbortedError",
+    "assemble_tool_calls",
     "AsyncClient",
     "AsyncStream",
     "CallerStatus",
@@ -82,6 +97,9 @@ __all__ = [
     "TokenizeResult",
     "Tokenized",
     "TokenspoutError",
+    "Tool",
+    "ToolCall",
+    "ToolCallDelta",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",

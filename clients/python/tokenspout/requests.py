@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from tokenspout.responses import ToolCall
 from tokenspout.v1 import generation_pb2 as pb
 
 JsonSchema = str | Mapping[str, Any] | type
@@ -128,7 +129,30 @@ class Output:
 @dataclass(frozen=True)
 class Message:
     role: str
-    content: str
+    content: str = ""
+    tool_calls: Sequence[ToolCall] = ()
+    """An assistant's calls (as a Generation's tool_calls returned them)."""
+    tool_call_id: str = ""
+    """A "tool" message: the id of the call whose result `content` is."""
+    reasoning: str = ""
+
+    @classmethod
+    def tool_result(cls, call: ToolCall, result: str | object) -> Message:
+        """The "tool" message answering `call`: a string as is, anything else as JSON."""
+        return cls("tool", result if isinstance(result, str) else json.dumps(result), tool_call_id=call.id)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call; `parameters` is its arguments' JSON Schema (a dict, text or pydantic model)."""
+
+    name: str
+    description: str = ""
+    parameters: JsonSchema | None = None
+
+    def to_proto(self) -> pb.Tool:
+        return pb.Tool(name=self.name, description=self.description,
+                       parameters=schema_text(self.parameters) if self.parameters is not None else "")
 
 
 class GenerateOptions(TypedDict, total=False):
@@ -140,6 +164,16 @@ class GenerateOptions(TypedDict, total=False):
 
     messages: Sequence[Message | Mapping[str, str]]
     add_generation_prompt: bool
+    tools: Sequence[Tool]
+    """Functions the model may call (with messages=); calls come back in tool_calls."""
+    tool_choice: str
+    """"auto" (the default with tools), "none", "required", or a tool's name (that tool must be called)."""
+    parallel_tool_calls: bool
+    """Allow several calls in one turn (default true)."""
+    reasoning: str
+    """"on" (think first, in `reasoning`; a constraint applies after it) or "off"; unset: the model's default."""
+    reasoning_budget_tokens: int
+    """Most reasoning tokens; then the end of reasoning is forced."""
     prompt_token_ids: Sequence[int]
     """Token ids as the input, instead of a prompt or messages (no BOS is added)."""
     n: int
@@ -198,10 +232,36 @@ def fill(message: Any, options: Any) -> None:
             setattr(message, f.name, value)
 
 
-def chat_message(message: Message | Mapping[str, str]) -> pb.ChatMessage:
-    if isinstance(message, Message):
-        return pb.ChatMessage(role=message.role, content=message.content)
-    return pb.ChatMessage(role=message["role"], content=message["content"])
+def chat_message(message: Message | Mapping[str, Any]) -> pb.ChatMessage:
+    if not isinstance(message, Message):
+        calls = tuple(call if isinstance(call, ToolCall) else ToolCall(**call) for call in message.get("tool_calls", ()))
+        message = Message(message["role"], message.get("content", ""), calls,
+                          message.get("tool_call_id", ""), message.get("reasoning", ""))
+    return pb.ChatMessage(
+        role=message.role, content=message.content, tool_call_id=message.tool_call_id, reasoning=message.reasoning,
+        tool_calls=[pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in message.tool_calls],
+    )
+
+
+def fill_chat(chat: pb.Chat, options: GenerateOptions) -> None:
+    """Tools, tool choice and reasoning onto a chat request."""
+    chat.tools.extend(tool.to_proto() for tool in options.get("tools", ()))
+    choice = options.get("tool_choice")
+    if choice in _TOOL_CHOICES:
+        chat.tool_choice.mode = _TOOL_CHOICES[choice]
+    elif choice is not None:
+        chat.tool_choice.name = choice
+    if "parallel_tool_calls" in options:
+        chat.parallel_tool_calls = options["parallel_tool_calls"]
+    reasoning = options.get("reasoning")
+    if reasoning is not None:
+        chat.reasoning.mode = pb.REASONING_MODE_ON if reasoning == "on" else pb.REASONING_MODE_OFF
+    if "reasoning_budget_tokens" in options:
+        chat.reasoning.budget_tokens = options["reasoning_budget_tokens"]
+
+
+_TOOL_CHOICES = {"auto": pb.TOOL_CHOICE_MODE_AUTO, "none": pb.TOOL_CHOICE_MODE_NONE,
+                 "required": pb.TOOL_CHOICE_MODE_REQUIRED}
 
 
 def constraint_of(
@@ -239,6 +299,7 @@ def generate_request(message_class: type, prompt: str | None, options: GenerateO
         request.prompt_token_ids.ids.extend(token_ids)
     else:
         request.chat.messages.extend(chat_message(m) for m in messages or ())
+        fill_chat(request.chat, options)
         if "add_generation_prompt" in options:
             request.chat.add_generation_prompt = options["add_generation_prompt"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import functools
+import json
 import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -21,6 +22,31 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    """Of completion_tokens, the ones spent on reasoning."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made; send it back in the assistant's Message, and its result with its id."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+    """A JSON object, as text."""
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        return json.loads(self.arguments)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """Part of a call as it forms: its first carries id and name, the rest more of its arguments."""
+
+    index: int = 0
+    id: str = ""
+    name: str = ""
+    arguments_delta: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,11 @@ class Chunk:
     index: int = 0
     prompt_tokens: list[Token] = field(default_factory=list)
     truncated_input_tokens: int = 0
+    reasoning: str = ""
+    """New reasoning text, apart from `text`."""
+    tool_call_deltas: list[ToolCallDelta] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """Calls completed in this chunk."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +118,8 @@ class Sample:
     tokens: list[Token] = field(default_factory=list)
     generated_tokens: int = 0
     finish: Finish | None = None
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -104,6 +137,9 @@ class Generation:
     truncated_input_tokens: int = 0
     samples: list[Sample] = field(default_factory=list)
     """With n > 1: every sample, the first one (the fields above) included."""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """The calls the model made; finish.reason is then "tool_calls"."""
 
     def parse(self, model: type[T]) -> T:
         """The text validated into a pydantic model (for a json_schema= generation)."""
@@ -183,6 +219,9 @@ class ModelInfo:
     has_chat_template: bool = False
     quantization: str = ""
     request_features: list[str] = field(default_factory=list)
+    tool_call_format: str = ""
+    template_renders_tools: bool = False
+    reasoning_format: str = ""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ the bookkeeping they share is here: the chunks so far, whether anything arrived
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tokenspout import responses as rs
@@ -52,6 +52,17 @@ class StreamState:
         return "".join(chunk.text for chunk in self._chunks if chunk.index == 0)
 
     @property
+    def reasoning(self) -> str:
+        """The reasoning received so far (of the first sample)."""
+        return "".join(chunk.reasoning for chunk in self._chunks if chunk.index == 0)
+
+    @property
+    def tool_calls(self) -> list[rs.ToolCall]:
+        """The first sample's calls as far as they have formed: complete ones, then the one still forming
+        (its arguments cut short), assembled from the deltas."""
+        return assemble(chunk for chunk in self._chunks if chunk.index == 0)
+
+    @property
     def finish(self) -> rs.Finish | None:
         """How the generation (its first sample) ended, once its last chunk has arrived."""
         return next((chunk.finish for chunk in reversed(self._chunks) if chunk.index == 0 and chunk.finish), None)
@@ -73,7 +84,8 @@ def generation(chunks: Sequence[rs.Chunk]) -> rs.Generation:
         by_sample.setdefault(chunk.index, []).append(chunk)
     samples = [
         rs.Sample(index=index, text="".join(c.text for c in part), tokens=[t for c in part for t in c.tokens],
-                  generated_tokens=part[-1].generated_tokens, finish=part[-1].finish)
+                  generated_tokens=part[-1].generated_tokens, finish=part[-1].finish,
+                  reasoning="".join(c.reasoning for c in part), tool_calls=[t for c in part for t in c.tool_calls])
         for index, part in sorted(by_sample.items())
     ]
     first = by_sample.get(0, [rs.Chunk()])
@@ -88,4 +100,16 @@ def generation(chunks: Sequence[rs.Chunk]) -> rs.Generation:
         prompt_tokens=first[0].prompt_tokens,
         truncated_input_tokens=first[0].truncated_input_tokens,
         samples=samples if len(samples) > 1 else [],
+        reasoning=sample.reasoning,
+        tool_calls=sample.tool_calls,
     )
+
+
+def assemble(chunks: Iterable[rs.Chunk]) -> list[rs.ToolCall]:
+    """Tool calls from streamed chunks: a call's first delta gives its id and name, later ones extend its arguments."""
+    calls: dict[int, list[str]] = {}
+    for chunk in chunks:
+        for delta in chunk.tool_call_deltas:
+            call = calls.setdefault(delta.index, [delta.id, delta.name, ""])
+            call[2] += delta.arguments_delta
+    return [rs.ToolCall(id=i, name=n, arguments=a) for i, n, a in (calls[index] for index in sorted(calls))]

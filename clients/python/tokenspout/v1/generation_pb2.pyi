@@ -14,6 +14,19 @@ class SpeculationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SPECULATION_MODE_NGRAM: _ClassVar[SpeculationMode]
     SPECULATION_MODE_DRAFT_MODEL: _ClassVar[SpeculationMode]
 
+class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
+
+class ReasoningMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REASONING_MODE_UNSPECIFIED: _ClassVar[ReasoningMode]
+    REASONING_MODE_OFF: _ClassVar[ReasoningMode]
+    REASONING_MODE_ON: _ClassVar[ReasoningMode]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -25,10 +38,18 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_CONTEXT_LIMIT: _ClassVar[FinishReason]
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_CONSTRAINT_COMPLETE: _ClassVar[FinishReason]
+    FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
 SPECULATION_MODE_UNSPECIFIED: SpeculationMode
 SPECULATION_MODE_OFF: SpeculationMode
 SPECULATION_MODE_NGRAM: SpeculationMode
 SPECULATION_MODE_DRAFT_MODEL: SpeculationMode
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
+REASONING_MODE_UNSPECIFIED: ReasoningMode
+REASONING_MODE_OFF: ReasoningMode
+REASONING_MODE_ON: ReasoningMode
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_EOS_TOKEN: FinishReason
 FINISH_REASON_STOP_SEQUENCE: FinishReason
@@ -38,6 +59,7 @@ FINISH_REASON_TIME_LIMIT: FinishReason
 FINISH_REASON_CONTEXT_LIMIT: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_CONSTRAINT_COMPLETE: FinishReason
+FINISH_REASON_TOOL_CALLS: FinishReason
 
 class GenerateStreamRequest(_message.Message):
     __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms", "n", "truncate_input_tokens")
@@ -118,20 +140,82 @@ class Speculation(_message.Message):
     def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., max_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class Chat(_message.Message):
-    __slots__ = ("messages", "add_generation_prompt")
+    __slots__ = ("messages", "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "reasoning")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     add_generation_prompt: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+    reasoning: Reasoning
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., add_generation_prompt: _Optional[bool] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_calls", "tool_call_id", "reasoning")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    tool_call_id: str
+    reasoning: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "parameters")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[str] = ...) -> None: ...
+
+class ToolChoice(_message.Message):
+    __slots__ = ("mode", "name")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoiceMode
+    name: str
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class ToolCallDelta(_message.Message):
+    __slots__ = ("index", "id", "name", "arguments_delta")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_DELTA_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    id: str
+    name: str
+    arguments_delta: str
+    def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_delta: _Optional[str] = ...) -> None: ...
+
+class Reasoning(_message.Message):
+    __slots__ = ("mode", "budget_tokens")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    mode: ReasoningMode
+    budget_tokens: int
+    def __init__(self, mode: _Optional[_Union[ReasoningMode, str]] = ..., budget_tokens: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "logit_bias", "penalty_last_n", "dry", "xtc", "mirostat", "top_a", "tfs", "skew", "smoothing_factor", "banned_strings", "token_healing")
@@ -281,7 +365,7 @@ class OutputOptions(_message.Message):
     def __init__(self, max_tokens_per_message: _Optional[int] = ..., return_token_ids: _Optional[bool] = ..., return_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., min_tokens_per_message: _Optional[int] = ..., flush_interval_ms: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ..., prompt_top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat", "index", "prompt_tokens", "truncated_input_tokens", "samples")
+    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat", "index", "prompt_tokens", "truncated_input_tokens", "samples", "reasoning", "tool_call_deltas", "tool_calls")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +377,9 @@ class GenerateStreamResponse(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     tokens: _containers.RepeatedCompositeFieldContainer[Token]
@@ -304,10 +391,13 @@ class GenerateStreamResponse(_message.Message):
     prompt_tokens: _containers.RepeatedCompositeFieldContainer[Token]
     truncated_input_tokens: int
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., index: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., truncated_input_tokens: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ...) -> None: ...
+    reasoning: str
+    tool_call_deltas: _containers.RepeatedCompositeFieldContainer[ToolCallDelta]
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., index: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., truncated_input_tokens: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., reasoning: _Optional[str] = ..., tool_call_deltas: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat", "index", "prompt_tokens", "truncated_input_tokens", "samples")
+    __slots__ = ("request_id", "text", "tokens", "generated_tokens", "input_tokens", "finish", "heartbeat", "index", "prompt_tokens", "truncated_input_tokens", "samples", "reasoning", "tool_call_deltas", "tool_calls")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -319,6 +409,9 @@ class GenerateResponse(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     tokens: _containers.RepeatedCompositeFieldContainer[Token]
@@ -330,21 +423,28 @@ class GenerateResponse(_message.Message):
     prompt_tokens: _containers.RepeatedCompositeFieldContainer[Token]
     truncated_input_tokens: int
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., index: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., truncated_input_tokens: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ...) -> None: ...
+    reasoning: str
+    tool_call_deltas: _containers.RepeatedCompositeFieldContainer[ToolCallDelta]
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., input_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., index: _Optional[int] = ..., prompt_tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., truncated_input_tokens: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., reasoning: _Optional[str] = ..., tool_call_deltas: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("index", "text", "tokens", "generated_tokens", "finish")
+    __slots__ = ("index", "text", "tokens", "generated_tokens", "finish", "reasoning", "tool_calls")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     index: int
     text: str
     tokens: _containers.RepeatedCompositeFieldContainer[Token]
     generated_tokens: int
     finish: Finish
-    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
+    reasoning: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., generated_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., reasoning: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
 
 class Token(_message.Message):
     __slots__ = ("id", "text", "bytes", "logprob", "top_logprobs")
@@ -391,18 +491,20 @@ class Finish(_message.Message):
     def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., seed: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., constraint_satisfied: _Optional[bool] = ..., constraint_message: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "draft_tokens", "accepted_draft_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "draft_tokens", "accepted_draft_tokens", "reasoning_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     draft_tokens: int
     accepted_draft_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+    reasoning_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "time_to_first_token_ms", "prefill_ms", "decode_ms", "total_ms", "tokens_per_second", "constraint_compile_ms", "constraint_mask_ms")
@@ -605,7 +707,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features", "attention_provider")
+    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features", "attention_provider", "tool_call_format", "template_renders_tools", "reasoning_format")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -620,6 +722,9 @@ class GetModelInfoResponse(_message.Message):
     DEFAULT_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FEATURES_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_RENDERS_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FORMAT_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     engine: str
     context_length: int
@@ -634,7 +739,10 @@ class GetModelInfoResponse(_message.Message):
     default_speculation: Speculation
     request_features: _containers.RepeatedScalarFieldContainer[str]
     attention_provider: str
-    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ..., attention_provider: _Optional[str] = ...) -> None: ...
+    tool_call_format: str
+    template_renders_tools: bool
+    reasoning_format: str
+    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ..., attention_provider: _Optional[str] = ..., tool_call_format: _Optional[str] = ..., template_renders_tools: _Optional[bool] = ..., reasoning_format: _Optional[str] = ...) -> None: ...
 
 class SpecialTokens(_message.Message):
     __slots__ = ("bos_token_id", "eos_token_ids", "pad_token_id")

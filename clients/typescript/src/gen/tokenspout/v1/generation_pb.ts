@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tokenspout/v1/generation.proto.
  */
 export const file_tokenspout_v1_generation: GenFile = /*@__PURE__*/
-  fileDesc("Ch50b2tlbnNwb3V0L3YxL2dlbmVyYXRpb24ucHJvdG8SDXRva2Vuc3BvdXQudjEi9wMKFUdlbmVyYXRlU3RyZWFtUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIzChBwcm9tcHRfdG9rZW5faWRzGAwgASgLMhcudG9rZW5zcG91dC52MS5Ub2tlbklkc0gAEi8KCHNhbXBsaW5nGAUgASgLMh0udG9rZW5zcG91dC52MS5TYW1wbGluZ1BhcmFtcxIxCghzdG9wcGluZxgGIAEoCzIfLnRva2Vuc3BvdXQudjEuU3RvcHBpbmdDcml0ZXJpYRItCgpjb25zdHJhaW50GAcgASgLMhkudG9rZW5zcG91dC52MS5Db25zdHJhaW50EiwKBm91dHB1dBgIIAEoCzIcLnRva2Vuc3BvdXQudjEuT3V0cHV0T3B0aW9ucxIvCgtzcGVjdWxhdGlvbhgJIAEoCzIaLnRva2Vuc3BvdXQudjEuU3BlY3VsYXRpb24SEAoIcHJpb3JpdHkYCiABKAUSGAoQcXVldWVfdGltZW91dF9tcxgLIAEoDRIJCgFuGA0gASgNEh0KFXRydW5jYXRlX2lucHV0X3Rva2VucxgOIAEoDUIHCgVpbnB1dCLxAwoPR2VuZXJhdGVSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSEAoGcHJvbXB0GAMgASgJSAASIwoEY2hhdBgEIAEoCzITLnRva2Vuc3BvdXQudjEuQ2hhdEgAEjMKEHByb21wdF90b2tlbl9pZHMYDCABKAsyFy50b2tlbnNwb3V0LnYxLlRva2VuSWRzSAASLwoIc2FtcGxpbmcYBSABKAsyHS50b2tlbnNwb3V0LnYxLlNhbXBsaW5nUGFyYW1zEjEKCHN0b3BwaW5nGAYgASgLMh8udG9rZW5zcG91dC52MS5TdG9wcGluZ0NyaXRlcmlhEi0KCmNvbnN0cmFpbnQYByABKAsyGS50b2tlbnNwb3V0LnYxLkNvbnN0cmFpbnQSLAoGb3V0cHV0GAggASgLMhwudG9rZW5zcG91dC52MS5PdXRwdXRPcHRpb25zEi8KC3NwZWN1bGF0aW9uGAkgASgLMhoudG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbhIQCghwcmlvcml0eRgKIAEoBRIYChBxdWV1ZV90aW1lb3V0X21zGAsgASgNEgkKAW4YDSABKA0SHQoVdHJ1bmNhdGVfaW5wdXRfdG9rZW5zGA4gASgNQgcKBWlucHV0IhcKCFRva2VuSWRzEgsKA2lkcxgBIAMoBSJVCgtTcGVjdWxhdGlvbhIsCgRtb2RlGAEgASgOMh4udG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbk1vZGUSGAoQbWF4X2RyYWZ0X3Rva2VucxgCIAEoDSJyCgRDaGF0EiwKCG1lc3NhZ2VzGAEgAygLMhoudG9rZW5zcG91dC52MS5DaGF0TWVzc2FnZRIiChVhZGRfZ2VuZXJhdGlvbl9wcm9tcHQYAiABKAhIAIgBAUIYChZfYWRkX2dlbmVyYXRpb25fcHJvbXB0IiwKC0NoYXRNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCSLVBgoOU2FtcGxpbmdQYXJhbXMSGAoLdGVtcGVyYXR1cmUYASABKAJIAIgBARISCgV0b3BfaxgCIAEoDUgBiAEBEhIKBXRvcF9wGAMgASgCSAKIAQESEgoFbWluX3AYBCABKAJIA4gBARIWCgl0eXBpY2FsX3AYBSABKAJIBIgBARIfChJyZXBldGl0aW9uX3BlbmFsdHkYBiABKAJIBYgBARIdChBwcmVzZW5jZV9wZW5hbHR5GAcgASgCSAaIAQESHgoRZnJlcXVlbmN5X3BlbmFsdHkYCCABKAJIB4gBARIRCgRzZWVkGAkgASgESAiIAQESQAoKbG9naXRfYmlhcxgKIAMoCzIsLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSGwoOcGVuYWx0eV9sYXN0X24YCyABKA1ICYgBARImCgNkcnkYDCABKAsyGS50b2tlbnNwb3V0LnYxLkRyeVNhbXBsZXISJgoDeHRjGA0gASgLMhkudG9rZW5zcG91dC52MS5YdGNTYW1wbGVyEjAKCG1pcm9zdGF0GA4gASgLMh4udG9rZW5zcG91dC52MS5NaXJvc3RhdFNhbXBsZXISEgoFdG9wX2EYDyABKAJICogBARIQCgN0ZnMYECABKAJIC4gBARIRCgRza2V3GBEgASgCSAyIAQESHQoQc21vb3RoaW5nX2ZhY3RvchgSIAEoAkgNiAEBEhYKDmJhbm5lZF9zdHJpbmdzGBMgAygJEhUKDXRva2VuX2hlYWxpbmcYFCABKAgaMAoOTG9naXRCaWFzRW50cnkSCwoDa2V5GAEgASgFEg0KBXZhbHVlGAIgASgCOgI4AUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9rQggKBl90b3BfcEIICgZfbWluX3BCDAoKX3R5cGljYWxfcEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5QhMKEV9wcmVzZW5jZV9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUIHCgVfc2VlZEIRCg9fcGVuYWx0eV9sYXN0X25CCAoGX3RvcF9hQgYKBF90ZnNCBwoFX3NrZXdCEwoRX3Ntb290aGluZ19mYWN0b3IiywEKCkRyeVNhbXBsZXISFwoKbXVsdGlwbGllchgBIAEoAkgAiAEBEhEKBGJhc2UYAiABKAJIAYgBARIbCg5hbGxvd2VkX2xlbmd0aBgDIAEoDUgCiAEBEhsKDnBlbmFsdHlfbGFzdF9uGAQgASgNSAOIAQESGQoRc2VxdWVuY2VfYnJlYWtlcnMYBSADKAlCDQoLX211bHRpcGxpZXJCBwoFX2Jhc2VCEQoPX2FsbG93ZWRfbGVuZ3RoQhEKD19wZW5hbHR5X2xhc3RfbiJcCgpYdGNTYW1wbGVyEhgKC3Byb2JhYmlsaXR5GAEgASgCSACIAQESFgoJdGhyZXNob2xkGAIgASgCSAGIAQFCDgoMX3Byb2JhYmlsaXR5QgwKCl90aHJlc2hvbGQiRQoPTWlyb3N0YXRTYW1wbGVyEhAKA3RhdRgBIAEoAkgAiAEBEhAKA2V0YRgCIAEoAkgBiAEBQgYKBF90YXVCBgoEX2V0YSKLAgoQU3RvcHBpbmdDcml0ZXJpYRIbCg5tYXhfbmV3X3Rva2VucxgBIAEoDUgAiAEBEhsKDm1pbl9uZXdfdG9rZW5zGAIgASgNSAGIAQESFgoOc3RvcF9zZXF1ZW5jZXMYAyADKAkSFgoOc3RvcF90b2tlbl9pZHMYBCADKAUSIgoVaW5jbHVkZV9zdG9wX3NlcXVlbmNlGAUgASgISAKIAQESEgoKaWdub3JlX2VvcxgGIAEoCBIVCg10aW1lX2xpbWl0X21zGAcgASgNQhEKD19tYXhfbmV3X3Rva2Vuc0IRCg9fbWluX25ld190b2tlbnNCGAoWX2luY2x1ZGVfc3RvcF9zZXF1ZW5jZSL9AQoKQ29uc3RyYWludBIVCgtqc29uX3NjaGVtYRgBIAEoCUgAEhUKC2pzb25fb2JqZWN0GAIgASgISAASDwoFcmVnZXgYAyABKAlIABIRCgdncmFtbWFyGAQgASgJSAASKAoGY2hvaWNlGAUgASgLMhYudG9rZW5zcG91dC52MS5DaG9pY2VzSAASEwoGc3RyaWN0GAYgASgISAGIAQESGwoTd2hpdGVzcGFjZV9mbGV4aWJsZRgHIAEoCBIbCg5tYXhfd2hpdGVzcGFjZRgIIAEoDUgCiAEBQgYKBGtpbmRCCQoHX3N0cmljdEIRCg9fbWF4X3doaXRlc3BhY2UiGQoHQ2hvaWNlcxIOCgZ2YWx1ZXMYASADKAkiiAIKDU91dHB1dE9wdGlvbnMSHgoWbWF4X3Rva2Vuc19wZXJfbWVzc2FnZRgBIAEoDRIYChByZXR1cm5fdG9rZW5faWRzGAIgASgIEhcKD3JldHVybl9sb2dwcm9icxgDIAEoCBIUCgx0b3BfbG9ncHJvYnMYBCABKA0SHQoVaGVhcnRiZWF0X2ludGVydmFsX21zGAUgASgNEh4KFm1pbl90b2tlbnNfcGVyX21lc3NhZ2UYBiABKA0SGQoRZmx1c2hfaW50ZXJ2YWxfbXMYByABKA0SFwoPcHJvbXB0X2xvZ3Byb2JzGAggASgIEhsKE3Byb21wdF90b3BfbG9ncHJvYnMYCSABKA0izgIKFkdlbmVyYXRlU3RyZWFtUmVzcG9uc2USEgoKcmVxdWVzdF9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEiQKBnRva2VucxgDIAMoCzIULnRva2Vuc3BvdXQudjEuVG9rZW4SGAoQZ2VuZXJhdGVkX3Rva2VucxgEIAEoDRIUCgxpbnB1dF90b2tlbnMYBSABKA0SJQoGZmluaXNoGAYgASgLMhUudG9rZW5zcG91dC52MS5GaW5pc2gSEQoJaGVhcnRiZWF0GAcgASgIEg0KBWluZGV4GAggASgNEisKDXByb21wdF90b2tlbnMYCSADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEh4KFnRydW5jYXRlZF9pbnB1dF90b2tlbnMYCiABKA0SJgoHc2FtcGxlcxgLIAMoCzIVLnRva2Vuc3BvdXQudjEuU2FtcGxlIsgCChBHZW5lcmF0ZVJlc3BvbnNlEhIKCnJlcXVlc3RfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIkCgZ0b2tlbnMYAyADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEhgKEGdlbmVyYXRlZF90b2tlbnMYBCABKA0SFAoMaW5wdXRfdG9rZW5zGAUgASgNEiUKBmZpbmlzaBgGIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoEhEKCWhlYXJ0YmVhdBgHIAEoCBINCgVpbmRleBgIIAEoDRIrCg1wcm9tcHRfdG9rZW5zGAkgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIeChZ0cnVuY2F0ZWRfaW5wdXRfdG9rZW5zGAogASgNEiYKB3NhbXBsZXMYCyADKAsyFS50b2tlbnNwb3V0LnYxLlNhbXBsZSKMAQoGU2FtcGxlEg0KBWluZGV4GAEgASgNEgwKBHRleHQYAiABKAkSJAoGdG9rZW5zGAMgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIYChBnZW5lcmF0ZWRfdG9rZW5zGAQgASgNEiUKBmZpbmlzaBgFIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoIoMBCgVUb2tlbhIKCgJpZBgBIAEoBRIMCgR0ZXh0GAIgASgJEg0KBWJ5dGVzGAMgASgMEhQKB2xvZ3Byb2IYBCABKAJIAIgBARIvCgx0b3BfbG9ncHJvYnMYBSADKAsyGS50b2tlbnNwb3V0LnYxLlRvcExvZ3Byb2JCCgoIX2xvZ3Byb2IiNwoKVG9wTG9ncHJvYhIKCgJpZBgBIAEoBRIMCgR0ZXh0GAIgASgJEg8KB2xvZ3Byb2IYAyABKAIiqwIKBkZpbmlzaBIrCgZyZWFzb24YASABKA4yGy50b2tlbnNwb3V0LnYxLkZpbmlzaFJlYXNvbhIXCg1zdG9wX3NlcXVlbmNlGAIgASgJSAASFwoNc3RvcF90b2tlbl9pZBgDIAEoBUgAEgwKBHNlZWQYBCABKAQSIwoFdXNhZ2UYBSABKAsyFC50b2tlbnNwb3V0LnYxLlVzYWdlEicKB3RpbWluZ3MYBiABKAsyFi50b2tlbnNwb3V0LnYxLlRpbWluZ3MSIQoUY29uc3RyYWludF9zYXRpc2ZpZWQYByABKAhIAYgBARIaChJjb25zdHJhaW50X21lc3NhZ2UYCCABKAlCDgoMbWF0Y2hlZF9zdG9wQhcKFV9jb25zdHJhaW50X3NhdGlzZmllZCKFAQoFVXNhZ2USFQoNcHJvbXB0X3Rva2VucxgBIAEoDRIZChFjb21wbGV0aW9uX3Rva2VucxgCIAEoDRIVCg1jYWNoZWRfdG9rZW5zGAMgASgNEhQKDGRyYWZ0X3Rva2VucxgEIAEoDRIdChVhY2NlcHRlZF9kcmFmdF90b2tlbnMYBSABKA0iygEKB1RpbWluZ3MSEAoIcXVldWVfbXMYASABKAESHgoWdGltZV90b19maXJzdF90b2tlbl9tcxgCIAEoARISCgpwcmVmaWxsX21zGAMgASgBEhEKCWRlY29kZV9tcxgEIAEoARIQCgh0b3RhbF9tcxgFIAEoARIZChF0b2tlbnNfcGVyX3NlY29uZBgGIAEoARIdChVjb25zdHJhaW50X2NvbXBpbGVfbXMYByABKAESGgoSY29uc3RyYWludF9tYXNrX21zGAggASgBIlgKGENvbXBpbGVDb25zdHJhaW50UmVxdWVzdBINCgVtb2RlbBgBIAEoCRItCgpjb25zdHJhaW50GAIgASgLMhkudG9rZW5zcG91dC52MS5Db25zdHJhaW50IlEKGUNvbXBpbGVDb25zdHJhaW50UmVzcG9uc2USEgoKY29tcGlsZV9tcxgBIAEoARIOCgZjYWNoZWQYAiABKAgSEAoId2FybmluZ3MYAyADKAkivQEKD1Rva2VuaXplUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIOCgR0ZXh0GAIgASgJSAASIwoEY2hhdBgDIAEoCzITLnRva2Vuc3BvdXQudjEuQ2hhdEgAEh8KEmFkZF9zcGVjaWFsX3Rva2VucxgEIAEoCEgBiAEBEhYKDnJldHVybl9vZmZzZXRzGAUgASgIEg0KBXRleHRzGAYgAygJQgcKBWlucHV0QhUKE19hZGRfc3BlY2lhbF90b2tlbnMiogEKEFRva2VuaXplUmVzcG9uc2USEQoJdG9rZW5faWRzGAEgAygFEg4KBnBpZWNlcxgCIAMoDBINCgVjb3VudBgDIAEoDRIsCgdvZmZzZXRzGAQgASgLMhsudG9rZW5zcG91dC52MS5Ub2tlbk9mZnNldHMSLgoHcmVzdWx0cxgFIAMoCzIdLnRva2Vuc3BvdXQudjEuVG9rZW5pemVSZXN1bHQicAoOVG9rZW5pemVSZXN1bHQSEQoJdG9rZW5faWRzGAEgAygFEg4KBnBpZWNlcxgCIAMoDBINCgVjb3VudBgDIAEoDRIsCgdvZmZzZXRzGAQgASgLMhsudG9rZW5zcG91dC52MS5Ub2tlbk9mZnNldHMiXgoMVG9rZW5PZmZzZXRzEhMKC2J5dGVfc3RhcnRzGAEgAygNEhEKCWJ5dGVfZW5kcxgCIAMoDRITCgtjaGFyX3N0YXJ0cxgDIAMoDRIRCgljaGFyX2VuZHMYBCADKA0iJAoNQ2FuY2VsUmVxdWVzdBITCgtyZXF1ZXN0X2lkcxgBIAMoCSI2Cg5DYW5jZWxSZXNwb25zZRIRCgljYW5jZWxsZWQYASADKAkSEQoJbm90X2ZvdW5kGAIgAygJIhgKFkdldFNlcnZlclN0YXR1c1JlcXVlc3QioAYKF0dldFNlcnZlclN0YXR1c1Jlc3BvbnNlEhkKEXJ1bm5pbmdfc2VxdWVuY2VzGAEgASgNEhcKD3F1ZXVlZF9yZXF1ZXN0cxgCIAEoDRIYChBwYXVzZWRfc2VxdWVuY2VzGAMgASgNEhkKEWNhY2hlX3Rva2Vuc191c2VkGAQgASgNEhkKEWNhY2hlX3Rva2Vuc19mcmVlGAUgASgNEhYKDm1heF9iYXRjaF9zaXplGAYgASgNEhsKE21heF9xdWV1ZWRfcmVxdWVzdHMYByABKA0SFAoMZW5naW5lX3N0ZXBzGAggASgEEhcKD2NhbmNlbGxlZF90b3RhbBgJIAEoBBIhChlsYXN0X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAogASgNEh4KFmxhc3RfY2FuY2VsX2xhdGVuY3lfbXMYCyABKAESIAoYbWF4X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAwgASgNEhYKDnJlamVjdGVkX3RvdGFsGA0gASgEEhAKCGRyYWluaW5nGA4gASgIEhUKDXN0YXJ0ZWRfdG90YWwYDyABKAQSFwoPY2FjaGVkX3ByZWZpeGVzGBAgASgNEhwKFGNhY2hlZF9wcmVmaXhfdG9rZW5zGBEgASgEEhsKE3Byb21wdF90b2tlbnNfdG90YWwYEiABKAQSIgoaY2FjaGVkX3Byb21wdF90b2tlbnNfdG90YWwYEyABKAQSHQoVcHJlZml4X2NhY2hlX2hpdF9yYXRlGBQgASgBEhcKD3ByZWVtcHRlZF90b3RhbBgVIAEoBBIbChNwcmVlbXB0ZWRfc2VxdWVuY2VzGBYgASgNEh8KF3JlY29tcHV0ZWRfdG9rZW5zX3RvdGFsGBcgASgEEiwKB2NhbGxlcnMYGCADKAsyGy50b2tlbnNwb3V0LnYxLkNhbGxlclN0YXR1cxIaChJkcmFmdF90b2tlbnNfdG90YWwYGSABKAQSIwobYWNjZXB0ZWRfZHJhZnRfdG9rZW5zX3RvdGFsGBogASgEEhoKEmF0dGVudGlvbl9wcm92aWRlchgbIAEoCSKeAgoMQ2FsbGVyU3RhdHVzEg4KBmNhbGxlchgBIAEoCRIZChFydW5uaW5nX3NlcXVlbmNlcxgCIAEoDRIXCg9xdWV1ZWRfcmVxdWVzdHMYAyABKA0SGwoTcHJlZW1wdGVkX3NlcXVlbmNlcxgEIAEoDRIbChNwcm9tcHRfdG9rZW5zX3RvdGFsGAUgASgEEh4KFmdlbmVyYXRlZF90b2tlbnNfdG90YWwYBiABKAQSFwoPcHJlZW1wdGVkX3RvdGFsGAcgASgEEhUKDXJlZnVzZWRfdG90YWwYCCABKAQSEgoKc2hlZF90b3RhbBgJIAEoBBIcChRxdWV1ZV90aW1lb3V0c190b3RhbBgKIAEoBBIOCgZ3ZWlnaHQYCyABKAEiJAoTR2V0TW9kZWxJbmZvUmVxdWVzdBINCgVtb2RlbBgBIAEoCSLIAwoUR2V0TW9kZWxJbmZvUmVzcG9uc2USEAoIbW9kZWxfaWQYASABKAkSDgoGZW5naW5lGAIgASgJEhYKDmNvbnRleHRfbGVuZ3RoGAMgASgNEhIKCnZvY2FiX3NpemUYBCABKA0SNAoOc3BlY2lhbF90b2tlbnMYBSABKAsyHC50b2tlbnNwb3V0LnYxLlNwZWNpYWxUb2tlbnMSEAoIc2FtcGxlcnMYBiADKAkSGAoQY29uc3RyYWludF9raW5kcxgHIAMoCRIlCgZsaW1pdHMYCCABKAsyFS50b2tlbnNwb3V0LnYxLkxpbWl0cxIZChFoYXNfY2hhdF90ZW1wbGF0ZRgJIAEoCBIUCgxxdWFudGl6YXRpb24YCiABKAkSOQoRc3BlY3VsYXRpb25fbW9kZXMYCyADKA4yHi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uTW9kZRI3ChNkZWZhdWx0X3NwZWN1bGF0aW9uGAwgASgLMhoudG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbhIYChByZXF1ZXN0X2ZlYXR1cmVzGA0gAygJEhoKEmF0dGVudGlvbl9wcm92aWRlchgOIAEoCSJ+Cg1TcGVjaWFsVG9rZW5zEhkKDGJvc190b2tlbl9pZBgBIAEoBUgAiAEBEhUKDWVvc190b2tlbl9pZHMYAiADKAUSGQoMcGFkX3Rva2VuX2lkGAMgASgFSAGIAQFCDwoNX2Jvc190b2tlbl9pZEIPCg1fcGFkX3Rva2VuX2lkIuEBCgZMaW1pdHMSFgoObWF4X2JhdGNoX3NpemUYASABKA0SFgoObWF4X25ld190b2tlbnMYAiABKA0SGgoSbWF4X3N0b3Bfc2VxdWVuY2VzGAMgASgNEiAKGG1heF9zdG9wX3NlcXVlbmNlX2xlbmd0aBgEIAEoDRIYChBtYXhfdG9wX2xvZ3Byb2JzGAUgASgNEh4KFm1heF9sb2dpdF9iaWFzX2VudHJpZXMYBiABKA0SEwoLbWF4X3NhbXBsZXMYByABKA0SGgoSbWF4X3Rva2VuaXplX3RleHRzGAggASgNKosBCg9TcGVjdWxhdGlvbk1vZGUSIAocU1BFQ1VMQVRJT05fTU9ERV9VTlNQRUNJRklFRBAAEhgKFFNQRUNVTEFUSU9OX01PREVfT0ZGEAESGgoWU1BFQ1VMQVRJT05fTU9ERV9OR1JBTRACEiAKHFNQRUNVTEFUSU9OX01PREVfRFJBRlRfTU9ERUwQAyqqAgoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIbChdGSU5JU0hfUkVBU09OX0VPU19UT0tFThABEh8KG0ZJTklTSF9SRUFTT05fU1RPUF9TRVFVRU5DRRACEhwKGEZJTklTSF9SRUFTT05fU1RPUF9UT0tFThADEhwKGEZJTklTSF9SRUFTT05fTUFYX1RPS0VOUxAEEhwKGEZJTklTSF9SRUFTT05fVElNRV9MSU1JVBAFEh8KG0ZJTklTSF9SRUFTT05fQ09OVEVYVF9MSU1JVBAGEhsKF0ZJTklTSF9SRUFTT05fQ0FOQ0VMTEVEEAcSJQohRklOSVNIX1JFQVNPTl9DT05TVFJBSU5UX0NPTVBMRVRFEAgy+AQKEUdlbmVyYXRpb25TZXJ2aWNlEl8KDkdlbmVyYXRlU3RyZWFtEiQudG9rZW5zcG91dC52MS5HZW5lcmF0ZVN0cmVhbVJlcXVlc3QaJS50b2tlbnNwb3V0LnYxLkdlbmVyYXRlU3RyZWFtUmVzcG9uc2UwARJLCghHZW5lcmF0ZRIeLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVSZXF1ZXN0Gh8udG9rZW5zcG91dC52MS5HZW5lcmF0ZVJlc3BvbnNlEksKCFRva2VuaXplEh4udG9rZW5zcG91dC52MS5Ub2tlbml6ZVJlcXVlc3QaHy50b2tlbnNwb3V0LnYxLlRva2VuaXplUmVzcG9uc2USVwoMR2V0TW9kZWxJbmZvEiIudG9rZW5zcG91dC52MS5HZXRNb2RlbEluZm9SZXF1ZXN0GiMudG9rZW5zcG91dC52MS5HZXRNb2RlbEluZm9SZXNwb25zZRJmChFDb21waWxlQ29uc3RyYWludBInLnRva2Vuc3BvdXQudjEuQ29tcGlsZUNvbnN0cmFpbnRSZXF1ZXN0GigudG9rZW5zcG91dC52MS5Db21waWxlQ29uc3RyYWludFJlc3BvbnNlEkUKBkNhbmNlbBIcLnRva2Vuc3BvdXQudjEuQ2FuY2VsUmVxdWVzdBodLnRva2Vuc3BvdXQudjEuQ2FuY2VsUmVzcG9uc2USYAoPR2V0U2VydmVyU3RhdHVzEiUudG9rZW5zcG91dC52MS5HZXRTZXJ2ZXJTdGF0dXNSZXF1ZXN0GiYudG9rZW5zcG91dC52MS5HZXRTZXJ2ZXJTdGF0dXNSZXNwb25zZUKhAQoRZGV2LnRva2Vuc3BvdXQudjFCD0dlbmVyYXRpb25Qcm90b1ABWkJnaXRodWIuY29tL3Rva2Vuc3BvdXQvdG9rZW5zcG91dC9nZW4vZ28vdG9rZW5zcG91dC92MTt0b2tlbnNwb3V0djGiAgNUU1iqAg1Ub2tlbnNwb3V0LlYxygINVG9rZW5zcG91dFxWMeoCDlRva2Vuc3BvdXQ6OlYxYgZwcm90bzM");
+  fileDesc("Ch50b2tlbnNwb3V0L3YxL2dlbmVyYXRpb24ucHJvdG8SDXRva2Vuc3BvdXQudjEi9wMKFUdlbmVyYXRlU3RyZWFtUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKBnByb21wdBgDIAEoCUgAEiMKBGNoYXQYBCABKAsyEy50b2tlbnNwb3V0LnYxLkNoYXRIABIzChBwcm9tcHRfdG9rZW5faWRzGAwgASgLMhcudG9rZW5zcG91dC52MS5Ub2tlbklkc0gAEi8KCHNhbXBsaW5nGAUgASgLMh0udG9rZW5zcG91dC52MS5TYW1wbGluZ1BhcmFtcxIxCghzdG9wcGluZxgGIAEoCzIfLnRva2Vuc3BvdXQudjEuU3RvcHBpbmdDcml0ZXJpYRItCgpjb25zdHJhaW50GAcgASgLMhkudG9rZW5zcG91dC52MS5Db25zdHJhaW50EiwKBm91dHB1dBgIIAEoCzIcLnRva2Vuc3BvdXQudjEuT3V0cHV0T3B0aW9ucxIvCgtzcGVjdWxhdGlvbhgJIAEoCzIaLnRva2Vuc3BvdXQudjEuU3BlY3VsYXRpb24SEAoIcHJpb3JpdHkYCiABKAUSGAoQcXVldWVfdGltZW91dF9tcxgLIAEoDRIJCgFuGA0gASgNEh0KFXRydW5jYXRlX2lucHV0X3Rva2VucxgOIAEoDUIHCgVpbnB1dCLxAwoPR2VuZXJhdGVSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSDQoFbW9kZWwYAiABKAkSEAoGcHJvbXB0GAMgASgJSAASIwoEY2hhdBgEIAEoCzITLnRva2Vuc3BvdXQudjEuQ2hhdEgAEjMKEHByb21wdF90b2tlbl9pZHMYDCABKAsyFy50b2tlbnNwb3V0LnYxLlRva2VuSWRzSAASLwoIc2FtcGxpbmcYBSABKAsyHS50b2tlbnNwb3V0LnYxLlNhbXBsaW5nUGFyYW1zEjEKCHN0b3BwaW5nGAYgASgLMh8udG9rZW5zcG91dC52MS5TdG9wcGluZ0NyaXRlcmlhEi0KCmNvbnN0cmFpbnQYByABKAsyGS50b2tlbnNwb3V0LnYxLkNvbnN0cmFpbnQSLAoGb3V0cHV0GAggASgLMhwudG9rZW5zcG91dC52MS5PdXRwdXRPcHRpb25zEi8KC3NwZWN1bGF0aW9uGAkgASgLMhoudG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbhIQCghwcmlvcml0eRgKIAEoBRIYChBxdWV1ZV90aW1lb3V0X21zGAsgASgNEgkKAW4YDSABKA0SHQoVdHJ1bmNhdGVfaW5wdXRfdG9rZW5zGA4gASgNQgcKBWlucHV0IhcKCFRva2VuSWRzEgsKA2lkcxgBIAMoBSJVCgtTcGVjdWxhdGlvbhIsCgRtb2RlGAEgASgOMh4udG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbk1vZGUSGAoQbWF4X2RyYWZ0X3Rva2VucxgCIAEoDSKtAgoEQ2hhdBIsCghtZXNzYWdlcxgBIAMoCzIaLnRva2Vuc3BvdXQudjEuQ2hhdE1lc3NhZ2USIgoVYWRkX2dlbmVyYXRpb25fcHJvbXB0GAIgASgISACIAQESIgoFdG9vbHMYAyADKAsyEy50b2tlbnNwb3V0LnYxLlRvb2wSLgoLdG9vbF9jaG9pY2UYBCABKAsyGS50b2tlbnNwb3V0LnYxLlRvb2xDaG9pY2USIAoTcGFyYWxsZWxfdG9vbF9jYWxscxgFIAEoCEgBiAEBEisKCXJlYXNvbmluZxgGIAEoCzIYLnRva2Vuc3BvdXQudjEuUmVhc29uaW5nQhgKFl9hZGRfZ2VuZXJhdGlvbl9wcm9tcHRCFgoUX3BhcmFsbGVsX3Rvb2xfY2FsbHMiggEKC0NoYXRNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCRIrCgp0b29sX2NhbGxzGAMgAygLMhcudG9rZW5zcG91dC52MS5Ub29sQ2FsbBIUCgx0b29sX2NhbGxfaWQYBCABKAkSEQoJcmVhc29uaW5nGAUgASgJIj0KBFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRISCgpwYXJhbWV0ZXJzGAMgASgJIlUKClRvb2xDaG9pY2USLQoEbW9kZRgBIAEoDjIdLnRva2Vuc3BvdXQudjEuVG9vbENob2ljZU1vZGVIABIOCgRuYW1lGAIgASgJSABCCAoGY2hvaWNlIjcKCFRvb2xDYWxsEgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSEQoJYXJndW1lbnRzGAMgASgJIlEKDVRvb2xDYWxsRGVsdGESDQoFaW5kZXgYASABKA0SCgoCaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIXCg9hcmd1bWVudHNfZGVsdGEYBCABKAkiTgoJUmVhc29uaW5nEioKBG1vZGUYASABKA4yHC50b2tlbnNwb3V0LnYxLlJlYXNvbmluZ01vZGUSFQoNYnVkZ2V0X3Rva2VucxgCIAEoDSLVBgoOU2FtcGxpbmdQYXJhbXMSGAoLdGVtcGVyYXR1cmUYASABKAJIAIgBARISCgV0b3BfaxgCIAEoDUgBiAEBEhIKBXRvcF9wGAMgASgCSAKIAQESEgoFbWluX3AYBCABKAJIA4gBARIWCgl0eXBpY2FsX3AYBSABKAJIBIgBARIfChJyZXBldGl0aW9uX3BlbmFsdHkYBiABKAJIBYgBARIdChBwcmVzZW5jZV9wZW5hbHR5GAcgASgCSAaIAQESHgoRZnJlcXVlbmN5X3BlbmFsdHkYCCABKAJIB4gBARIRCgRzZWVkGAkgASgESAiIAQESQAoKbG9naXRfYmlhcxgKIAMoCzIsLnRva2Vuc3BvdXQudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSGwoOcGVuYWx0eV9sYXN0X24YCyABKA1ICYgBARImCgNkcnkYDCABKAsyGS50b2tlbnNwb3V0LnYxLkRyeVNhbXBsZXISJgoDeHRjGA0gASgLMhkudG9rZW5zcG91dC52MS5YdGNTYW1wbGVyEjAKCG1pcm9zdGF0GA4gASgLMh4udG9rZW5zcG91dC52MS5NaXJvc3RhdFNhbXBsZXISEgoFdG9wX2EYDyABKAJICogBARIQCgN0ZnMYECABKAJIC4gBARIRCgRza2V3GBEgASgCSAyIAQESHQoQc21vb3RoaW5nX2ZhY3RvchgSIAEoAkgNiAEBEhYKDmJhbm5lZF9zdHJpbmdzGBMgAygJEhUKDXRva2VuX2hlYWxpbmcYFCABKAgaMAoOTG9naXRCaWFzRW50cnkSCwoDa2V5GAEgASgFEg0KBXZhbHVlGAIgASgCOgI4AUIOCgxfdGVtcGVyYXR1cmVCCAoGX3RvcF9rQggKBl90b3BfcEIICgZfbWluX3BCDAoKX3R5cGljYWxfcEIVChNfcmVwZXRpdGlvbl9wZW5hbHR5QhMKEV9wcmVzZW5jZV9wZW5hbHR5QhQKEl9mcmVxdWVuY3lfcGVuYWx0eUIHCgVfc2VlZEIRCg9fcGVuYWx0eV9sYXN0X25CCAoGX3RvcF9hQgYKBF90ZnNCBwoFX3NrZXdCEwoRX3Ntb290aGluZ19mYWN0b3IiywEKCkRyeVNhbXBsZXISFwoKbXVsdGlwbGllchgBIAEoAkgAiAEBEhEKBGJhc2UYAiABKAJIAYgBARIbCg5hbGxvd2VkX2xlbmd0aBgDIAEoDUgCiAEBEhsKDnBlbmFsdHlfbGFzdF9uGAQgASgNSAOIAQESGQoRc2VxdWVuY2VfYnJlYWtlcnMYBSADKAlCDQoLX211bHRpcGxpZXJCBwoFX2Jhc2VCEQoPX2FsbG93ZWRfbGVuZ3RoQhEKD19wZW5hbHR5X2xhc3RfbiJcCgpYdGNTYW1wbGVyEhgKC3Byb2JhYmlsaXR5GAEgASgCSACIAQESFgoJdGhyZXNob2xkGAIgASgCSAGIAQFCDgoMX3Byb2JhYmlsaXR5QgwKCl90aHJlc2hvbGQiRQoPTWlyb3N0YXRTYW1wbGVyEhAKA3RhdRgBIAEoAkgAiAEBEhAKA2V0YRgCIAEoAkgBiAEBQgYKBF90YXVCBgoEX2V0YSKLAgoQU3RvcHBpbmdDcml0ZXJpYRIbCg5tYXhfbmV3X3Rva2VucxgBIAEoDUgAiAEBEhsKDm1pbl9uZXdfdG9rZW5zGAIgASgNSAGIAQESFgoOc3RvcF9zZXF1ZW5jZXMYAyADKAkSFgoOc3RvcF90b2tlbl9pZHMYBCADKAUSIgoVaW5jbHVkZV9zdG9wX3NlcXVlbmNlGAUgASgISAKIAQESEgoKaWdub3JlX2VvcxgGIAEoCBIVCg10aW1lX2xpbWl0X21zGAcgASgNQhEKD19tYXhfbmV3X3Rva2Vuc0IRCg9fbWluX25ld190b2tlbnNCGAoWX2luY2x1ZGVfc3RvcF9zZXF1ZW5jZSL9AQoKQ29uc3RyYWludBIVCgtqc29uX3NjaGVtYRgBIAEoCUgAEhUKC2pzb25fb2JqZWN0GAIgASgISAASDwoFcmVnZXgYAyABKAlIABIRCgdncmFtbWFyGAQgASgJSAASKAoGY2hvaWNlGAUgASgLMhYudG9rZW5zcG91dC52MS5DaG9pY2VzSAASEwoGc3RyaWN0GAYgASgISAGIAQESGwoTd2hpdGVzcGFjZV9mbGV4aWJsZRgHIAEoCBIbCg5tYXhfd2hpdGVzcGFjZRgIIAEoDUgCiAEBQgYKBGtpbmRCCQoHX3N0cmljdEIRCg9fbWF4X3doaXRlc3BhY2UiGQoHQ2hvaWNlcxIOCgZ2YWx1ZXMYASADKAkiiAIKDU91dHB1dE9wdGlvbnMSHgoWbWF4X3Rva2Vuc19wZXJfbWVzc2FnZRgBIAEoDRIYChByZXR1cm5fdG9rZW5faWRzGAIgASgIEhcKD3JldHVybl9sb2dwcm9icxgDIAEoCBIUCgx0b3BfbG9ncHJvYnMYBCABKA0SHQoVaGVhcnRiZWF0X2ludGVydmFsX21zGAUgASgNEh4KFm1pbl90b2tlbnNfcGVyX21lc3NhZ2UYBiABKA0SGQoRZmx1c2hfaW50ZXJ2YWxfbXMYByABKA0SFwoPcHJvbXB0X2xvZ3Byb2JzGAggASgIEhsKE3Byb21wdF90b3BfbG9ncHJvYnMYCSABKA0ixgMKFkdlbmVyYXRlU3RyZWFtUmVzcG9uc2USEgoKcmVxdWVzdF9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEiQKBnRva2VucxgDIAMoCzIULnRva2Vuc3BvdXQudjEuVG9rZW4SGAoQZ2VuZXJhdGVkX3Rva2VucxgEIAEoDRIUCgxpbnB1dF90b2tlbnMYBSABKA0SJQoGZmluaXNoGAYgASgLMhUudG9rZW5zcG91dC52MS5GaW5pc2gSEQoJaGVhcnRiZWF0GAcgASgIEg0KBWluZGV4GAggASgNEisKDXByb21wdF90b2tlbnMYCSADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEh4KFnRydW5jYXRlZF9pbnB1dF90b2tlbnMYCiABKA0SJgoHc2FtcGxlcxgLIAMoCzIVLnRva2Vuc3BvdXQudjEuU2FtcGxlEhEKCXJlYXNvbmluZxgMIAEoCRI2ChB0b29sX2NhbGxfZGVsdGFzGA0gAygLMhwudG9rZW5zcG91dC52MS5Ub29sQ2FsbERlbHRhEisKCnRvb2xfY2FsbHMYDiADKAsyFy50b2tlbnNwb3V0LnYxLlRvb2xDYWxsIsADChBHZW5lcmF0ZVJlc3BvbnNlEhIKCnJlcXVlc3RfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIkCgZ0b2tlbnMYAyADKAsyFC50b2tlbnNwb3V0LnYxLlRva2VuEhgKEGdlbmVyYXRlZF90b2tlbnMYBCABKA0SFAoMaW5wdXRfdG9rZW5zGAUgASgNEiUKBmZpbmlzaBgGIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoEhEKCWhlYXJ0YmVhdBgHIAEoCBINCgVpbmRleBgIIAEoDRIrCg1wcm9tcHRfdG9rZW5zGAkgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIeChZ0cnVuY2F0ZWRfaW5wdXRfdG9rZW5zGAogASgNEiYKB3NhbXBsZXMYCyADKAsyFS50b2tlbnNwb3V0LnYxLlNhbXBsZRIRCglyZWFzb25pbmcYDCABKAkSNgoQdG9vbF9jYWxsX2RlbHRhcxgNIAMoCzIcLnRva2Vuc3BvdXQudjEuVG9vbENhbGxEZWx0YRIrCgp0b29sX2NhbGxzGA4gAygLMhcudG9rZW5zcG91dC52MS5Ub29sQ2FsbCLMAQoGU2FtcGxlEg0KBWluZGV4GAEgASgNEgwKBHRleHQYAiABKAkSJAoGdG9rZW5zGAMgAygLMhQudG9rZW5zcG91dC52MS5Ub2tlbhIYChBnZW5lcmF0ZWRfdG9rZW5zGAQgASgNEiUKBmZpbmlzaBgFIAEoCzIVLnRva2Vuc3BvdXQudjEuRmluaXNoEhEKCXJlYXNvbmluZxgGIAEoCRIrCgp0b29sX2NhbGxzGAcgAygLMhcudG9rZW5zcG91dC52MS5Ub29sQ2FsbCKDAQoFVG9rZW4SCgoCaWQYASABKAUSDAoEdGV4dBgCIAEoCRINCgVieXRlcxgDIAEoDBIUCgdsb2dwcm9iGAQgASgCSACIAQESLwoMdG9wX2xvZ3Byb2JzGAUgAygLMhkudG9rZW5zcG91dC52MS5Ub3BMb2dwcm9iQgoKCF9sb2dwcm9iIjcKClRvcExvZ3Byb2ISCgoCaWQYASABKAUSDAoEdGV4dBgCIAEoCRIPCgdsb2dwcm9iGAMgASgCIqsCCgZGaW5pc2gSKwoGcmVhc29uGAEgASgOMhsudG9rZW5zcG91dC52MS5GaW5pc2hSZWFzb24SFwoNc3RvcF9zZXF1ZW5jZRgCIAEoCUgAEhcKDXN0b3BfdG9rZW5faWQYAyABKAVIABIMCgRzZWVkGAQgASgEEiMKBXVzYWdlGAUgASgLMhQudG9rZW5zcG91dC52MS5Vc2FnZRInCgd0aW1pbmdzGAYgASgLMhYudG9rZW5zcG91dC52MS5UaW1pbmdzEiEKFGNvbnN0cmFpbnRfc2F0aXNmaWVkGAcgASgISAGIAQESGgoSY29uc3RyYWludF9tZXNzYWdlGAggASgJQg4KDG1hdGNoZWRfc3RvcEIXChVfY29uc3RyYWludF9zYXRpc2ZpZWQinwEKBVVzYWdlEhUKDXByb21wdF90b2tlbnMYASABKA0SGQoRY29tcGxldGlvbl90b2tlbnMYAiABKA0SFQoNY2FjaGVkX3Rva2VucxgDIAEoDRIUCgxkcmFmdF90b2tlbnMYBCABKA0SHQoVYWNjZXB0ZWRfZHJhZnRfdG9rZW5zGAUgASgNEhgKEHJlYXNvbmluZ190b2tlbnMYBiABKA0iygEKB1RpbWluZ3MSEAoIcXVldWVfbXMYASABKAESHgoWdGltZV90b19maXJzdF90b2tlbl9tcxgCIAEoARISCgpwcmVmaWxsX21zGAMgASgBEhEKCWRlY29kZV9tcxgEIAEoARIQCgh0b3RhbF9tcxgFIAEoARIZChF0b2tlbnNfcGVyX3NlY29uZBgGIAEoARIdChVjb25zdHJhaW50X2NvbXBpbGVfbXMYByABKAESGgoSY29uc3RyYWludF9tYXNrX21zGAggASgBIlgKGENvbXBpbGVDb25zdHJhaW50UmVxdWVzdBINCgVtb2RlbBgBIAEoCRItCgpjb25zdHJhaW50GAIgASgLMhkudG9rZW5zcG91dC52MS5Db25zdHJhaW50IlEKGUNvbXBpbGVDb25zdHJhaW50UmVzcG9uc2USEgoKY29tcGlsZV9tcxgBIAEoARIOCgZjYWNoZWQYAiABKAgSEAoId2FybmluZ3MYAyADKAkivQEKD1Rva2VuaXplUmVxdWVzdBINCgVtb2RlbBgBIAEoCRIOCgR0ZXh0GAIgASgJSAASIwoEY2hhdBgDIAEoCzITLnRva2Vuc3BvdXQudjEuQ2hhdEgAEh8KEmFkZF9zcGVjaWFsX3Rva2VucxgEIAEoCEgBiAEBEhYKDnJldHVybl9vZmZzZXRzGAUgASgIEg0KBXRleHRzGAYgAygJQgcKBWlucHV0QhUKE19hZGRfc3BlY2lhbF90b2tlbnMiogEKEFRva2VuaXplUmVzcG9uc2USEQoJdG9rZW5faWRzGAEgAygFEg4KBnBpZWNlcxgCIAMoDBINCgVjb3VudBgDIAEoDRIsCgdvZmZzZXRzGAQgASgLMhsudG9rZW5zcG91dC52MS5Ub2tlbk9mZnNldHMSLgoHcmVzdWx0cxgFIAMoCzIdLnRva2Vuc3BvdXQudjEuVG9rZW5pemVSZXN1bHQicAoOVG9rZW5pemVSZXN1bHQSEQoJdG9rZW5faWRzGAEgAygFEg4KBnBpZWNlcxgCIAMoDBINCgVjb3VudBgDIAEoDRIsCgdvZmZzZXRzGAQgASgLMhsudG9rZW5zcG91dC52MS5Ub2tlbk9mZnNldHMiXgoMVG9rZW5PZmZzZXRzEhMKC2J5dGVfc3RhcnRzGAEgAygNEhEKCWJ5dGVfZW5kcxgCIAMoDRITCgtjaGFyX3N0YXJ0cxgDIAMoDRIRCgljaGFyX2VuZHMYBCADKA0iJAoNQ2FuY2VsUmVxdWVzdBITCgtyZXF1ZXN0X2lkcxgBIAMoCSI2Cg5DYW5jZWxSZXNwb25zZRIRCgljYW5jZWxsZWQYASADKAkSEQoJbm90X2ZvdW5kGAIgAygJIhgKFkdldFNlcnZlclN0YXR1c1JlcXVlc3QioAYKF0dldFNlcnZlclN0YXR1c1Jlc3BvbnNlEhkKEXJ1bm5pbmdfc2VxdWVuY2VzGAEgASgNEhcKD3F1ZXVlZF9yZXF1ZXN0cxgCIAEoDRIYChBwYXVzZWRfc2VxdWVuY2VzGAMgASgNEhkKEWNhY2hlX3Rva2Vuc191c2VkGAQgASgNEhkKEWNhY2hlX3Rva2Vuc19mcmVlGAUgASgNEhYKDm1heF9iYXRjaF9zaXplGAYgASgNEhsKE21heF9xdWV1ZWRfcmVxdWVzdHMYByABKA0SFAoMZW5naW5lX3N0ZXBzGAggASgEEhcKD2NhbmNlbGxlZF90b3RhbBgJIAEoBBIhChlsYXN0X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAogASgNEh4KFmxhc3RfY2FuY2VsX2xhdGVuY3lfbXMYCyABKAESIAoYbWF4X2NhbmNlbF9sYXRlbmN5X3N0ZXBzGAwgASgNEhYKDnJlamVjdGVkX3RvdGFsGA0gASgEEhAKCGRyYWluaW5nGA4gASgIEhUKDXN0YXJ0ZWRfdG90YWwYDyABKAQSFwoPY2FjaGVkX3ByZWZpeGVzGBAgASgNEhwKFGNhY2hlZF9wcmVmaXhfdG9rZW5zGBEgASgEEhsKE3Byb21wdF90b2tlbnNfdG90YWwYEiABKAQSIgoaY2FjaGVkX3Byb21wdF90b2tlbnNfdG90YWwYEyABKAQSHQoVcHJlZml4X2NhY2hlX2hpdF9yYXRlGBQgASgBEhcKD3ByZWVtcHRlZF90b3RhbBgVIAEoBBIbChNwcmVlbXB0ZWRfc2VxdWVuY2VzGBYgASgNEh8KF3JlY29tcHV0ZWRfdG9rZW5zX3RvdGFsGBcgASgEEiwKB2NhbGxlcnMYGCADKAsyGy50b2tlbnNwb3V0LnYxLkNhbGxlclN0YXR1cxIaChJkcmFmdF90b2tlbnNfdG90YWwYGSABKAQSIwobYWNjZXB0ZWRfZHJhZnRfdG9rZW5zX3RvdGFsGBogASgEEhoKEmF0dGVudGlvbl9wcm92aWRlchgbIAEoCSKeAgoMQ2FsbGVyU3RhdHVzEg4KBmNhbGxlchgBIAEoCRIZChFydW5uaW5nX3NlcXVlbmNlcxgCIAEoDRIXCg9xdWV1ZWRfcmVxdWVzdHMYAyABKA0SGwoTcHJlZW1wdGVkX3NlcXVlbmNlcxgEIAEoDRIbChNwcm9tcHRfdG9rZW5zX3RvdGFsGAUgASgEEh4KFmdlbmVyYXRlZF90b2tlbnNfdG90YWwYBiABKAQSFwoPcHJlZW1wdGVkX3RvdGFsGAcgASgEEhUKDXJlZnVzZWRfdG90YWwYCCABKAQSEgoKc2hlZF90b3RhbBgJIAEoBBIcChRxdWV1ZV90aW1lb3V0c190b3RhbBgKIAEoBBIOCgZ3ZWlnaHQYCyABKAEiJAoTR2V0TW9kZWxJbmZvUmVxdWVzdBINCgVtb2RlbBgBIAEoCSKcBAoUR2V0TW9kZWxJbmZvUmVzcG9uc2USEAoIbW9kZWxfaWQYASABKAkSDgoGZW5naW5lGAIgASgJEhYKDmNvbnRleHRfbGVuZ3RoGAMgASgNEhIKCnZvY2FiX3NpemUYBCABKA0SNAoOc3BlY2lhbF90b2tlbnMYBSABKAsyHC50b2tlbnNwb3V0LnYxLlNwZWNpYWxUb2tlbnMSEAoIc2FtcGxlcnMYBiADKAkSGAoQY29uc3RyYWludF9raW5kcxgHIAMoCRIlCgZsaW1pdHMYCCABKAsyFS50b2tlbnNwb3V0LnYxLkxpbWl0cxIZChFoYXNfY2hhdF90ZW1wbGF0ZRgJIAEoCBIUCgxxdWFudGl6YXRpb24YCiABKAkSOQoRc3BlY3VsYXRpb25fbW9kZXMYCyADKA4yHi50b2tlbnNwb3V0LnYxLlNwZWN1bGF0aW9uTW9kZRI3ChNkZWZhdWx0X3NwZWN1bGF0aW9uGAwgASgLMhoudG9rZW5zcG91dC52MS5TcGVjdWxhdGlvbhIYChByZXF1ZXN0X2ZlYXR1cmVzGA0gAygJEhoKEmF0dGVudGlvbl9wcm92aWRlchgOIAEoCRIYChB0b29sX2NhbGxfZm9ybWF0GBEgASgJEh4KFnRlbXBsYXRlX3JlbmRlcnNfdG9vbHMYEiABKAgSGAoQcmVhc29uaW5nX2Zvcm1hdBgTIAEoCSJ+Cg1TcGVjaWFsVG9rZW5zEhkKDGJvc190b2tlbl9pZBgBIAEoBUgAiAEBEhUKDWVvc190b2tlbl9pZHMYAiADKAUSGQoMcGFkX3Rva2VuX2lkGAMgASgFSAGIAQFCDwoNX2Jvc190b2tlbl9pZEIPCg1fcGFkX3Rva2VuX2lkIuEBCgZMaW1pdHMSFgoObWF4X2JhdGNoX3NpemUYASABKA0SFgoObWF4X25ld190b2tlbnMYAiABKA0SGgoSbWF4X3N0b3Bfc2VxdWVuY2VzGAMgASgNEiAKGG1heF9zdG9wX3NlcXVlbmNlX2xlbmd0aBgEIAEoDRIYChBtYXhfdG9wX2xvZ3Byb2JzGAUgASgNEh4KFm1heF9sb2dpdF9iaWFzX2VudHJpZXMYBiABKA0SEwoLbWF4X3NhbXBsZXMYByABKA0SGgoSbWF4X3Rva2VuaXplX3RleHRzGAggASgNKosBCg9TcGVjdWxhdGlvbk1vZGUSIAocU1BFQ1VMQVRJT05fTU9ERV9VTlNQRUNJRklFRBAAEhgKFFNQRUNVTEFUSU9OX01PREVfT0ZGEAESGgoWU1BFQ1VMQVRJT05fTU9ERV9OR1JBTRACEiAKHFNQRUNVTEFUSU9OX01PREVfRFJBRlRfTU9ERUwQAyqHAQoOVG9vbENob2ljZU1vZGUSIAocVE9PTF9DSE9JQ0VfTU9ERV9VTlNQRUNJRklFRBAAEhkKFVRPT0xfQ0hPSUNFX01PREVfTk9ORRABEhkKFVRPT0xfQ0hPSUNFX01PREVfQVVUTxACEh0KGVRPT0xfQ0hPSUNFX01PREVfUkVRVUlSRUQQAypeCg1SZWFzb25pbmdNb2RlEh4KGlJFQVNPTklOR19NT0RFX1VOU1BFQ0lGSUVEEAASFgoSUkVBU09OSU5HX01PREVfT0ZGEAESFQoRUkVBU09OSU5HX01PREVfT04QAirIAgoMRmluaXNoUmVhc29uEh0KGUZJTklTSF9SRUFTT05fVU5TUEVDSUZJRUQQABIbChdGSU5JU0hfUkVBU09OX0VPU19UT0tFThABEh8KG0ZJTklTSF9SRUFTT05fU1RPUF9TRVFVRU5DRRACEhwKGEZJTklTSF9SRUFTT05fU1RPUF9UT0tFThADEhwKGEZJTklTSF9SRUFTT05fTUFYX1RPS0VOUxAEEhwKGEZJTklTSF9SRUFTT05fVElNRV9MSU1JVBAFEh8KG0ZJTklTSF9SRUFTT05fQ09OVEVYVF9MSU1JVBAGEhsKF0ZJTklTSF9SRUFTT05fQ0FOQ0VMTEVEEAcSJQohRklOSVNIX1JFQVNPTl9DT05TVFJBSU5UX0NPTVBMRVRFEAgSHAoYRklOSVNIX1JFQVNPTl9UT09MX0NBTExTEAky+AQKEUdlbmVyYXRpb25TZXJ2aWNlEl8KDkdlbmVyYXRlU3RyZWFtEiQudG9rZW5zcG91dC52MS5HZW5lcmF0ZVN0cmVhbVJlcXVlc3QaJS50b2tlbnNwb3V0LnYxLkdlbmVyYXRlU3RyZWFtUmVzcG9uc2UwARJLCghHZW5lcmF0ZRIeLnRva2Vuc3BvdXQudjEuR2VuZXJhdGVSZXF1ZXN0Gh8udG9rZW5zcG91dC52MS5HZW5lcmF0ZVJlc3BvbnNlEksKCFRva2VuaXplEh4udG9rZW5zcG91dC52MS5Ub2tlbml6ZVJlcXVlc3QaHy50b2tlbnNwb3V0LnYxLlRva2VuaXplUmVzcG9uc2USVwoMR2V0TW9kZWxJbmZvEiIudG9rZW5zcG91dC52MS5HZXRNb2RlbEluZm9SZXF1ZXN0GiMudG9rZW5zcG91dC52MS5HZXRNb2RlbEluZm9SZXNwb25zZRJmChFDb21waWxlQ29uc3RyYWludBInLnRva2Vuc3BvdXQudjEuQ29tcGlsZUNvbnN0cmFpbnRSZXF1ZXN0GigudG9rZW5zcG91dC52MS5Db21waWxlQ29uc3RyYWludFJlc3BvbnNlEkUKBkNhbmNlbBIcLnRva2Vuc3BvdXQudjEuQ2FuY2VsUmVxdWVzdBodLnRva2Vuc3BvdXQudjEuQ2FuY2VsUmVzcG9uc2USYAoPR2V0U2VydmVyU3RhdHVzEiUudG9rZW5zcG91dC52MS5HZXRTZXJ2ZXJTdGF0dXNSZXF1ZXN0GiYudG9rZW5zcG91dC52MS5HZXRTZXJ2ZXJTdGF0dXNSZXNwb25zZUKhAQoRZGV2LnRva2Vuc3BvdXQudjFCD0dlbmVyYXRpb25Qcm90b1ABWkJnaXRodWIuY29tL3Rva2Vuc3BvdXQvdG9rZW5zcG91dC9nZW4vZ28vdG9rZW5zcG91dC92MTt0b2tlbnNwb3V0djGiAgNUU1iqAg1Ub2tlbnNwb3V0LlYxygINVG9rZW5zcG91dFxWMeoCDlRva2Vuc3BvdXQ6OlYxYgZwcm90bzM");
 
 /**
  * A streaming generation request. GenerateRequest carries the same fields
@@ -303,6 +303,40 @@ export type Chat = Message<"tokenspout.v1.Chat"> & {
    * @generated from field: optional bool add_generation_prompt = 2;
    */
   addGenerationPrompt?: boolean | undefined;
+
+  /**
+   * Functions the model may call, at most 128, each name once. They are
+   * rendered through the model's chat template when it takes `tools`, else
+   * through tokenspout's fallback system prompt (docs/api.md, "Tool calls").
+   * Calls come back typed (GenerateStreamResponse.tool_call_deltas and
+   * tool_calls), never as markup in `text`.
+   *
+   * @generated from field: repeated tokenspout.v1.Tool tools = 3;
+   */
+  tools: Tool[];
+
+  /**
+   * Whether and which tool the model must call. Unset: auto when tools are
+   * given, none otherwise.
+   *
+   * @generated from field: tokenspout.v1.ToolChoice tool_choice = 4;
+   */
+  toolChoice?: ToolChoice | undefined;
+
+  /**
+   * Allow more than one call in one turn (default true). When false, the
+   * grammar ends the turn after the first call.
+   *
+   * @generated from field: optional bool parallel_tool_calls = 5;
+   */
+  parallelToolCalls?: boolean | undefined;
+
+  /**
+   * Thinking before answering; unset leaves it to the model and its template.
+   *
+   * @generated from field: tokenspout.v1.Reasoning reasoning = 6;
+   */
+  reasoning?: Reasoning | undefined;
 };
 
 /**
@@ -317,16 +351,45 @@ export const ChatSchema: GenMessage<Chat> = /*@__PURE__*/
  */
 export type ChatMessage = Message<"tokenspout.v1.ChatMessage"> & {
   /**
-   * "system", "user", "assistant" or any role the template knows.
+   * "system", "user", "assistant", "tool" or any role the template knows.
    *
    * @generated from field: string role = 1;
    */
   role: string;
 
   /**
+   * The message's text. May be empty on an assistant message that has
+   * tool_calls; on a "tool" message it is the call's result.
+   *
    * @generated from field: string content = 2;
    */
   content: string;
+
+  /**
+   * Assistant messages only: the calls the model made in this turn, as it
+   * returned them. Each name must be one of Chat.tools; each id must be
+   * unique in the chat.
+   *
+   * @generated from field: repeated tokenspout.v1.ToolCall tool_calls = 3;
+   */
+  toolCalls: ToolCall[];
+
+  /**
+   * "tool" messages only: the id of the earlier assistant ToolCall whose
+   * result this is (required; a result without a matching call is
+   * INVALID_ARGUMENT).
+   *
+   * @generated from field: string tool_call_id = 4;
+   */
+  toolCallId: string;
+
+  /**
+   * Assistant messages only: the reasoning that came with the turn, for
+   * templates that render it back (most drop earlier turns' reasoning).
+   *
+   * @generated from field: string reasoning = 5;
+   */
+  reasoning: string;
 };
 
 /**
@@ -335,6 +398,190 @@ export type ChatMessage = Message<"tokenspout.v1.ChatMessage"> & {
  */
 export const ChatMessageSchema: GenMessage<ChatMessage> = /*@__PURE__*/
   messageDesc(file_tokenspout_v1_generation, 5);
+
+/**
+ * A function the model may call.
+ *
+ * @generated from message tokenspout.v1.Tool
+ */
+export type Tool = Message<"tokenspout.v1.Tool"> & {
+  /**
+   * 1 to 64 characters of [A-Za-z0-9_-].
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * What the function does and when to call it; the model reads this.
+   *
+   * @generated from field: string description = 2;
+   */
+  description: string;
+
+  /**
+   * A JSON Schema for the arguments object, as a JSON string. Empty means
+   * any JSON object. The same bounds and checks as Constraint.json_schema
+   * apply (a schema llguidance cannot enforce is INVALID_ARGUMENT); with
+   * tool_choice required or a named tool the arguments are generated under
+   * this schema, and with auto once a call has started.
+   *
+   * @generated from field: string parameters = 3;
+   */
+  parameters: string;
+};
+
+/**
+ * Describes the message tokenspout.v1.Tool.
+ * Use `create(ToolSchema)` to create a new message.
+ */
+export const ToolSchema: GenMessage<Tool> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 6);
+
+/**
+ * Which tool, if any, the model must call.
+ *
+ * @generated from message tokenspout.v1.ToolChoice
+ */
+export type ToolChoice = Message<"tokenspout.v1.ToolChoice"> & {
+  /**
+   * @generated from oneof tokenspout.v1.ToolChoice.choice
+   */
+  choice: {
+    /**
+     * @generated from field: tokenspout.v1.ToolChoiceMode mode = 1;
+     */
+    value: ToolChoiceMode;
+    case: "mode";
+  } | {
+    /**
+     * This tool must be called (by Tool.name); the grammar forces one
+     * well-formed call to it with arguments that match its schema.
+     *
+     * @generated from field: string name = 2;
+     */
+    value: string;
+    case: "name";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message tokenspout.v1.ToolChoice.
+ * Use `create(ToolChoiceSchema)` to create a new message.
+ */
+export const ToolChoiceSchema: GenMessage<ToolChoice> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 7);
+
+/**
+ * A call the model made: in responses, and in assistant messages of the
+ * history sent back.
+ *
+ * @generated from message tokenspout.v1.ToolCall
+ */
+export type ToolCall = Message<"tokenspout.v1.ToolCall"> & {
+  /**
+   * Unique within a chat; assigned by the server ("call_" and 24 letters
+   * and digits). Send it back in the tool message that answers the call.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * One of Chat.tools' names.
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * The arguments, a JSON object as text (as the model wrote it).
+   *
+   * @generated from field: string arguments = 3;
+   */
+  arguments: string;
+};
+
+/**
+ * Describes the message tokenspout.v1.ToolCall.
+ * Use `create(ToolCallSchema)` to create a new message.
+ */
+export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 8);
+
+/**
+ * Part of a tool call as it forms in a stream. A call's first delta carries
+ * its index, id and name; the ones after carry more of its arguments. When
+ * the call is complete, the same message's tool_calls also holds it whole.
+ *
+ * @generated from message tokenspout.v1.ToolCallDelta
+ */
+export type ToolCallDelta = Message<"tokenspout.v1.ToolCallDelta"> & {
+  /**
+   * Which call of this turn, counting from 0, in the order they were made.
+   *
+   * @generated from field: uint32 index = 1;
+   */
+  index: number;
+
+  /**
+   * Set on the call's first delta only.
+   *
+   * @generated from field: string id = 2;
+   */
+  id: string;
+
+  /**
+   * Set on the call's first delta only.
+   *
+   * @generated from field: string name = 3;
+   */
+  name: string;
+
+  /**
+   * The next characters of the arguments JSON; a call's deltas joined
+   * in order are its ToolCall.arguments.
+   *
+   * @generated from field: string arguments_delta = 4;
+   */
+  argumentsDelta: string;
+};
+
+/**
+ * Describes the message tokenspout.v1.ToolCallDelta.
+ * Use `create(ToolCallDeltaSchema)` to create a new message.
+ */
+export const ToolCallDeltaSchema: GenMessage<ToolCallDelta> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 9);
+
+/**
+ * Thinking before answering (models with a `<think>`...`</think>` block).
+ * The reasoning streams in GenerateStreamResponse.reasoning, never in text;
+ * a Constraint applies only to the answer after the reasoning ends.
+ *
+ * @generated from message tokenspout.v1.Reasoning
+ */
+export type Reasoning = Message<"tokenspout.v1.Reasoning"> & {
+  /**
+   * @generated from field: tokenspout.v1.ReasoningMode mode = 1;
+   */
+  mode: ReasoningMode;
+
+  /**
+   * Most tokens of reasoning; when they are spent, the end marker is forced
+   * and the answer begins. 0: no limit but max_new_tokens.
+   *
+   * @generated from field: uint32 budget_tokens = 2;
+   */
+  budgetTokens: number;
+};
+
+/**
+ * Describes the message tokenspout.v1.Reasoning.
+ * Use `create(ReasoningSchema)` to create a new message.
+ */
+export const ReasoningSchema: GenMessage<Reasoning> = /*@__PURE__*/
+  messageDesc(file_tokenspout_v1_generation, 10);
 
 /**
  * Sampling settings. Unset means the server default; 0 is a real value.
@@ -496,7 +743,7 @@ export type SamplingParams = Message<"tokenspout.v1.SamplingParams"> & {
  * Use `create(SamplingParamsSchema)` to create a new message.
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 6);
+  messageDesc(file_tokenspout_v1_generation, 11);
 
 /**
  * DRY ("don't repeat yourself"): a token that would extend a sequence already
@@ -551,7 +798,7 @@ export type DrySampler = Message<"tokenspout.v1.DrySampler"> & {
  * Use `create(DrySamplerSchema)` to create a new message.
  */
 export const DrySamplerSchema: GenMessage<DrySampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 7);
+  messageDesc(file_tokenspout_v1_generation, 12);
 
 /**
  * XTC: with `probability`, removes every token whose probability is at least
@@ -582,7 +829,7 @@ export type XtcSampler = Message<"tokenspout.v1.XtcSampler"> & {
  * Use `create(XtcSamplerSchema)` to create a new message.
  */
 export const XtcSamplerSchema: GenMessage<XtcSampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 8);
+  messageDesc(file_tokenspout_v1_generation, 13);
 
 /**
  * @generated from message tokenspout.v1.MirostatSampler
@@ -608,7 +855,7 @@ export type MirostatSampler = Message<"tokenspout.v1.MirostatSampler"> & {
  * Use `create(MirostatSamplerSchema)` to create a new message.
  */
 export const MirostatSamplerSchema: GenMessage<MirostatSampler> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 9);
+  messageDesc(file_tokenspout_v1_generation, 14);
 
 /**
  * @generated from message tokenspout.v1.StoppingCriteria
@@ -669,7 +916,7 @@ export type StoppingCriteria = Message<"tokenspout.v1.StoppingCriteria"> & {
  * Use `create(StoppingCriteriaSchema)` to create a new message.
  */
 export const StoppingCriteriaSchema: GenMessage<StoppingCriteria> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 10);
+  messageDesc(file_tokenspout_v1_generation, 15);
 
 /**
  * Constrains the output to a language, enforced token by token (llguidance):
@@ -758,7 +1005,7 @@ export type Constraint = Message<"tokenspout.v1.Constraint"> & {
  * Use `create(ConstraintSchema)` to create a new message.
  */
 export const ConstraintSchema: GenMessage<Constraint> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 11);
+  messageDesc(file_tokenspout_v1_generation, 16);
 
 /**
  * @generated from message tokenspout.v1.Choices
@@ -775,7 +1022,7 @@ export type Choices = Message<"tokenspout.v1.Choices"> & {
  * Use `create(ChoicesSchema)` to create a new message.
  */
 export const ChoicesSchema: GenMessage<Choices> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 12);
+  messageDesc(file_tokenspout_v1_generation, 17);
 
 /**
  * @generated from message tokenspout.v1.OutputOptions
@@ -859,7 +1106,7 @@ export type OutputOptions = Message<"tokenspout.v1.OutputOptions"> & {
  * Use `create(OutputOptionsSchema)` to create a new message.
  */
 export const OutputOptionsSchema: GenMessage<OutputOptions> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 13);
+  messageDesc(file_tokenspout_v1_generation, 18);
 
 /**
  * @generated from message tokenspout.v1.GenerateStreamResponse
@@ -942,6 +1189,30 @@ export type GenerateStreamResponse = Message<"tokenspout.v1.GenerateStreamRespon
    * @generated from field: repeated tokenspout.v1.Sample samples = 11;
    */
   samples: Sample[];
+
+  /**
+   * The new reasoning text (see Chat.reasoning), apart from `text`: complete
+   * UTF-8, never the reasoning markers themselves.
+   *
+   * @generated from field: string reasoning = 12;
+   */
+  reasoning: string;
+
+  /**
+   * The tool calls forming in this message, in order (see ToolCallDelta).
+   *
+   * @generated from field: repeated tokenspout.v1.ToolCallDelta tool_call_deltas = 13;
+   */
+  toolCallDeltas: ToolCallDelta[];
+
+  /**
+   * The tool calls completed in this message, whole. Markup that never
+   * becomes a well-formed call is returned in `text` at the end, never as a
+   * partial call.
+   *
+   * @generated from field: repeated tokenspout.v1.ToolCall tool_calls = 14;
+   */
+  toolCalls: ToolCall[];
 };
 
 /**
@@ -949,7 +1220,7 @@ export type GenerateStreamResponse = Message<"tokenspout.v1.GenerateStreamRespon
  * Use `create(GenerateStreamResponseSchema)` to create a new message.
  */
 export const GenerateStreamResponseSchema: GenMessage<GenerateStreamResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 14);
+  messageDesc(file_tokenspout_v1_generation, 19);
 
 /**
  * @generated from message tokenspout.v1.GenerateResponse
@@ -1015,6 +1286,28 @@ export type GenerateResponse = Message<"tokenspout.v1.GenerateResponse"> & {
    * @generated from field: repeated tokenspout.v1.Sample samples = 11;
    */
   samples: Sample[];
+
+  /**
+   * Sample 0's reasoning (see Chat.reasoning), apart from `text`.
+   *
+   * @generated from field: string reasoning = 12;
+   */
+  reasoning: string;
+
+  /**
+   * Unused in unary responses; present so the two responses share every field.
+   *
+   * @generated from field: repeated tokenspout.v1.ToolCallDelta tool_call_deltas = 13;
+   */
+  toolCallDeltas: ToolCallDelta[];
+
+  /**
+   * Sample 0's tool calls, whole, in order; finish.reason is then
+   * FINISH_REASON_TOOL_CALLS.
+   *
+   * @generated from field: repeated tokenspout.v1.ToolCall tool_calls = 14;
+   */
+  toolCalls: ToolCall[];
 };
 
 /**
@@ -1022,7 +1315,7 @@ export type GenerateResponse = Message<"tokenspout.v1.GenerateResponse"> & {
  * Use `create(GenerateResponseSchema)` to create a new message.
  */
 export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 15);
+  messageDesc(file_tokenspout_v1_generation, 20);
 
 /**
  * One of n samples of a unary request.
@@ -1054,6 +1347,16 @@ export type Sample = Message<"tokenspout.v1.Sample"> & {
    * @generated from field: tokenspout.v1.Finish finish = 5;
    */
   finish?: Finish | undefined;
+
+  /**
+   * @generated from field: string reasoning = 6;
+   */
+  reasoning: string;
+
+  /**
+   * @generated from field: repeated tokenspout.v1.ToolCall tool_calls = 7;
+   */
+  toolCalls: ToolCall[];
 };
 
 /**
@@ -1061,7 +1364,7 @@ export type Sample = Message<"tokenspout.v1.Sample"> & {
  * Use `create(SampleSchema)` to create a new message.
  */
 export const SampleSchema: GenMessage<Sample> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 16);
+  messageDesc(file_tokenspout_v1_generation, 21);
 
 /**
  * @generated from message tokenspout.v1.Token
@@ -1100,7 +1403,7 @@ export type Token = Message<"tokenspout.v1.Token"> & {
  * Use `create(TokenSchema)` to create a new message.
  */
 export const TokenSchema: GenMessage<Token> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 17);
+  messageDesc(file_tokenspout_v1_generation, 22);
 
 /**
  * @generated from message tokenspout.v1.TopLogprob
@@ -1127,7 +1430,7 @@ export type TopLogprob = Message<"tokenspout.v1.TopLogprob"> & {
  * Use `create(TopLogprobSchema)` to create a new message.
  */
 export const TopLogprobSchema: GenMessage<TopLogprob> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 18);
+  messageDesc(file_tokenspout_v1_generation, 23);
 
 /**
  * @generated from message tokenspout.v1.Finish
@@ -1194,7 +1497,7 @@ export type Finish = Message<"tokenspout.v1.Finish"> & {
  * Use `create(FinishSchema)` to create a new message.
  */
 export const FinishSchema: GenMessage<Finish> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 19);
+  messageDesc(file_tokenspout_v1_generation, 24);
 
 /**
  * @generated from message tokenspout.v1.Usage
@@ -1230,6 +1533,13 @@ export type Usage = Message<"tokenspout.v1.Usage"> & {
    * @generated from field: uint32 accepted_draft_tokens = 5;
    */
   acceptedDraftTokens: number;
+
+  /**
+   * Of completion_tokens, the ones spent on reasoning (markers included).
+   *
+   * @generated from field: uint32 reasoning_tokens = 6;
+   */
+  reasoningTokens: number;
 };
 
 /**
@@ -1237,7 +1547,7 @@ export type Usage = Message<"tokenspout.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 20);
+  messageDesc(file_tokenspout_v1_generation, 25);
 
 /**
  * @generated from message tokenspout.v1.Timings
@@ -1305,7 +1615,7 @@ export type Timings = Message<"tokenspout.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 21);
+  messageDesc(file_tokenspout_v1_generation, 26);
 
 /**
  * @generated from message tokenspout.v1.CompileConstraintRequest
@@ -1327,7 +1637,7 @@ export type CompileConstraintRequest = Message<"tokenspout.v1.CompileConstraintR
  * Use `create(CompileConstraintRequestSchema)` to create a new message.
  */
 export const CompileConstraintRequestSchema: GenMessage<CompileConstraintRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 22);
+  messageDesc(file_tokenspout_v1_generation, 27);
 
 /**
  * @generated from message tokenspout.v1.CompileConstraintResponse
@@ -1358,7 +1668,7 @@ export type CompileConstraintResponse = Message<"tokenspout.v1.CompileConstraint
  * Use `create(CompileConstraintResponseSchema)` to create a new message.
  */
 export const CompileConstraintResponseSchema: GenMessage<CompileConstraintResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 23);
+  messageDesc(file_tokenspout_v1_generation, 28);
 
 /**
  * @generated from message tokenspout.v1.TokenizeRequest
@@ -1415,7 +1725,7 @@ export type TokenizeRequest = Message<"tokenspout.v1.TokenizeRequest"> & {
  * Use `create(TokenizeRequestSchema)` to create a new message.
  */
 export const TokenizeRequestSchema: GenMessage<TokenizeRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 24);
+  messageDesc(file_tokenspout_v1_generation, 29);
 
 /**
  * @generated from message tokenspout.v1.TokenizeResponse
@@ -1458,7 +1768,7 @@ export type TokenizeResponse = Message<"tokenspout.v1.TokenizeResponse"> & {
  * Use `create(TokenizeResponseSchema)` to create a new message.
  */
 export const TokenizeResponseSchema: GenMessage<TokenizeResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 25);
+  messageDesc(file_tokenspout_v1_generation, 30);
 
 /**
  * The tokens of one of TokenizeRequest.texts.
@@ -1492,7 +1802,7 @@ export type TokenizeResult = Message<"tokenspout.v1.TokenizeResult"> & {
  * Use `create(TokenizeResultSchema)` to create a new message.
  */
 export const TokenizeResultSchema: GenMessage<TokenizeResult> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 26);
+  messageDesc(file_tokenspout_v1_generation, 31);
 
 /**
  * Where each token lies in the text: token i covers bytes
@@ -1530,7 +1840,7 @@ export type TokenOffsets = Message<"tokenspout.v1.TokenOffsets"> & {
  * Use `create(TokenOffsetsSchema)` to create a new message.
  */
 export const TokenOffsetsSchema: GenMessage<TokenOffsets> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 27);
+  messageDesc(file_tokenspout_v1_generation, 32);
 
 /**
  * @generated from message tokenspout.v1.CancelRequest
@@ -1547,7 +1857,7 @@ export type CancelRequest = Message<"tokenspout.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 28);
+  messageDesc(file_tokenspout_v1_generation, 33);
 
 /**
  * @generated from message tokenspout.v1.CancelResponse
@@ -1573,7 +1883,7 @@ export type CancelResponse = Message<"tokenspout.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 29);
+  messageDesc(file_tokenspout_v1_generation, 34);
 
 /**
  * @generated from message tokenspout.v1.GetServerStatusRequest
@@ -1586,7 +1896,7 @@ export type GetServerStatusRequest = Message<"tokenspout.v1.GetServerStatusReque
  * Use `create(GetServerStatusRequestSchema)` to create a new message.
  */
 export const GetServerStatusRequestSchema: GenMessage<GetServerStatusRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 30);
+  messageDesc(file_tokenspout_v1_generation, 35);
 
 /**
  * @generated from message tokenspout.v1.GetServerStatusResponse
@@ -1775,7 +2085,7 @@ export type GetServerStatusResponse = Message<"tokenspout.v1.GetServerStatusResp
  * Use `create(GetServerStatusResponseSchema)` to create a new message.
  */
 export const GetServerStatusResponseSchema: GenMessage<GetServerStatusResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 31);
+  messageDesc(file_tokenspout_v1_generation, 36);
 
 /**
  * One caller's share of the server, by its fairness key: the API key's name,
@@ -1859,7 +2169,7 @@ export type CallerStatus = Message<"tokenspout.v1.CallerStatus"> & {
  * Use `create(CallerStatusSchema)` to create a new message.
  */
 export const CallerStatusSchema: GenMessage<CallerStatus> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 32);
+  messageDesc(file_tokenspout_v1_generation, 37);
 
 /**
  * @generated from message tokenspout.v1.GetModelInfoRequest
@@ -1876,7 +2186,7 @@ export type GetModelInfoRequest = Message<"tokenspout.v1.GetModelInfoRequest"> &
  * Use `create(GetModelInfoRequestSchema)` to create a new message.
  */
 export const GetModelInfoRequestSchema: GenMessage<GetModelInfoRequest> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 33);
+  messageDesc(file_tokenspout_v1_generation, 38);
 
 /**
  * @generated from message tokenspout.v1.GetModelInfoResponse
@@ -1974,6 +2284,35 @@ export type GetModelInfoResponse = Message<"tokenspout.v1.GetModelInfoResponse">
    * @generated from field: string attention_provider = 14;
    */
   attentionProvider: string;
+
+  /**
+   * How this model writes tool calls, which decides the markup parsed out
+   * of its output and enforced by the grammar: "hermes"
+   * (<tool_call>{"name": ..., "arguments": ...}</tool_call>, Qwen and
+   * Hermes), "llama3_json" ({"name": ..., "parameters": ...}, after
+   * <|python_tag|> or alone), "mistral" ([TOOL_CALLS][{"name": ...,
+   * "arguments": ...}]); chosen from the chat template or the server's
+   * tool_call_format setting. Empty: the model cannot take tools.
+   *
+   * @generated from field: string tool_call_format = 17;
+   */
+  toolCallFormat: string;
+
+  /**
+   * Whether the chat template renders `tools` itself; false means the
+   * fallback system prompt describes them (docs/api.md, "Tool calls").
+   *
+   * @generated from field: bool template_renders_tools = 18;
+   */
+  templateRendersTools: boolean;
+
+  /**
+   * The reasoning markup parsed out of the output: "think"
+   * (<think>...</think>); empty: reasoning is not parsed.
+   *
+   * @generated from field: string reasoning_format = 19;
+   */
+  reasoningFormat: string;
 };
 
 /**
@@ -1981,7 +2320,7 @@ export type GetModelInfoResponse = Message<"tokenspout.v1.GetModelInfoResponse">
  * Use `create(GetModelInfoResponseSchema)` to create a new message.
  */
 export const GetModelInfoResponseSchema: GenMessage<GetModelInfoResponse> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 34);
+  messageDesc(file_tokenspout_v1_generation, 39);
 
 /**
  * @generated from message tokenspout.v1.SpecialTokens
@@ -2008,7 +2347,7 @@ export type SpecialTokens = Message<"tokenspout.v1.SpecialTokens"> & {
  * Use `create(SpecialTokensSchema)` to create a new message.
  */
 export const SpecialTokensSchema: GenMessage<SpecialTokens> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 35);
+  messageDesc(file_tokenspout_v1_generation, 40);
 
 /**
  * @generated from message tokenspout.v1.Limits
@@ -2066,7 +2405,7 @@ export type Limits = Message<"tokenspout.v1.Limits"> & {
  * Use `create(LimitsSchema)` to create a new message.
  */
 export const LimitsSchema: GenMessage<Limits> = /*@__PURE__*/
-  messageDesc(file_tokenspout_v1_generation, 36);
+  messageDesc(file_tokenspout_v1_generation, 41);
 
 /**
  * @generated from enum tokenspout.v1.SpeculationMode
@@ -2107,6 +2446,84 @@ export enum SpeculationMode {
  */
 export const SpeculationModeSchema: GenEnum<SpeculationMode> = /*@__PURE__*/
   enumDesc(file_tokenspout_v1_generation, 0);
+
+/**
+ * @generated from enum tokenspout.v1.ToolChoiceMode
+ */
+export enum ToolChoiceMode {
+  /**
+   * auto when Chat.tools is not empty, none otherwise.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * No calls: the tools are not shown to the model, and its output is
+   * plain text (call markup is not parsed).
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_NONE = 1;
+   */
+  NONE = 1,
+
+  /**
+   * The model answers in text or calls tools. A call, once its start marker
+   * is generated, is enforced by the grammar (lazy grammar): a known name
+   * and arguments that match that tool's schema.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_AUTO = 2;
+   */
+  AUTO = 2,
+
+  /**
+   * The model must call at least one tool: the grammar forces the call
+   * markup from the first token, then a known name and matching arguments.
+   *
+   * @generated from enum value: TOOL_CHOICE_MODE_REQUIRED = 3;
+   */
+  REQUIRED = 3,
+}
+
+/**
+ * Describes the enum tokenspout.v1.ToolChoiceMode.
+ */
+export const ToolChoiceModeSchema: GenEnum<ToolChoiceMode> = /*@__PURE__*/
+  enumDesc(file_tokenspout_v1_generation, 1);
+
+/**
+ * @generated from enum tokenspout.v1.ReasoningMode
+ */
+export enum ReasoningMode {
+  /**
+   * The model's own default: reasoning it produces is parsed out of text.
+   *
+   * @generated from enum value: REASONING_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Ask for no reasoning: the template gets enable_thinking = false.
+   * Reasoning the model writes anyway is still parsed out of text.
+   *
+   * @generated from enum value: REASONING_MODE_OFF = 1;
+   */
+  OFF = 1,
+
+  /**
+   * Reasoning first: the template gets enable_thinking = true, and the
+   * grammar opens the reasoning block (on a model that would not) and
+   * requires its end marker before the answer.
+   *
+   * @generated from enum value: REASONING_MODE_ON = 2;
+   */
+  ON = 2,
+}
+
+/**
+ * Describes the enum tokenspout.v1.ReasoningMode.
+ */
+export const ReasoningModeSchema: GenEnum<ReasoningMode> = /*@__PURE__*/
+  enumDesc(file_tokenspout_v1_generation, 2);
 
 /**
  * @generated from enum tokenspout.v1.FinishReason
@@ -2172,13 +2589,21 @@ export enum FinishReason {
    * @generated from enum value: FINISH_REASON_CONSTRAINT_COMPLETE = 8;
    */
   CONSTRAINT_COMPLETE = 8,
+
+  /**
+   * The turn ended after one or more tool calls (in tool_calls): answer
+   * each with a "tool" message and generate again.
+   *
+   * @generated from enum value: FINISH_REASON_TOOL_CALLS = 9;
+   */
+  TOOL_CALLS = 9,
 }
 
 /**
  * Describes the enum tokenspout.v1.FinishReason.
  */
 export const FinishReasonSchema: GenEnum<FinishReason> = /*@__PURE__*/
-  enumDesc(file_tokenspout_v1_generation, 1);
+  enumDesc(file_tokenspout_v1_generation, 3);
 
 /**
  * GenerationService streams tokens from one loaded model as they are generated.
