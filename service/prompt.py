@@ -34,6 +34,8 @@ class Prompt:
     """Where a chat's last message begins in token_ids (0: not known; see GenerationRequest)."""
     truncated_tokens: int = 0
     """How many tokens truncate_input_tokens dropped."""
+    turn_end: tuple[int, ...] = ()
+    """For a chat: what its template writes after an answer (see GenerationRequest.turn_end)."""
 
 
 class PromptBuilder:
@@ -41,6 +43,7 @@ class PromptBuilder:
         self._engine = engine
         self._max_input_bytes = max_input_bytes
         self._special_tokens_in_chat_content = special_tokens_in_chat_content
+        self._turn_end: tuple[int, ...] | None = None
 
     def prompt(self, request: pb.GenerateStreamRequest, max_new_tokens: int) -> Prompt:
         """The tokens of a checked request's input, truncated as it asks.
@@ -63,7 +66,24 @@ class PromptBuilder:
         problem = self._engine.budget_problem(len(tokens), max_new_tokens)
         if problem:
             raise out_of_range("stopping.max_new_tokens", problem)
-        return Prompt(tuple(tokens), self._last_message_start(messages, tokens), truncated)
+        start = self._last_message_start(messages, tokens)
+        return Prompt(tuple(tokens), start, truncated, self.turn_end() if field_name == "chat" else ())
+
+    def turn_end(self) -> tuple[int, ...]:
+        """The tokens the chat template writes after an answer, up to where the next message begins, found
+        once from a sample exchange (none when the template shows no such ending)."""
+        if self._turn_end is None:
+            self._turn_end = ()
+            asked, answer = [ChatMessage("user", "Hi")], "Hello"
+            try:
+                prompt = self._engine.render_chat(asked, True)
+                answered = self._engine.render_chat([*asked, ChatMessage("assistant", answer)], False)
+            except ChatTemplateError:
+                return self._turn_end
+            written = [*prompt, *self._engine.tokenize(answer, add_special=False)]
+            if answered[: len(written)] == written:
+                self._turn_end = tuple(answered[len(written) :])
+        return self._turn_end
 
     def chat_tokens(self, chat: pb.Chat) -> list[int]:
         """A chat's tokens as the template renders it, whole (Tokenize)."""
