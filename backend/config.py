@@ -104,6 +104,9 @@ class LlamaCppSettings:
     """Start each prompt from the longest cached prefix of earlier ones (greedy output is unchanged)."""
     prefix_cache_slots: int = 2
     """Cache streams beyond max_batch_size that only keep prefixes (context_length cells each)."""
+    prefix_cache_generated: bool = True
+    """Keep what a sequence generated cached too, computed again as prompt rows once it ends (so greedy
+    output is still unchanged): a chat's next turn reuses the previous answer (backend.llamacpp.retile)."""
     max_pause_s: float = 300.0
     """A sequence whose caller reads nothing for this long ends with ABORTED (PAUSED_TOO_LONG)."""
 

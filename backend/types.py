@@ -186,6 +186,12 @@ class GenerationRequest:
     """Which of its request's samples this is (see `samples`)."""
     prompt_logprobs: int = -1
     """-1: none; else return each prompt token's logprob with this many top alternatives."""
+    turn_end: tuple[int, ...] = ()
+    """For a chat: the tokens its template writes after an answer, up to where the next message begins;
+    an engine that keeps generated tokens cached may keep these after them for the next turn."""
+    cache_salt: str = ""
+    """Cached prefixes are shared only between requests of the same salt ("": unsalted). The service's
+    value: the caller's cache_salt mixed with the server's cache scope (see service.cache_scope)."""
 
     @property
     def n(self) -> int:
@@ -278,7 +284,7 @@ class ModelInfo:
     attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
 
 
-ALL_REQUEST_FEATURES = ("prompt_token_ids", "n", "truncate_input_tokens", "output.prompt_logprobs")
+ALL_REQUEST_FEATURES = ("prompt_token_ids", "n", "truncate_input_tokens", "output.prompt_logprobs", "cache_salt")
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 

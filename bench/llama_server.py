@@ -36,11 +36,13 @@ class LlamaServer:
         first = None
         received = 0
         last: dict = {}
+        pieces: list[str] = []
         with urllib.request.urlopen(request, timeout=300) as response:
             for line in response:
                 if not line.startswith(b"data: "):
                     continue
                 chunk = json.loads(line[6:])
+                pieces.append(chunk.get("content", ""))
                 if chunk.get("stop"):
                     last = chunk
                     received = chunk.get("tokens_predicted", received)
@@ -54,7 +56,7 @@ class LlamaServer:
             tokens=received,
             prompt_computed=timings.get("prompt_n", 0),
             prompt_cached=timings.get("cache_n", 0),
-            text=last.get("content", ""),
+            text="".join(pieces),
         )
 
 
@@ -66,6 +68,7 @@ class Completion:
     prompt_computed: int
     prompt_cached: int
     text: str
+    """Everything it streamed."""
 
 
 def start_llama_server(

@@ -43,6 +43,7 @@ from backend import (
 from backend.constraints import ConstraintError, ConstraintSpec, json_output_problem
 from backend.tools import GrammarBuilder
 from service import auth, convert
+from service.cache_scope import CacheScope, cache_salt
 from service.callers import Callers
 from service.chat_output import ChatOutput, wants_parsing
 from service.chat_tools import COMPOSED, ToolPlan, grammar_spec
@@ -94,6 +95,10 @@ class Calls:
         capacity = engine.info.max_batch_size + config.engine.max_queued_requests
         self.shares = Shares(capacity, config.per_caller_limit, self.fair)
         self.callers = Callers(config.caller_weights, config.priority_callers, config.fairness_header)
+        self.cache_scope = config.cache_scope
+        if self.cache_scope is not CacheScope.SHARED and "cache_salt" not in engine.info.request_features:
+            raise ValueError(f"cache_scope = {self.cache_scope.value}: this engine cannot keep callers' cached "
+                             "prefixes apart (see docs/engines.md); leave cache_scope at shared")
         self.rejected_total = 0
         """Requests refused for load, at the door or shed from the queue (GetServerStatus)."""
         self._buffer_events = config.stream_buffer_events
@@ -224,6 +229,8 @@ class GenerationCall:
             truncated_tokens=prompt.truncated_tokens,
             sample_seeds=params.sample_seeds,
             prompt_logprobs=params.prompt_logprobs,
+            turn_end=prompt.turn_end,
+            cache_salt=cache_salt(self._calls.cache_scope, self._key, request.cache_salt),
         )
         return self._generation
 

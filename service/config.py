@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from backend import EngineConfig
+from service.cache_scope import CacheScope
 from service.callers import ANY_CALLER, CallerWeight, parse_weights
 from service.keys import ApiKey, parse_keys
 
@@ -83,6 +84,9 @@ class ServeConfig:
     """The callers (identities) that may send a priority above 0; "*" is everyone, empty is no one."""
     fairness_header: str = ""
     """A header the proxy in front sets to name the tenant (x-gateway-inference-fairness-id); empty: off."""
+    cache_scope: CacheScope = CacheScope.SHARED
+    """Whose requests share cached prefixes: everyone's (`shared`), or each caller's own (`caller`: its
+    fairness key); a request's cache_salt narrows either (see service.cache_scope)."""
     caller_metric_labels: int = 20
     """Callers that get their own label on per-caller metrics (the first seen); the rest share "_other"."""
     stream_buffer_events: int = 64

@@ -207,6 +207,7 @@ def server_status(
         preempted_total=stats.preempted_total,
         preempted_sequences=stats.preempted_sequences,
         recomputed_tokens_total=stats.recomputed_tokens_total,
+        retiled_tokens_total=stats.retiled_tokens_total,
         draft_tokens_total=stats.draft_tokens_total,
         accepted_draft_tokens_total=stats.accepted_draft_tokens_total,
         attention_provider=info.attention_provider,

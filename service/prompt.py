@@ -37,6 +37,8 @@ class Prompt:
     """How many tokens truncate_input_tokens dropped."""
     reasoning_opened: bool = False
     """The chat's rendering ends inside a reasoning block (its template opened it)."""
+    turn_end: tuple[int, ...] = ()
+    """For a chat: what its template writes after an answer (see GenerationRequest.turn_end)."""
 
 
 class PromptBuilder:
@@ -48,6 +50,7 @@ class PromptBuilder:
         self._formats = formats or ChatFormats.resolve(engine.info, "auto", "auto")
         self._max_input_bytes = max_input_bytes
         self._special_tokens_in_chat_content = special_tokens_in_chat_content
+        self._turn_end: tuple[int, ...] | None = None
 
     def prompt(self, request: pb.GenerateStreamRequest, max_new_tokens: int, plan: ToolPlan = ToolPlan()) -> Prompt:
         """The tokens of a checked request's input, truncated as it asks.
@@ -72,7 +75,24 @@ class PromptBuilder:
             raise out_of_range("stopping.max_new_tokens", problem)
         tail = b"".join(self._engine.token_piece(t) for t in tokens[-4:])
         opened = field_name == "chat" and reasoning_opened(self._formats, tail)
-        return Prompt(tuple(tokens), self._last_message_start(messages, tokens, context), truncated, opened)
+        start = self._last_message_start(messages, tokens, context)
+        return Prompt(tuple(tokens), start, truncated, opened, self.turn_end() if field_name == "chat" else ())
+
+    def turn_end(self) -> tuple[int, ...]:
+        """The tokens the chat template writes after an answer, up to where the next message begins, found
+        once from a sample exchange (none when the template shows no such ending)."""
+        if self._turn_end is None:
+            self._turn_end = ()
+            asked, answer = [ChatMessage("user", "Hi")], "Hello"
+            try:
+                prompt = self._engine.render_chat(asked, True)
+                answered = self._engine.render_chat([*asked, ChatMessage("assistant", answer)], False)
+            except ChatTemplateError:
+                return self._turn_end
+            written = [*prompt, *self._engine.tokenize(answer, add_special=False)]
+            if answered[: len(written)] == written:
+                self._turn_end = tuple(answered[len(written) :])
+        return self._turn_end
 
     def chat_tokens(self, chat: pb.Chat) -> list[int]:
         """A chat's tokens as the template renders it, whole, tools included (Tokenize)."""

@@ -47,6 +47,7 @@ class Limits:
     max_top_logprobs: int = 20
     max_logit_bias_entries: int = 1024
     max_request_id_length: int = 128
+    max_cache_salt_length: int = 256
     max_choices: int = 1024
     max_constraint_chars: int = 1_000_000
     max_input_bytes: int = 1 << 20
@@ -116,6 +117,8 @@ class RequestValidator:
             violations.append(
                 FieldViolation("request_id", f"printable ASCII, at most {self.limits.max_request_id_length} characters")
             )
+        if len(request.cache_salt) > self.limits.max_cache_salt_length:
+            violations.append(FieldViolation("cache_salt", f"at most {self.limits.max_cache_salt_length} characters"))
         sampling = self._sampling(request.sampling, violations)
         stopping = self._stopping(request.stopping, violations)
         output = self._output(request.output, violations)
@@ -323,6 +326,7 @@ class RequestValidator:
             "n": request.n > 1,
             "truncate_input_tokens": request.truncate_input_tokens > 0,
             "output.prompt_logprobs": _wants_prompt_logprobs(request),
+            "cache_salt": bool(request.cache_salt),
         }
         missing = [name for name, on in asked.items() if on and name not in self._info.request_features]
         if missing:

@@ -10,6 +10,7 @@ same:
     checked     proposed tokens checked, and the ones accepted (speculative decoding)
     preempted   a running sequence gave its place to another
     recomputed  tokens computed again when a preempted sequence came back
+    retiled     tokens computed again as prompt rows when a sequence ended (to be shared)
     cancelled   a cancel ended a request (how long it took to serve)
     shed        a waiting request refused, the engine over its capacity (its ErrorEvent)
     timed_out   a waiting request not started within its queue timeout (its ErrorEvent)
@@ -59,6 +60,9 @@ class Ledger:
 
     def recomputed(self, tokens: int) -> None:
         self.totals.recomputed_tokens_total += tokens
+
+    def retiled(self, tokens: int) -> None:
+        self.totals.retiled_tokens_total += tokens
 
     def cancelled(self, order: CancelOrder, step: int, now: float) -> None:
         self.totals.cancelled(order, step, now)

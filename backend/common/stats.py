@@ -50,6 +50,9 @@ class EngineStats:
     preempted_sequences: int = 0
     recomputed_tokens_total: int = 0
     """Tokens computed again when preempted sequences came back (what preemption cost)."""
+    retiled_tokens_total: int = 0
+    """Tokens computed again as prompt rows when their sequences ended, so that later prompts share what
+    was generated (what keeping generated tokens cached cost; llama.cpp, backend.llamacpp.retile)."""
     draft_tokens_total: int = 0
     """Proposed tokens checked (speculative decoding) ..."""
     accepted_draft_tokens_total: int = 0
@@ -99,6 +102,7 @@ class EngineCounters:
     max_cancel_latency_steps: int = 0
     preempted_total: int = 0
     recomputed_tokens_total: int = 0
+    retiled_tokens_total: int = 0
     draft_tokens_total: int = 0
     accepted_draft_tokens_total: int = 0
 

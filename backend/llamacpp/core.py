@@ -35,9 +35,10 @@ from backend.config import EngineConfig
 from backend.engine import EventSink
 from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
-from backend.llamacpp.layout import PromptLayout
+from backend.llamacpp.layout import TILE_ROWS, PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prompt_logprobs import score_rows
+from backend.llamacpp.retile import retile_ended
 from backend.llamacpp.rows import RowsToSample, fill_batch, sample_rows, take_forced_run
 from backend.llamacpp.sampling import Sampler, TokenPicker
 from backend.llamacpp.scheduler import Feed, Scheduler
@@ -59,7 +60,8 @@ class LlamaCppCore:
         tuner = ThreadTuner(own.threads, plain_row_share=model.plain_row_share)
         self.ctx = model.new_context(slots, config.context_length, own.batch_tokens, tuner.threads)
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
-        self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache)
+        self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache, self.context_length,
+                           own.prefix_cache_generated and own.batch_tokens >= 2 * TILE_ROWS)
         self.scheduler = Scheduler(
             config.max_batch_size, own.batch_tokens, own.max_pause_s, self.context_length, FairnessPolicy(config),
             self.slots.comeback_cost,
@@ -120,7 +122,7 @@ class LlamaCppCore:
         return self._done()
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.slots.prefixes.ended())
 
     def holds_sequences(self) -> bool:
         return self.scheduler.holds_sequences()
@@ -134,6 +136,8 @@ class LlamaCppCore:
     def step(self) -> list[Output]:
         self.steps += 1
         self._expire()
+        # Before admission: a sequence placed now finds the tails that ended complete (see retile).
+        self.ledger.retiled(retile_ended(self.slots, self.batch, self.ctx, self.scheduler.batch_tokens))
         self.admitter.admit(self.steps)
         self.slots.compact(self.scheduler.running.values())
         feeds = self.speculator.extend(self.scheduler.next_feeds())

@@ -13,6 +13,20 @@ prompt, so a later prompt that resent an earlier answer would see slightly
 different numbers, and greedy output could change. The sequence that computed an
 entry (one preempted, coming back) may use all of it: to it, those cells are
 exactly what it had.
+
+Generated tokens are kept all the same: a sequence that ends leaves its entry
+with the tokens it ended with (`ended_with`), and the engine's next step
+computes its generated tail again as prompt rows, tiled (backend.llamacpp.retile),
+before anything is admitted. The entry is then put again, every cell
+prompt-computed and shared, so a chat's next turn takes the previous answer from
+the cache with the same greedy-identical guarantee as a prompt.
+
+Entries carry a salt (the request's cache_salt mixed with the server's cache
+scope, see service.cache_scope): a prompt matches only entries of its own salt,
+so one caller's first-token time says nothing about another's prompts.
+
+`put`, `drop` and `move` are the only calls that change which tokens the index
+holds (`touch` and `settle` change only the eviction order).
 """
 
 from __future__ import annotations
@@ -35,6 +49,10 @@ class CachedPrefix:
     """The layout its prompt rows were computed with (see PromptLayout)."""
     returning: bool = False
     """Its owner was preempted and will come back for these cells: given up last."""
+    salt: str = ""
+    """Only prompts of the same salt match it ("": the unsalted, shared scope)."""
+    ended_with: tuple[int, ...] = ()
+    """Its sequence ended with these tokens (`tokens` and more): their tail awaits computing as prompt rows."""
 
 
 class PrefixIndex:
@@ -58,11 +76,19 @@ class PrefixIndex:
         return sum(len(entry.tokens) for entry in self._entries.values())
 
     def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, tiled_until: int,
-            returning: bool = False) -> None:
+            returning: bool = False, salt: str = "", ended_with: Sequence[int] = ()) -> None:
         self._clock += 1
         self._entries[slot] = CachedPrefix(
-            tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning
+            tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning, salt,
+            tuple(ended_with),
         )
+
+    def get(self, slot: int) -> CachedPrefix | None:
+        return self._entries.get(slot)
+
+    def ended(self) -> list[int]:
+        """The slots whose entries still wait for their generated tail to be computed as prompt rows."""
+        return [slot for slot, entry in self._entries.items() if entry.ended_with]
 
     def settle(self, owner: str) -> None:
         """A preempted owner came back (or ended): its cells are an ordinary prefix now."""
@@ -80,10 +106,12 @@ class PrefixIndex:
         self._clock += 1
         self._entries[slot].last_used = self._clock
 
-    def matches(self, tokens: Sequence[int], owner: str) -> Iterator[tuple[int, int, int | None]]:
-        """(slot, tokens in common, the layout's tiled_until) for every entry sharing a prefix with
+    def matches(self, tokens: Sequence[int], owner: str, salt: str = "") -> Iterator[tuple[int, int, int | None]]:
+        """(slot, tokens in common, the layout's tiled_until) for every entry of `salt` sharing a prefix with
         `tokens`; the layout is None for the entries of `owner`, whose cells it may take as they are."""
         for slot, entry in self._entries.items():
+            if entry.salt != salt:
+                continue
             own = entry.owner == owner
             common = common_prefix(entry.tokens if own else entry.tokens[: entry.shared], tokens)
             if common:

@@ -2,8 +2,10 @@
 
 A running sequence holds one slot. A slot no one holds keeps the cells of the
 last sequence that used it, indexed by token (see PrefixIndex), so a new prompt
-starts from the longest prefix any slot holds that its layout can take as
-computed: copied across streams and trimmed, or used in place. A sequence
+starts from the longest prefix of its own salt any slot holds that its layout
+can take as computed: copied across streams and trimmed, or used in place. A
+sequence that ends leaves every token it has, its generated tail to be computed
+again as prompt rows (see backend.llamacpp.retile). A sequence
 whose prefix a neighbour is computing right now waits a step or two and copies
 it. Idle prefixes live only in free slots, so they never block a live request.
 
@@ -20,6 +22,7 @@ from collections.abc import Collection, Iterable
 import llama_cpp
 
 from backend.common.tokens import common_prefix
+from backend.llamacpp.layout import MIN_GROUP, TILE_ROWS
 from backend.llamacpp.prefix_cache import PrefixIndex
 from backend.llamacpp.sequence import Sequence
 
@@ -31,11 +34,15 @@ RECOMPUTED_TAIL = 2
 
 
 class Slots:
-    def __init__(self, memory: llama_cpp.llama_memory_t, count: int, prefix_cache: bool) -> None:
+    def __init__(self, memory: llama_cpp.llama_memory_t, count: int, prefix_cache: bool, context_length: int = 0,
+                 keep_generated: bool = False) -> None:
         self._memory = memory
         self.count = count
         self._free = list(range(count))  # a heap: the lowest slot goes first
         self._prefix_cache = prefix_cache
+        self._context_length = context_length
+        self._keep_generated = prefix_cache and keep_generated
+        """Ended sequences leave their generated tail for backend.llamacpp.retile to compute as prompt rows."""
         self.prefixes = PrefixIndex()
         """What free slots still hold."""
 
@@ -73,8 +80,14 @@ class Slots:
         """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping;
         `returning`: it was preempted, and its cells are kept over others' until it comes back."""
         if self._prefix_cache and (seq.cached >= MIN_REUSE_TOKENS or returning and seq.cached > RECOMPUTED_TAIL):
+            # A chat's: its next turn lays out this history predictably (see backend.llamacpp.retile).
+            generated = (not returning and self._keep_generated and bool(seq.request.turn_end)
+                         and len(seq.tokens) > seq.prompt_length)
+            ended = self._ended_with(seq) if generated else []
+            if len(ended) >= TILE_ROWS and seq.layout.tiled_until == 0:
+                self._keep_small_prompt(seq)
             self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until,
-                              returning)
+                              returning, seq.salt, ended)
         else:
             llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         heapq.heappush(self._free, seq.slot)
@@ -92,6 +105,52 @@ class Slots:
         cells are worth keeping and a free slot can hold them beside those of the others preempted, else all."""
         room = len(self._free) > self.prefixes.returning
         return RECOMPUTED_TAIL if self._prefix_cache and room and seq.cached > RECOMPUTED_TAIL else len(seq.tokens)
+
+    # -- generated tails (see backend.llamacpp.retile) -------------------------------------
+
+    def start_retile(self, slot: int, tiled: bool) -> tuple[int, tuple[int, ...]]:
+        """For the entry at `slot` whose sequence ended: the first row to compute again as a prompt row
+        and every token it ended with, its cells from that row dropped. The rows computed as a prompt
+        in the mode asked for (`tiled`, else small groups) stay, but for enough to make a group."""
+        entry = self.prefixes.get(slot)
+        assert entry is not None and entry.ended_with
+        length = len(entry.ended_with)
+        if tiled:
+            start = max(0, min(entry.tiled_until, length - TILE_ROWS))
+        else:
+            start = max(0, min(entry.shared if entry.tiled_until == 0 else 0, length - MIN_GROUP))
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, start, -1)
+        return start, entry.ended_with
+
+    def _keep_small_prompt(self, seq: Sequence) -> None:
+        """A prompt shorter than a tile was computed in small groups, as the next chat with the same short
+        history computes it; its answer goes tiled (the next turn's history is longer than a tile). A copy
+        of the prompt's cells stays in an empty free slot, if there is one, for those other chats."""
+        spare = next((slot for slot in self._free if slot not in self.prefixes), None)
+        if spare is None:
+            return
+        llama_cpp.llama_memory_seq_cp(self._memory, seq.slot, spare, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self._memory, spare, seq.prompt_length, -1)
+        self.prefixes.put(spare, seq.tokens[: seq.prompt_length], seq.id, seq.prompt_length, 0, salt=seq.salt)
+
+    def _ended_with(self, seq: Sequence) -> list[int]:
+        """Every token the sequence has, then what its chat's template writes after an answer (the next
+        turn's rendering has it too), as far as the context holds."""
+        ending = seq.request.turn_end
+        written = next((k for k in range(min(len(ending), len(seq.tokens)), 0, -1)
+                        if tuple(seq.tokens[-k:]) == ending[:k]), 0)  # the closing token it sampled itself
+        return [*seq.tokens, *ending[written:]][: self._context_length]
+
+    def retiled(self, slot: int, tokens: tuple[int, ...], tiled_until: int) -> None:
+        """Every cell at `slot` is prompt-computed now, tiled before `tiled_until`: the whole entry is shared."""
+        entry = self.prefixes.get(slot)
+        assert entry is not None
+        self.prefixes.put(slot, tokens, entry.owner, len(tokens), tiled_until, salt=entry.salt)
+
+    def forget(self, slot: int) -> None:
+        """The entry at `slot` could not be completed: its cells and entry go."""
+        llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        self.prefixes.drop(slot)
 
     def keep_cells(self, seq: Sequence, upto: int) -> None:
         """Keeps only the sequence's cells before position `upto`: rows it fed ahead that were not accepted go."""
@@ -137,9 +196,11 @@ class Slots:
         None for one that asked for prompt logprobs: cached rows have no logits, so it computes them all."""
         if not self._prefix_cache or seq.request.prompt_logprobs >= 0:
             return None, 0
-        candidates = list(self.prefixes.matches(seq.tokens, seq.id))
+        candidates = list(self.prefixes.matches(seq.tokens, seq.id, seq.salt))
         for other in running:  # a live sequence's prompt cells (see PrefixIndex)
             computed = min(other.cached, other.prompt_length)
+            if other.salt != seq.salt:
+                continue
             if other is not seq and other.placed and not other.needs_prefix and computed >= MIN_REUSE_TOKENS:
                 common = common_prefix(other.tokens[:computed], seq.tokens)
                 candidates.append((other.slot, common, other.layout.tiled_until))
@@ -157,6 +218,8 @@ class Slots:
             return False
         for other in running:
             if other is seq or other.needs_prefix or other.paused or not other.prefilling or not other.placed:
+                continue
+            if other.salt != seq.salt:
                 continue
             common = common_prefix(other.tokens[: other.prompt_length], seq.tokens)
             if _reusable(seq, common, other.layout.tiled_until) >= available + MIN_REUSE_TOKENS:

@@ -62,7 +62,7 @@ FINISH_REASON_CONSTRAINT_COMPLETE: FinishReason
 FINISH_REASON_TOOL_CALLS: FinishReason
 
 class GenerateStreamRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms", "n", "truncate_input_tokens")
+    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms", "n", "truncate_input_tokens", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class GenerateStreamRequest(_message.Message):
     QUEUE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -91,10 +92,11 @@ class GenerateStreamRequest(_message.Message):
     queue_timeout_ms: int
     n: int
     truncate_input_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ..., n: _Optional[int] = ..., truncate_input_tokens: _Optional[int] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ..., n: _Optional[int] = ..., truncate_input_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms", "n", "truncate_input_tokens")
+    __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms", "n", "truncate_input_tokens", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +111,7 @@ class GenerateRequest(_message.Message):
     QUEUE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -123,7 +126,8 @@ class GenerateRequest(_message.Message):
     queue_timeout_ms: int
     n: int
     truncate_input_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ..., n: _Optional[int] = ..., truncate_input_tokens: _Optional[int] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., chat: _Optional[_Union[Chat, _Mapping]] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., priority: _Optional[int] = ..., queue_timeout_ms: _Optional[int] = ..., n: _Optional[int] = ..., truncate_input_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -617,7 +621,7 @@ class GetServerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerStatusResponse(_message.Message):
-    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers", "draft_tokens_total", "accepted_draft_tokens_total", "attention_provider")
+    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers", "draft_tokens_total", "accepted_draft_tokens_total", "attention_provider", "retiled_tokens_total")
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -645,6 +649,7 @@ class GetServerStatusResponse(_message.Message):
     DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    RETILED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     queued_requests: int
     paused_sequences: int
@@ -672,7 +677,8 @@ class GetServerStatusResponse(_message.Message):
     draft_tokens_total: int
     accepted_draft_tokens_total: int
     attention_provider: str
-    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., attention_provider: _Optional[str] = ...) -> None: ...
+    retiled_tokens_total: int
+    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., attention_provider: _Optional[str] = ..., retiled_tokens_total: _Optional[int] = ...) -> None: ...
 
 class CallerStatus(_message.Message):
     __slots__ = ("caller", "running_sequences", "queued_requests", "preempted_sequences", "prompt_tokens_total", "generated_tokens_total", "preempted_total", "refused_total", "shed_total", "queue_timeouts_total", "weight")

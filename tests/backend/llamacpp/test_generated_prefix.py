@@ -1,0 +1,86 @@
+"""Generated tokens kept in the prefix cache (backend.llamacpp.retile), and cache salts, on the real model:
+a chat's next turn computes only its new message, with the greedy output of a cold run, and a salted
+prompt never matches another salt's cells."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.llamacpp.layout import TILE_ROWS
+from backend.types import ChatMessage, GenerationRequest, SamplingParams, StopParams
+from tests.backend.llamacpp.test_prefix_cache import QUESTIONS, SYSTEM, chat_tokens, run_all
+from tests.harness.core_driver import Recorder, make_core, token_ids
+
+
+def turn_end(model) -> tuple[int, ...]:
+    """What the template writes after an answer, up to the next message (as service.prompt finds it)."""
+    asked = [ChatMessage("user", "Hi")]
+    prompt = model.render_chat(asked)
+    answered = model.render_chat([*asked, ChatMessage("assistant", "Hello")], False)
+    return tuple(answered[len(prompt) + len(model.tokenize("Hello", add_special=False)):])
+
+
+def run(core, request_id: str, tokens, start: int, ending=(), salt: str = "", max_new_tokens: int = 20,
+        ignore_eos: bool = True) -> Recorder:
+    rec = Recorder(core)
+    core.add(GenerationRequest(request_id, tuple(tokens), SamplingParams(temperature=0.0),
+                               StopParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos),
+                               last_message_start=start, turn_end=tuple(ending), cache_salt=salt), rec)
+    run_all(core)
+    return rec
+
+
+def answer_text(model, rec: Recorder) -> str:
+    return b"".join(model.pieces[t] for t in token_ids(rec) if t not in model.eos_token_set).decode("utf-8", "replace")
+
+
+@pytest.fixture
+def cores(model):
+    with_reuse = make_core(model, context_length=1024, max_batch_size=2, batch_tokens=512)
+    without = make_core(model, context_length=1024, max_batch_size=2, batch_tokens=512, prefix_cache=False)
+    yield with_reuse, without
+    with_reuse.close()
+    without.close()
+
+
+@pytest.mark.parametrize("system, ignore_eos", [(SYSTEM * 2, True), (SYSTEM * 2, False), ("Be brief.", True)],
+                         ids=["tiled-cut-short", "tiled-own-ending", "shorter-than-a-tile"])
+def test_the_next_turn_computes_only_its_message_with_the_output_of_a_cold_run(cores, model, system, ignore_eos):
+    with_reuse, without = cores
+    ending, turns = turn_end(model), []
+    assert ending, "the embedded model's template closes an answer"
+    for i, question in enumerate(QUESTIONS):
+        tokens, start = chat_tokens(model, *turns, question, system=system)
+        reused = run(with_reuse, f"r{i}", tokens, start, ending, ignore_eos=ignore_eos, max_new_tokens=24)
+        fresh = run(without, f"f{i}", tokens, start, ending, ignore_eos=ignore_eos, max_new_tokens=24)
+        assert token_ids(reused) == token_ids(fresh), question
+        if i > 0:  # the whole history, the previous answer and the template around it included, came from the cache
+            assert reused.finish.usage.cached_tokens == start, (question, start, len(tokens))
+        turns += [question, answer_text(model, reused)]
+    assert with_reuse.stats.retiled_tokens_total > 0
+
+
+def test_without_the_setting_the_previous_answer_is_computed_again(model):
+    core = make_core(model, context_length=1024, max_batch_size=2, batch_tokens=512, prefix_cache_generated=False)
+    try:
+        ending = turn_end(model)
+        tokens, start = chat_tokens(model, QUESTIONS[0], system=SYSTEM * 2)
+        first = run(core, "a", tokens, start, ending)
+        tokens, start = chat_tokens(model, QUESTIONS[0], answer_text(model, first), QUESTIONS[1], system=SYSTEM * 2)
+        second = run(core, "b", tokens, start, ending)
+        assert second.finish.usage.cached_tokens <= len(first.events) + start - 20 - 1
+        assert core.stats.retiled_tokens_total == 0
+    finally:
+        core.close()
+
+
+def test_salted_prompts_share_cells_only_within_their_salt(cores, model):
+    with_reuse, _ = cores
+    tokens, start = chat_tokens(model, QUESTIONS[0], system=SYSTEM * 3)
+    assert start >= TILE_ROWS
+    assert run(with_reuse, "a1", tokens, start, salt="tenant-a").finish.usage.cached_tokens == 0
+    assert run(with_reuse, "b1", tokens, start, salt="tenant-b").finish.usage.cached_tokens == 0  # a's cells unseen
+    assert run(with_reuse, "u1", tokens, start).finish.usage.cached_tokens == 0  # nor by unsalted requests
+    again = chat_tokens(model, QUESTIONS[1], system=SYSTEM * 3)
+    assert run(with_reuse, "a2", *again, salt="tenant-a").finish.usage.cached_tokens >= start
+    assert run(with_reuse, "b2", *again, salt="tenant-b").finish.usage.cached_tokens >= start
