@@ -41,6 +41,8 @@ class PrefixIndex:
     def __init__(self) -> None:
         self._entries: dict[int, CachedPrefix] = {}
         self._clock = 0
+        self.changed: set[int] | None = None
+        """Slots put, dropped or moved since the cache events last looked (None: no one looks)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -57,12 +59,17 @@ class PrefixIndex:
     def tokens_held(self) -> int:
         return sum(len(entry.tokens) for entry in self._entries.values())
 
+    def get(self, slot: int) -> CachedPrefix | None:
+        return self._entries.get(slot)
+
     def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, tiled_until: int,
             returning: bool = False) -> None:
         self._clock += 1
         self._entries[slot] = CachedPrefix(
             tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning
         )
+        if self.changed is not None:
+            self.changed.add(slot)
 
     def settle(self, owner: str) -> None:
         """A preempted owner came back (or ended): its cells are an ordinary prefix now."""
@@ -71,10 +78,14 @@ class PrefixIndex:
                 entry.returning = False
 
     def drop(self, slot: int) -> CachedPrefix | None:
+        if self.changed is not None and slot in self._entries:
+            self.changed.add(slot)
         return self._entries.pop(slot, None)
 
     def move(self, source: int, target: int) -> None:
         self._entries[target] = self._entries.pop(source)
+        if self.changed is not None:
+            self.changed.update((source, target))
 
     def touch(self, slot: int) -> None:
         self._clock += 1
