@@ -252,6 +252,8 @@ class ModelInfo:
     request_features: tuple[str, ...] = ("prompt_token_ids", "truncate_input_tokens")
     """The request options it serves, by field name (the service does these two for every engine; "n" and
     "output.prompt_logprobs" are an engine's own)."""
+    cache_block_size: int = 0
+    """Tokens per block of its KV-cache events (0: it publishes none)."""
     attention_provider: str = ""
     """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
     attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""

@@ -224,6 +224,11 @@ class CacheEventHub:
     def last_sequence(self) -> int:
         return self._next - 1
 
+    @property
+    def oldest_kept(self) -> int:
+        with self._lock:
+            return self._recent[0].sequence if self._recent else self._next
+
     def publish(self) -> None:
         """Flushes the ledger and sends out the batch, if anything changed (engine thread)."""
         with self._lock:

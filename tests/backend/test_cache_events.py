@@ -5,7 +5,12 @@ from __future__ import annotations
 import random
 
 from backend.common.cache_events import (
-    AllBlocksCleared, BlockLedger, BlockRemoved, BlockStored, CacheEventHub, chain_hashes,
+    AllBlocksCleared,
+    BlockLedger,
+    BlockRemoved,
+    BlockStored,
+    CacheEventHub,
+    chain_hashes,
 )
 from service.kv_publisher import encode_batch
 from tests.harness.kv_subscriber import BlockIndex, decode

@@ -21,6 +21,8 @@ class BlockIndex:
     blocks: dict[int, tuple[int | None, tuple[int, ...]]] = field(default_factory=dict)
     block_size: int = 0
     salts: dict[int, str] = field(default_factory=dict)
+    removed: int = 0
+    """Blocks removed so far (evictions seen)."""
 
     def apply(self, events: list[list[Any]]) -> None:
         for event in events:
@@ -38,6 +40,7 @@ class BlockIndex:
                 for h in event[1]:
                     assert h in self.blocks, f"block {h:x} removed but never stored"
                     del self.blocks[h]
+                    self.removed += 1
             else:
                 assert kind == "AllBlocksCleared", event
                 self.blocks.clear()
@@ -73,15 +76,15 @@ class ZmqFollower:
         """Asks the replay endpoint for batches from `start` (-1: a snapshot) and applies them. An answer
         that does not start at `start` starts with a snapshot: the index starts again from it."""
         self.replays += 1
-        req = self.context.socket(zmq.REQ)
+        req = self.context.socket(zmq.DEALER)  # one request, many answers: a REQ socket takes only one
         req.setsockopt(zmq.LINGER, 0)
         req.connect(self.replay_endpoint)
         try:
-            req.send(start.to_bytes(8, "big", signed=True))
+            req.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
             first = True
             while True:
                 assert req.poll(5000), "no replay answer"
-                seq_bytes, payload = req.recv_multipart()
+                _, seq_bytes, payload = req.recv_multipart()
                 sequence = int.from_bytes(seq_bytes, "big", signed=True)
                 if sequence == END_OF_REPLAY:
                     return
@@ -125,3 +128,52 @@ class ZmqFollower:
 
     def close(self) -> None:
         self.sub.close()
+
+
+def events_of(response) -> list[list[Any]]:
+    """A WatchCacheEvents message's events in the msgpack layout, so one BlockIndex reads both."""
+    events: list[list[Any]] = []
+    for event in response.events:
+        kind = event.WhichOneof("event")
+        if kind == "block_stored":
+            stored = event.block_stored
+            parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
+            events.append(["BlockStored", list(stored.block_hashes), parent, list(stored.token_ids),
+                           stored.block_size, None, stored.medium, None])
+        elif kind == "block_removed":
+            events.append(["BlockRemoved", list(event.block_removed.block_hashes), event.block_removed.medium])
+        else:
+            events.append(["AllBlocksCleared"])
+    return events
+
+
+class GrpcFollower:
+    """Follows WatchCacheEvents on its own thread, keeping a BlockIndex and the sequence numbers seen."""
+
+    def __init__(self, stub, request, metadata=()) -> None:
+        import threading
+
+        self.index = BlockIndex()
+        self.sequences: list[int] = []
+        self.snapshots: list[int] = []
+        self.error: BaseException | None = None
+        self.call = stub.WatchCacheEvents(request, metadata=metadata)
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.thread.start()
+
+    def _follow(self) -> None:
+        try:
+            for response in self.call:
+                if response.snapshot:
+                    self.snapshots.append(response.sequence)
+                    self.index.blocks.clear()
+                elif self.sequences:
+                    assert response.sequence == self.sequences[-1] + 1, (self.sequences[-1], response.sequence)
+                self.index.apply(events_of(response))
+                self.sequences.append(response.sequence)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            self.error = exc
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.thread.join(timeout=5)
