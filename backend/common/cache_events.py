@@ -22,7 +22,7 @@ import struct
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 ROOT_SEED = b"tokenspout-kv-v1"
@@ -124,9 +124,6 @@ class BlockLedger:
     def let_go(self, key: Hashable) -> None:
         if key in self._chains or self._pending.get(key) is not None:
             self._pending[key] = None
-
-    def keys(self) -> Iterable[Hashable]:
-        return [key for key in {**self._chains, **self._pending} if self.blocks(key)]
 
     def flush(self) -> list[CacheEvent]:
         """Applies what changed since the last flush: the blocks no holder has any more (removed), then
