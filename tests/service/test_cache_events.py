@@ -140,3 +140,35 @@ def test_exllamav2_and_events_without_the_prefix_cache_refuse_to_start():
         EngineConfig(kind=EngineKind.EXLLAMAV2, cache_events=True)
     with pytest.raises(ValueError, match="needs prefix_cache"):
         EngineConfig.of(cache_events=True, prefix_cache=False)
+
+
+def test_a_watcher_that_falls_behind_gets_a_snapshot_instead_of_a_wrong_index():
+    import asyncio
+
+    from backend.common.cache_events import BlockLedger, CacheEventHub
+    from service.cache_watch import CacheWatches
+    from tests.harness.kv_subscriber import BlockIndex, events_of
+
+    async def scenario():
+        hub = CacheEventHub(BlockLedger(4, "CPU"))
+        watches = CacheWatches(hub, "llama.cpp", max_behind=3)
+        stream = watches.watch(pb.WatchCacheEventsRequest(start_sequence=0))
+        index, seen = BlockIndex(), []
+        first = await anext(stream)  # batch 0, then the watcher stops reading while 20 batches go out
+        index.apply(events_of(first))
+        for i in range(20):
+            hub.ledger.hold(i % 5, [i] * 4 + [i + 1] * 4)
+            hub.publish()
+        await asyncio.sleep(0)
+        while not seen or seen[-1].sequence != hub.last_sequence:
+            message = await anext(stream)
+            if message.snapshot:
+                index.blocks.clear()
+            index.apply(events_of(message))
+            seen.append(message)
+        watches.end_all()
+        await stream.aclose()
+        return hub, index, seen
+
+    hub, index, seen = asyncio.run(scenario())
+    assert any(m.snapshot for m in seen) and index.blocks == hub.ledger.held()
