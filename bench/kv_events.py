@@ -97,7 +97,8 @@ def rebuild(stub, requests: int) -> None:
         for i in range(requests):
             if i == requests // 3:
                 late = ZmqFollower(sources.endpoint, sources.replay_endpoint, sources.topic)
-            pending.append(pool.submit(lambda r: list(stub.GenerateStream(r, timeout=600)), random_request(rng, stems, info.special_tokens.bos_token_id)))
+            request = random_request(rng, stems, info.special_tokens.bos_token_id)
+            pending.append(pool.submit(lambda r: list(stub.GenerateStream(r, timeout=600)), request))
             if len(pending) >= 8:
                 pending.pop(0).result()
             if late is not None:
