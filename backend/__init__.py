@@ -7,11 +7,20 @@
     registry   builds the engine a config names
 
 Everything a caller uses is exported here. The parts engines share (output
-bookkeeping, text, logprobs, fairness, chat templates, stats, the model fetch)
+bookkeeping, text, logprobs, fairness, chat templates, stats, the model fetch,
+the KV-cache events)
 are in backend.common; each engine is a package of its own (backend.llamacpp,
 backend.exllamav2); constraints are backend.constraints.
 """
 
+from backend.common.cache_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CacheEvent,
+    CacheEventBatch,
+    CacheEventHub,
+)
 from backend.common.chat import ChatTemplateError
 from backend.common.models import ModelError, default_model_path
 from backend.common.stats import CallerTally, EngineStats
@@ -64,8 +73,14 @@ from backend.worker import EngineCore, EngineWorker, Output, WorkerEngine
 
 __all__ = [
     "ALL_REQUEST_FEATURES",
+    "AllBlocksCleared",
     "AttentionSetting",
+    "BlockRemoved",
+    "BlockStored",
     "build_engine",
+    "CacheEvent",
+    "CacheEventBatch",
+    "CacheEventHub",
     "CacheType",
     "CallerTally",
     "ChatContext",

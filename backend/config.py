@@ -163,9 +163,19 @@ class EngineConfig:
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
     exllamav2: ExLlamaV2Settings = field(default_factory=ExLlamaV2Settings)
     constraint: ConstraintLimits = field(default_factory=ConstraintLimits, metadata={"prefix": "constraint_"})
+    cache_events: bool = False
+    """Track which prompt prefixes the cache holds, as KV-cache events for routers (WatchCacheEvents,
+    and ZMQ with cache_events_endpoint). llama.cpp only."""
+    cache_events_replay_batches: int = 10_000
+    """Event batches kept for a subscriber that asks to catch up; an older start gets a snapshot."""
 
     def __post_init__(self) -> None:
         _require([
+            (self.cache_events and self.kind is EngineKind.EXLLAMAV2,
+             "cache_events: the exllamav2 engine publishes no cache events (llama.cpp only, see docs/engines.md)"),
+            (self.cache_events and not self.llamacpp.prefix_cache,
+             "cache_events needs prefix_cache: without it no cached cells are reused, so there is nothing to publish"),
+            (self.cache_events_replay_batches < 1, "cache_events_replay_batches must be at least 1"),
             (self.context_length < 16, "context_length must be at least 16"),
             (self.max_batch_size < 1, "max_batch_size must be at least 1"),
             (self.max_queued_requests < 0, "max_queued_requests must not be negative"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from backend.common.cache_events import CacheEventHub
 from backend.common.stats import EngineStats
 from backend.constraints import ConstraintCompiler
 from backend.types import ChatContext, ChatMessage, Event, GenerationRequest, ModelInfo
@@ -36,6 +37,8 @@ class Engine(Protocol):
     info: ModelInfo
     constraints: ConstraintCompiler
     """Compiles constraints against this engine's own vocabulary."""
+    cache_events: CacheEventHub | None
+    """Its KV-cache events (see backend.common.cache_events), when the cache_events setting is on."""
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """Thread-safe; reads only the vocabulary."""

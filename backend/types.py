@@ -279,6 +279,8 @@ class ModelInfo:
     """The tool-call format its chat template renders (backend.tools.detect_format), "" when it renders no tools."""
     template_reasoning_format: str = ""
     """The reasoning markup its chat template knows ("think"), or ""."""
+    cache_block_size: int = 0
+    """Tokens per block of its KV-cache events (0: it publishes none)."""
     attention_provider: str = ""
     """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
     attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""

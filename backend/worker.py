@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from backend.common.cache_events import CacheEventHub
 from backend.common.stats import CancelOrder, EngineStats
 from backend.engine import EventBatcher, EventSink
 from backend.types import Event, GenerationRequest
@@ -173,6 +174,7 @@ class WorkerEngine:
 
     core: EngineCore
     _worker: EngineWorker
+    cache_events: CacheEventHub | None = None
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
         self._worker.submit(request, sink)

@@ -122,6 +122,12 @@ class ServeConfig:
     """Opt-in: record prompt and output text in spans (gen_ai.input/output.messages)."""
     prometheus_port: int = 0
     """Serve Prometheus metrics on this port (0: off). OTLP export follows the OTEL_* variables."""
+    cache_events_endpoint: str = ""
+    """Publish the KV-cache events over ZMQ PUB here (tcp://*:5557 binds, tcp://host:port connects); needs cache_events."""
+    cache_events_replay_endpoint: str = ""
+    """A ZMQ ROUTER address where a subscriber asks for missed batches or a snapshot (tcp://*:5558); empty: none."""
+    cache_events_topic: str = ""
+    """The ZMQ topic of every batch; empty: kv@<POD_IP or host name>@<model id>, as llm-d's indexer parses it."""
 
     def __post_init__(self) -> None:
         rules = [
@@ -139,6 +145,10 @@ class ServeConfig:
              "tls_client_ca (mTLS) needs tls_cert and tls_key: without them the server would be plaintext"),
             (self.reflection_requires_auth and not self.authenticates,
              "reflection_requires_auth needs api_keys or api_keys_file"),
+            ((bool(self.cache_events_endpoint) or bool(self.cache_events_replay_endpoint)) and not self.engine.cache_events,
+             "cache_events_endpoint and cache_events_replay_endpoint need cache_events = true"),
+            (bool(self.cache_events_replay_endpoint) and not self.cache_events_endpoint,
+             "cache_events_replay_endpoint needs cache_events_endpoint (replay serves what the PUB socket sent)"),
         ]
         for broken, message in rules:
             if broken:

@@ -135,6 +135,7 @@ def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats | None = No
         default_speculation=speculation_pb(info.default_speculation),
         request_features=info.request_features,
         attention_provider=info.attention_provider,
+        cache_block_size=info.cache_block_size,
         limits=pb.Limits(
             max_batch_size=info.max_batch_size,
             max_new_tokens=info.context_length,
@@ -180,7 +181,7 @@ def unary_response(messages: list[pb.GenerateStreamResponse]) -> pb.GenerateResp
 
 def server_status(
     stats: EngineStats, info: ModelInfo, *, max_queued_requests: int, rejected_total: int, draining: bool,
-    callers: list[pb.CallerStatus],
+    callers: list[pb.CallerStatus], cache_events_sequence: int = 0,
 ) -> pb.GetServerStatusResponse:
     """The engine's figures, with what the service adds: the door's refusals, draining, and each caller's status."""
     return pb.GetServerStatusResponse(
@@ -210,6 +211,8 @@ def server_status(
         retiled_tokens_total=stats.retiled_tokens_total,
         draft_tokens_total=stats.draft_tokens_total,
         accepted_draft_tokens_total=stats.accepted_draft_tokens_total,
+        cache_block_size=info.cache_block_size,
+        cache_events_sequence=cache_events_sequence,
         attention_provider=info.attention_provider,
         callers=callers,
     )

@@ -17,6 +17,7 @@ import grpc
 
 from backend import Engine
 from service import auth, convert
+from service.cache_watch import CacheWatches
 from service.call import Calls, Context, GenerationCall
 from service.compiles import CompileGate
 from service.config import ServeConfig
@@ -52,6 +53,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         )
         self._calls = Calls(engine, validator, self._prompts, self._compiles, config, lifecycle,
                             telemetry or Telemetry(enabled=False))
+        self.cache_watches = CacheWatches(engine.cache_events, engine.info.engine)
+        self.cache_event_sources = pb.CacheEventSources()
+        """Where the ZMQ publisher sends (set by the server once it binds), for GetModelInfo."""
 
     async def GenerateStream(
         self, request: pb.GenerateStreamRequest, context: Context
@@ -94,11 +98,20 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def GetServerStatus(self, request: pb.GetServerStatusRequest, context: Context) -> pb.GetServerStatusResponse:
         stats = self._engine.stats
+        hub = self._engine.cache_events
         return convert.server_status(
             stats, self._engine.info, max_queued_requests=self._config.engine.max_queued_requests,
             rejected_total=self._calls.rejected_total, draining=self._lifecycle.phase is Phase.DRAINING,
             callers=self._calls.caller_statuses(stats.callers),
+            cache_events_sequence=hub.last_sequence if hub is not None else 0,
         )
+
+    async def WatchCacheEvents(
+        self, request: pb.WatchCacheEventsRequest, context: Context
+    ) -> AsyncIterator[pb.WatchCacheEventsResponse]:
+        async with contextlib.aclosing(self.cache_watches.watch(request)) as batches:
+            async for batch in batches:
+                yield batch
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: Context) -> pb.TokenizeResponse:
         self._validator.check_model(request.model)
@@ -139,7 +152,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Context) -> pb.GetModelInfoResponse:
         self._validator.check_model(request.model)
-        return convert.model_info(self._engine.info, self._validator.limits, self._validator.formats)
+        info = convert.model_info(self._engine.info, self._validator.limits, self._validator.formats)
+        info.cache_event_sources.CopyFrom(self.cache_event_sources)
+        return info
 
     async def CompileConstraint(
         self, request: pb.CompileConstraintRequest, context: Context

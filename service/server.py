@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable
 
 import grpc
+import zmq
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
@@ -28,10 +29,12 @@ from service.boundary import ErrorBoundary
 from service.chat_tools import ChatFormats
 from service.config import ServeConfig
 from service.generation import GenerationServicer
+from service.kv_publisher import ZmqCachePublisher, default_topic
 from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, Lifecycle
 from service.reflection import ReflectionServicer, load_descriptor_set
 from service.telemetry import Telemetry, from_environment
 from service.validate import Limits, RequestValidator
+from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -157,8 +160,28 @@ class TokenspoutServer:
             formats=ChatFormats.resolve(engine.info, self.config.tool_call_format, self.config.reasoning_format),
         )
         self.servicer = GenerationServicer(engine, validator, self.config, self.lifecycle, self.telemetry)
+        self.cache_publisher = self._publish_cache_events(engine)
         # protoc's gRPC plugin writes no annotations (the .pyi beside it covers the messages only).
         pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)  # type: ignore[no-untyped-call]
+
+    def _publish_cache_events(self, engine: Engine) -> ZmqCachePublisher | None:
+        """The ZMQ publisher of the engine's KV-cache events, when cache_events_endpoint is set."""
+        config = self.config
+        if not config.cache_events_endpoint or engine.cache_events is None:
+            return None
+        topic = config.cache_events_topic or default_topic(engine.info.model_id)
+        try:
+            publisher = ZmqCachePublisher(engine.cache_events, config.cache_events_endpoint, topic,
+                                          config.cache_events_replay_endpoint)
+        except zmq.ZMQError as exc:
+            raise StartupError(f"cache_events_endpoint: cannot open {config.cache_events_endpoint}"
+                               f" / {config.cache_events_replay_endpoint or '-'}: {exc}") from None
+        endpoint, replay = publisher.endpoints
+        self.servicer.cache_event_sources.MergeFrom(
+            pb.CacheEventSources(endpoint=endpoint, replay_endpoint=replay, topic=topic)
+        )
+        log.info("KV-cache events: ZMQ PUB %s (replay %s), topic %s", endpoint, replay or "off", topic)
+        return publisher
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -192,7 +215,10 @@ class TokenspoutServer:
         self.lifecycle.stop()
         await asyncio.sleep(_WATCH_FLUSH_S)
         self.health.end_watches()
+        self.servicer.cache_watches.end_all()
         await self.server.stop(_CUT_WAIT_S)
+        if self.cache_publisher is not None:
+            self.cache_publisher.close()
 
 
 async def run(config: ServeConfig, build: EngineBuilder = build_engine) -> int:

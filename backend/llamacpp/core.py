@@ -35,6 +35,7 @@ from backend.config import EngineConfig
 from backend.engine import EventSink
 from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
+from backend.llamacpp.cache_events import LlamaCppCacheEvents
 from backend.llamacpp.layout import TILE_ROWS, PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prompt_logprobs import score_rows
@@ -76,6 +77,9 @@ class LlamaCppCore:
         self.admitter = Admitter(self.scheduler, self.slots, self.ledger)
         self._cache_tokens_total = config.context_length * config.max_batch_size
         self.stats = EngineStats(cache_tokens_total=self._cache_tokens_total)
+        self.cache_events = LlamaCppCacheEvents(
+            self.slots.prefixes, "GPU" if own.gpu_layers else "CPU", config.cache_events_replay_batches
+        ) if config.cache_events else None
 
     # -- commands (each returns the events it produced) ------------------------
 
@@ -244,7 +248,9 @@ class LlamaCppCore:
 
     def _done(self) -> list[Output]:
         """Publishes the stats snapshot (one reference assignment: atomic for readers) and hands over
-        the outputs of the command or step just run."""
+        the outputs of the command or step just run (and the cache events it caused)."""
+        if self.cache_events is not None:
+            self.cache_events.step_done(self.scheduler.running.values())
         self.stats = self.ledger.snapshot(
             self.scheduler.running.values(), self.scheduler.waiting, self.scheduler.preempted.values(),
             steps=self.steps, cache_tokens_total=self._cache_tokens_total, prefix_cache_entries=len(self.slots.prefixes),

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
+from backend.llamacpp.cache_events import BLOCK_SIZE
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
@@ -45,7 +46,9 @@ class LlamaCppEngine(WorkerEngine):
             template_tool_format=_name(detect_format(self.model.chat_template or "")),
             template_reasoning_format=_name(detect_reasoning(self.model.chat_template or "")),
             attention_provider="llama.cpp",  # its own kernels (flash attention where the build has it)
+            cache_block_size=BLOCK_SIZE if self.core.cache_events is not None else 0,
         )
+        self.cache_events = self.core.cache_events.hub if self.core.cache_events is not None else None
         self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
         self._worker = EngineWorker(self.core, name="llama.cpp-engine")
 

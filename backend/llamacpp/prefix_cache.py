@@ -59,6 +59,8 @@ class PrefixIndex:
     def __init__(self) -> None:
         self._entries: dict[int, CachedPrefix] = {}
         self._clock = 0
+        self.changed: set[int] | None = None
+        """Slots put, dropped or moved since the cache events last looked (None: no one looks)."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -75,6 +77,9 @@ class PrefixIndex:
     def tokens_held(self) -> int:
         return sum(len(entry.tokens) for entry in self._entries.values())
 
+    def get(self, slot: int) -> CachedPrefix | None:
+        return self._entries.get(slot)
+
     def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, tiled_until: int,
             returning: bool = False, salt: str = "", ended_with: Sequence[int] = ()) -> None:
         self._clock += 1
@@ -82,6 +87,8 @@ class PrefixIndex:
             tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning, salt,
             tuple(ended_with),
         )
+        if self.changed is not None:
+            self.changed.add(slot)
 
     def get(self, slot: int) -> CachedPrefix | None:
         return self._entries.get(slot)
@@ -97,10 +104,14 @@ class PrefixIndex:
                 entry.returning = False
 
     def drop(self, slot: int) -> CachedPrefix | None:
+        if self.changed is not None and slot in self._entries:
+            self.changed.add(slot)
         return self._entries.pop(slot, None)
 
     def move(self, source: int, target: int) -> None:
         self._entries[target] = self._entries.pop(source)
+        if self.changed is not None:
+            self.changed.update((source, target))
 
     def touch(self, slot: int) -> None:
         self._clock += 1

@@ -25,7 +25,7 @@ import grpc_health_check  # noqa: E402
 DEPLOY = ROOT / "deploy"
 ENVOY_DESCRIPTORS = "/etc/envoy/descriptors.binpb"
 KUBERNETES = DEPLOY / "kubernetes"
-OVERLAYS = ["cpu-gguf", "gpu-exllamav2"]
+OVERLAYS = ["cpu-gguf", "gpu-exllamav2", "llm-d-precise-prefix"]
 TOOLS = ROOT / ".venv-deploy" / "bin"
 
 
@@ -135,7 +135,7 @@ def test_the_image_builds_in_two_stages_without_compilers_and_runs_unprivileged(
 def test_the_deployment_drains_within_its_grace_and_probes_over_grpc(overlay):
     main = container(overlay)
     pod = find(overlay, "Deployment")["spec"]["template"]["spec"]
-    env = {e["name"]: e["value"] for e in main["env"]}
+    env = {e["name"]: e.get("value") for e in main["env"]}
     grace_period_s = float(env["TOKENSPOUT_GRACE_PERIOD_S"])
     pre_stop_s = main["lifecycle"]["preStop"]["sleep"]["seconds"]
     # Kubernetes' budget covers the preStop sleep and the drain, with room to exit.
@@ -161,7 +161,7 @@ def test_the_deployment_runs_unprivileged_with_keys_from_a_secret(overlay):
     assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
     assert security["capabilities"]["drop"] == ["ALL"]
     assert pod["automountServiceAccountToken"] is False
-    env = {e["name"]: e["value"] for e in main["env"]}
+    env = {e["name"]: e.get("value") for e in main["env"]}
     keys_dir = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}["api-keys"]
     assert env["TOKENSPOUT_API_KEYS_FILE"].startswith(keys_dir + "/")
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -173,6 +173,36 @@ def test_every_tokenspout_variable_is_a_real_setting(overlay):
     names = {e["name"] for e in container(overlay)["env"] if e["name"].startswith(ENV_PREFIX)}
     unknown = {n for n in names if n[len(ENV_PREFIX):].lower() not in SETTINGS}
     assert not unknown
+
+
+def test_the_llm_d_overlay_publishes_the_cache_events_its_picker_reads():
+    """The replicas bind ZMQ PUB where the precise prefix scorer dials each pod, name themselves by pod IP in the
+    topic, let the picker in through the network policy, and cut blocks as the scorer is told to."""
+    import yaml
+
+    from backend.llamacpp.cache_events import BLOCK_SIZE
+    from service.config import load_config
+    from service.kv_publisher import default_topic
+
+    overlay = "llm-d-precise-prefix"
+    main = container(overlay)
+    env = {e["name"]: e for e in main["env"]}
+    files = ("TOKENSPOUT_API_KEYS_FILE",)  # mounted from a Secret in the pod, absent here
+    settings = {name: e["value"] for name, e in env.items() if name.startswith(ENV_PREFIX) and name not in files}
+    config = load_config({}, settings)
+    assert config.engine.cache_events and config.cache_events_endpoint == "tcp://*:5557"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert {p["containerPort"] for p in main["ports"]} >= {5557, 5558}
+    allowed = {p["port"] for rule in find(overlay, "NetworkPolicy")["spec"]["ingress"] for p in rule["ports"]}
+    assert {5557, 5558} <= allowed
+    picker = yaml.safe_load(find(overlay, "ConfigMap", "tokenspout-epp-plugins")["data"]["precise-prefix-cache-plugins.yaml"])
+    (scorer,) = [p for p in picker["plugins"] if p["type"] == "precise-prefix-cache-scorer"]
+    events = scorer["parameters"]["kvEventsConfig"]
+    assert scorer["parameters"]["tokenProcessorConfig"]["blockSize"] == BLOCK_SIZE
+    assert events["discoverPods"] and events["podDiscoveryConfig"]["socketPort"] == 5557
+    assert default_topic("m").startswith(events["topicFilter"])
+    profile = {p["pluginRef"] for p in picker["schedulingProfiles"][0]["plugins"]}
+    assert "precise-prefix-cache-scorer" in profile
 
 
 def test_the_overlays_differ_where_a_gpu_needs_it():

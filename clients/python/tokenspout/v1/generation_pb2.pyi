@@ -621,7 +621,7 @@ class GetServerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerStatusResponse(_message.Message):
-    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers", "draft_tokens_total", "accepted_draft_tokens_total", "attention_provider", "retiled_tokens_total")
+    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers", "draft_tokens_total", "accepted_draft_tokens_total", "attention_provider", "cache_block_size", "cache_events_sequence", "retiled_tokens_total")
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -649,6 +649,8 @@ class GetServerStatusResponse(_message.Message):
     DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_EVENTS_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     RETILED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     queued_requests: int
@@ -677,8 +679,10 @@ class GetServerStatusResponse(_message.Message):
     draft_tokens_total: int
     accepted_draft_tokens_total: int
     attention_provider: str
+    cache_block_size: int
+    cache_events_sequence: int
     retiled_tokens_total: int
-    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., attention_provider: _Optional[str] = ..., retiled_tokens_total: _Optional[int] = ...) -> None: ...
+    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., attention_provider: _Optional[str] = ..., cache_block_size: _Optional[int] = ..., cache_events_sequence: _Optional[int] = ..., retiled_tokens_total: _Optional[int] = ...) -> None: ...
 
 class CallerStatus(_message.Message):
     __slots__ = ("caller", "running_sequences", "queued_requests", "preempted_sequences", "prompt_tokens_total", "generated_tokens_total", "preempted_total", "refused_total", "shed_total", "queue_timeouts_total", "weight")
@@ -713,7 +717,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features", "attention_provider", "tool_call_format", "template_renders_tools", "reasoning_format")
+    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features", "attention_provider", "cache_block_size", "cache_event_sources", "tool_call_format", "template_renders_tools", "reasoning_format")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -728,6 +732,8 @@ class GetModelInfoResponse(_message.Message):
     DEFAULT_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FEATURES_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_EVENT_SOURCES_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_RENDERS_TOOLS_FIELD_NUMBER: _ClassVar[int]
     REASONING_FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -745,10 +751,78 @@ class GetModelInfoResponse(_message.Message):
     default_speculation: Speculation
     request_features: _containers.RepeatedScalarFieldContainer[str]
     attention_provider: str
+    cache_block_size: int
+    cache_event_sources: CacheEventSources
     tool_call_format: str
     template_renders_tools: bool
     reasoning_format: str
-    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ..., attention_provider: _Optional[str] = ..., tool_call_format: _Optional[str] = ..., template_renders_tools: _Optional[bool] = ..., reasoning_format: _Optional[str] = ...) -> None: ...
+    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ..., attention_provider: _Optional[str] = ..., cache_block_size: _Optional[int] = ..., cache_event_sources: _Optional[_Union[CacheEventSources, _Mapping]] = ..., tool_call_format: _Optional[str] = ..., template_renders_tools: _Optional[bool] = ..., reasoning_format: _Optional[str] = ...) -> None: ...
+
+class CacheEventSources(_message.Message):
+    __slots__ = ("endpoint", "replay_endpoint", "topic")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    replay_endpoint: str
+    topic: str
+    def __init__(self, endpoint: _Optional[str] = ..., replay_endpoint: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class WatchCacheEventsRequest(_message.Message):
+    __slots__ = ("snapshot", "start_sequence")
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    START_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    snapshot: bool
+    start_sequence: int
+    def __init__(self, snapshot: _Optional[bool] = ..., start_sequence: _Optional[int] = ...) -> None: ...
+
+class WatchCacheEventsResponse(_message.Message):
+    __slots__ = ("sequence", "timestamp", "events", "snapshot")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    timestamp: float
+    events: _containers.RepeatedCompositeFieldContainer[CacheEvent]
+    snapshot: bool
+    def __init__(self, sequence: _Optional[int] = ..., timestamp: _Optional[float] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+
+class CacheEvent(_message.Message):
+    __slots__ = ("block_stored", "block_removed", "all_blocks_cleared")
+    BLOCK_STORED_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    ALL_BLOCKS_CLEARED_FIELD_NUMBER: _ClassVar[int]
+    block_stored: BlockStored
+    block_removed: BlockRemoved
+    all_blocks_cleared: AllBlocksCleared
+    def __init__(self, block_stored: _Optional[_Union[BlockStored, _Mapping]] = ..., block_removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., all_blocks_cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ...) -> None: ...
+
+class BlockStored(_message.Message):
+    __slots__ = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "medium")
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PARENT_BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    parent_block_hash: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    block_size: int
+    medium: str
+    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., parent_block_hash: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., medium: _Optional[str] = ...) -> None: ...
+
+class BlockRemoved(_message.Message):
+    __slots__ = ("block_hashes", "medium")
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    medium: str
+    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., medium: _Optional[str] = ...) -> None: ...
+
+class AllBlocksCleared(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class SpecialTokens(_message.Message):
     __slots__ = ("bos_token_id", "eos_token_ids", "pad_token_id")

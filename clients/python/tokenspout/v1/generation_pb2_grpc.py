@@ -73,6 +73,11 @@ class GenerationServiceStub:
                 request_serializer=tokenspout_dot_v1_dot_generation__pb2.GetServerStatusRequest.SerializeToString,
                 response_deserializer=tokenspout_dot_v1_dot_generation__pb2.GetServerStatusResponse.FromString,
                 _registered_method=True)
+        self.WatchCacheEvents = channel.unary_stream(
+                '/tokenspout.v1.GenerationService/WatchCacheEvents',
+                request_serializer=tokenspout_dot_v1_dot_generation__pb2.WatchCacheEventsRequest.SerializeToString,
+                response_deserializer=tokenspout_dot_v1_dot_generation__pb2.WatchCacheEventsResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -133,6 +138,18 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchCacheEvents(self, request, context):
+        """Streams the KV-cache events (blocks of prompt tokens stored in and removed
+        from the prefix cache) for routers that score replicas by cached prefix:
+        the same events the ZMQ publisher sends, as typed messages. Needs the
+        cache_events setting (FAILED_PRECONDITION without it; UNIMPLEMENTED on
+        engines without events). A watcher that falls behind by more than the
+        server keeps ends with RESOURCE_EXHAUSTED, naming where to resume.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +187,11 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.GetServerStatus,
                     request_deserializer=tokenspout_dot_v1_dot_generation__pb2.GetServerStatusRequest.FromString,
                     response_serializer=tokenspout_dot_v1_dot_generation__pb2.GetServerStatusResponse.SerializeToString,
+            ),
+            'WatchCacheEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchCacheEvents,
+                    request_deserializer=tokenspout_dot_v1_dot_generation__pb2.WatchCacheEventsRequest.FromString,
+                    response_serializer=tokenspout_dot_v1_dot_generation__pb2.WatchCacheEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -365,6 +387,33 @@ class GenerationService:
             '/tokenspout.v1.GenerationService/GetServerStatus',
             tokenspout_dot_v1_dot_generation__pb2.GetServerStatusRequest.SerializeToString,
             tokenspout_dot_v1_dot_generation__pb2.GetServerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchCacheEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tokenspout.v1.GenerationService/WatchCacheEvents',
+            tokenspout_dot_v1_dot_generation__pb2.WatchCacheEventsRequest.SerializeToString,
+            tokenspout_dot_v1_dot_generation__pb2.WatchCacheEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
