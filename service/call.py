@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any
 
 import grpc

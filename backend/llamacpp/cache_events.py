@@ -66,5 +66,5 @@ class LlamaCppCacheEvents:
 
 
 def _salt(holder: object) -> str:
-    """The cache salt of an index entry or a request: "" until cache isolation gives them one."""
+    """The cache salt of an index entry (`salt`) or of a request (`cache_salt`); "" when unsalted."""
     return str(getattr(holder, "salt", "") or getattr(holder, "cache_salt", "") or "")

@@ -90,9 +90,6 @@ class PrefixIndex:
         if self.changed is not None:
             self.changed.add(slot)
 
-    def get(self, slot: int) -> CachedPrefix | None:
-        return self._entries.get(slot)
-
     def ended(self) -> list[int]:
         """The slots whose entries still wait for their generated tail to be computed as prompt rows."""
         return [slot for slot, entry in self._entries.items() if entry.ended_with]
