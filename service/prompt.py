@@ -73,8 +73,9 @@ class PromptBuilder:
         problem = self._engine.budget_problem(len(tokens), max_new_tokens)
         if problem:
             raise out_of_range("stopping.max_new_tokens", problem)
-        tail = b"".join(self._engine.token_piece(t) for t in tokens[-4:])
-        opened = field_name == "chat" and reasoning_opened(self._formats, tail)
+        opened = field_name == "chat" and reasoning_opened(
+            self._formats, b"".join(self._engine.token_piece(t) for t in tokens[-4:])
+        )
         start = self._last_message_start(messages, tokens, context)
         return Prompt(tuple(tokens), start, truncated, opened, self.turn_end() if field_name == "chat" else ())
 

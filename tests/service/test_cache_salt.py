@@ -38,7 +38,7 @@ def served(stub, request, key: str = "") -> tuple[str, pb.Usage]:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
+def shared(tmp_path_factory, model_path):
     server = start_server(tmp_path_factory.mktemp("shared"), *FLAGS)
     with grpc.insecure_channel(server.address) as channel:
         yield pb_grpc.GenerationServiceStub(channel)
@@ -46,7 +46,7 @@ def shared(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def per_caller(tmp_path_factory):
+def per_caller(tmp_path_factory, model_path):
     keys = ",".join(f"{name}:{hashlib.sha256(key.encode()).hexdigest()}" for name, key in KEYS.items())
     server = start_server(tmp_path_factory.mktemp("caller"), *FLAGS, env={
         "TOKENSPOUT_API_KEYS": keys, "TOKENSPOUT_CACHE_SCOPE": "caller"})
