@@ -127,7 +127,8 @@ class Checks:
         "model_info", "streams_incrementally", "token_ids_add_up_at_every_finish", "logprobs_and_alternatives",
         "every_eos_id_ends_a_stream", "stop_sequence_is_held_back", "include_stop_sequence_keeps_it", "chat",
         "chat_content_stays_text", "cancel_mid_stream", "json_schema_stream", "samplers_run",
-        "over_budget_is_out_of_range", "concurrent_streams",
+        "over_budget_is_out_of_range", "concurrent_streams", "n_samples_seeded", "required_tool_call",
+        "cache_salt_refused",
     )
 
     def __init__(self, stub: pb_grpc.GenerationServiceStub, expect_exllamav2: bool) -> None:
@@ -369,6 +370,48 @@ class Checks:
             assert watched.most_running >= 2, f"paged ({self.provider}) but never two streams in the engine at once: {seen}"
             assert watched.steps < 4 * tokens, f"paged ({self.provider}) but the streams took turns: {seen}"
         return f"4 at once all complete; {same}/4 identical to their solo runs; {seen}"
+
+    def n_samples_seeded(self) -> str:
+        """n samples of one prompt: one seed each (seed + index), the same texts when asked again."""
+        request = pb.GenerateRequest(prompt=PROMPT, n=3, sampling=pb.SamplingParams(temperature=1.0, seed=7),
+                                     stopping=pb.StoppingCriteria(max_new_tokens=8, ignore_eos=True))
+        first, again = (self.stub.Generate(request, timeout=RPC_TIMEOUT_S) for _ in range(2))
+        assert [s.finish.seed for s in first.samples] == [7, 8, 9], [s.finish.seed for s in first.samples]
+        texts = [s.text for s in first.samples]
+        assert texts == [s.text for s in again.samples], (texts, [s.text for s in again.samples])
+        return f"3 samples, seeds 7-9, {len(set(texts))} distinct texts, the same when asked again"
+
+    def required_tool_call(self) -> str:
+        """tool_choice required: the grammar forces one call whose arguments match the tool's schema."""
+        if not self.info.has_chat_template:
+            raise Skipped("the model has no chat template")
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+                  "additionalProperties": False}
+        chat = pb.Chat(messages=[pb.ChatMessage(role="user", content="Weather in Paris?")],
+                       tools=[pb.Tool(name="get_weather", description="Current weather", parameters=json.dumps(schema))],
+                       tool_choice=pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED))
+        request = pb.GenerateRequest(chat=chat, sampling=pb.SamplingParams(temperature=0.0),
+                                     stopping=pb.StoppingCriteria(max_new_tokens=64))
+        response = self.stub.Generate(request, timeout=RPC_TIMEOUT_S)
+        assert response.finish.reason == pb.FINISH_REASON_TOOL_CALLS, pb.FinishReason.Name(response.finish.reason)
+        call = response.tool_calls[0]
+        arguments = json.loads(call.arguments)
+        jsonschema.validate(arguments, schema)
+        assert call.name == "get_weather" and "<tool_call>" not in response.text, (call, response.text)
+        return f"{call.name}({call.arguments}) under the schema, {response.generated_tokens} tokens"
+
+    def cache_salt_refused(self) -> str:
+        """exllamav2's page hashes take no salt: a salted request is refused, never served unsalted."""
+        if not self.expect_exllamav2:
+            raise Skipped("llama.cpp honours cache_salt")
+        request = greedy_request(PROMPT, 4)
+        request.cache_salt = "tenant-a"
+        try:
+            stream(self.stub, request)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNIMPLEMENTED and "cache_salt" in error.details(), error
+            return f"UNIMPLEMENTED: {error.details()[:80]}"
+        raise AssertionError("a salted request was served")
 
     def run_all(self, seconds_left=lambda: float("inf"), on_result=lambda result: None) -> list[dict]:
         results = []
