@@ -15,7 +15,6 @@ engine, which frees its cache before the next step. What the calls share is `Cal
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -33,14 +32,13 @@ from backend import (
     ErrorKind,
     EventSink,
     Finish,
-    FinishReason,
     GenerationRequest,
     Scheduling,
     SpeculationMode,
     SpeculationParams,
     TokenEvent,
 )
-from backend.constraints import ConstraintError, ConstraintSpec, json_output_problem
+from backend.constraints import ConstraintError, ConstraintSpec
 from backend.tools import GrammarBuilder
 from service import auth, convert
 from service.cache_scope import CacheScope, cache_salt
@@ -54,13 +52,13 @@ from service.errors import (
     FieldViolation,
     ServiceError,
     already_exists,
-    deadline_exceeded,
     from_engine,
     invalid_argument,
     unimplemented,
 )
 from service.lifecycle import Lifecycle
 from service.prompt import Prompt, PromptBuilder, off_loop_if_large
+from service.samples import Samples, by_sample
 from service.shares import Shares
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
@@ -240,7 +238,7 @@ class GenerationCall:
         stream = self._submit()
         try:
             with self._calls.lifecycle.interruptible(stream.interrupt):
-                samples = _Samples(self.generation, self.request_id, self._chat_output_factory())
+                samples = Samples(self.generation, self.request_id, self._chat_output_factory())
                 pacing = self._pacing()
                 while not samples.done:
                     batch = await stream.next_batch(*pacing)
@@ -251,7 +249,7 @@ class GenerationCall:
                     elif isinstance(batch, ErrorEvent):
                         raise self._failed(batch)
                     else:
-                        for index, events in _by_sample(batch, samples.n):
+                        for index, events in by_sample(batch, samples.n):
                             message = samples.message(index, events)
                             if self._trace is None:
                                 yield message
@@ -366,79 +364,12 @@ class GenerationCall:
             self._trace.ended_early(reason)
 
 
-class _Samples:
-    """A call's samples as their messages go out: which have sent their first (it carries the input's counts),
-    how each finished, and with a non-strict JSON constraint, the text to check once it ends."""
-
-    def __init__(
-        self, generation: GenerationRequest, request_id: str, chat_output: Callable[[], ChatOutput] | None = None,
-    ) -> None:
-        self._generation = generation
-        self._chat_output = chat_output
-        self._outputs: dict[int, ChatOutput] = {}
-        self._request_id = request_id
-        self.n = generation.n
-        self._started: set[int] = set()
-        self.finishes: dict[int, Finish] = {}
-        constraint = generation.constraint
-        self._approximated: ConstraintSpec | None = None if constraint is None or constraint.spec.strict else constraint.spec
-        self._texts: dict[int, list[str]] = collections.defaultdict(list)
-
-    @property
-    def done(self) -> bool:
-        return len(self.finishes) == self.n
-
-    def message(self, index: int, events: list[TokenEvent]) -> pb.GenerateStreamResponse:
-        """One sample's events as a message. Raises DEADLINE_EXCEEDED when the caller's deadline ended the sample."""
-        generation = self._generation
-        first = index not in self._started
-        self._started.add(index)
-        message = convert.stream_response(self._request_id, events, generation.output.return_tokens,
-                                          len(generation.prompt_token_ids) if first else 0)
-        if index:  # 0 is the field's default: nothing to set
-            message.index = index
-        if first:
-            message.truncated_input_tokens = generation.truncated_tokens
-        if self._chat_output is not None:
-            self._outputs.setdefault(index, self._chat_output()).rewrite(message, events)
-        finish = events[-1].finish
-        if finish is not None:
-            self.finishes[index] = finish
-            if finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
-                # gRPC's contract: a call past the caller's deadline fails. Ending it OK would
-                # race the caller's own timer, so a loaded client could see either outcome.
-                raise deadline_exceeded(self._request_id, events[-1].generated_tokens)
-        if self._approximated is not None:
-            self._check_output(index, message, self._approximated)
-        return message
-
-    def _check_output(self, index: int, message: pb.GenerateStreamResponse, spec: ConstraintSpec) -> None:
-        """Non-strict JSON constraints were approximated: say honestly, at the end, whether the output complies."""
-        self._texts[index].append(message.text)
-        if not message.HasField("finish"):
-            return
-        problem = json_output_problem(spec, "".join(self._texts[index]))
-        if problem:
-            message.finish.constraint_satisfied = False
-            message.finish.constraint_message = problem
-
-
 @contextlib.contextmanager
 def _message_span(request_trace: RequestTrace, events: list[TokenEvent], finish: Finish | None) -> Iterator[None]:
     with request_trace.batch(events):
         if finish is not None:
             request_trace.finished(finish)
         yield
-
-
-def _by_sample(batch: list[TokenEvent], samples: int) -> list[tuple[int, list[TokenEvent]]]:
-    """A batch's events grouped by sample, each sample's in order, the samples in order of first event."""
-    if samples == 1:
-        return [(0, batch)]
-    grouped: dict[int, list[TokenEvent]] = {}
-    for event in batch:
-        grouped.setdefault(event.index, []).append(event)
-    return list(grouped.items())
 
 
 def _ids(request_id: str) -> dict[str, str]:

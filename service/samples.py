@@ -1,0 +1,82 @@
+"""A call's samples as their messages go out: each sample's events turned into stream messages, in order."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+from backend import Finish, FinishReason, GenerationRequest, TokenEvent
+from backend.constraints import ConstraintSpec, json_output_problem
+from service import convert
+from service.chat_output import ChatOutput
+from service.errors import deadline_exceeded
+from tokenspout.v1 import generation_pb2 as pb
+
+
+class Samples:
+    """A call's samples as their messages go out: which have sent their first (it carries the input's counts),
+    how each finished, and with a non-strict JSON constraint, the text to check once it ends."""
+
+    def __init__(
+        self, generation: GenerationRequest, request_id: str, chat_output: Callable[[], ChatOutput] | None = None,
+    ) -> None:
+        self._generation = generation
+        self._chat_output = chat_output
+        self._outputs: dict[int, ChatOutput] = {}
+        self._request_id = request_id
+        self.n = generation.n
+        self._started: set[int] = set()
+        self.finishes: dict[int, Finish] = {}
+        constraint = generation.constraint
+        self._approximated: ConstraintSpec | None = None if constraint is None or constraint.spec.strict else constraint.spec
+        self._texts: dict[int, list[str]] = collections.defaultdict(list)
+
+    @property
+    def done(self) -> bool:
+        return len(self.finishes) == self.n
+
+    def message(self, index: int, events: list[TokenEvent]) -> pb.GenerateStreamResponse:
+        """One sample's events as a message. Raises DEADLINE_EXCEEDED when the caller's deadline ended the sample."""
+        generation = self._generation
+        first = index not in self._started
+        self._started.add(index)
+        message = convert.stream_response(self._request_id, events, generation.output.return_tokens,
+                                          len(generation.prompt_token_ids) if first else 0)
+        if index:  # 0 is the field's default: nothing to set
+            message.index = index
+        if first:
+            message.truncated_input_tokens = generation.truncated_tokens
+        if self._chat_output is not None:
+            self._outputs.setdefault(index, self._chat_output()).rewrite(message, events)
+        finish = events[-1].finish
+        if finish is not None:
+            self.finishes[index] = finish
+            if finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
+                # gRPC's contract: a call past the caller's deadline fails. Ending it OK would
+                # race the caller's own timer, so a loaded client could see either outcome.
+                raise deadline_exceeded(self._request_id, events[-1].generated_tokens)
+        if self._approximated is not None:
+            self._check_output(index, message, self._approximated)
+        return message
+
+    def _check_output(self, index: int, message: pb.GenerateStreamResponse, spec: ConstraintSpec) -> None:
+        """Non-strict JSON constraints were approximated: say honestly, at the end, whether the output complies."""
+        self._texts[index].append(message.text)
+        if not message.HasField("finish"):
+            return
+        problem = json_output_problem(spec, "".join(self._texts[index]))
+        if problem:
+            message.finish.constraint_satisfied = False
+            message.finish.constraint_message = problem
+
+
+def by_sample(batch: list[TokenEvent], samples: int) -> list[tuple[int, list[TokenEvent]]]:
+    """A batch's events grouped by sample, each sample's in order, the samples in order of first event."""
+    if samples == 1:
+        return [(0, batch)]
+    grouped: dict[int, list[TokenEvent]] = {}
+    for event in batch:
+        grouped.setdefault(event.index, []).append(event)
+    return list(grouped.items())
+
+
