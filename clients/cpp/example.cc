@@ -1,6 +1,7 @@
 // Calls a tokenspout server through the stubs generated from protos/: cancels a stream mid-way,
-// streams a chat token by token, and reads the google.rpc details of an invalid request. Every
-// call carries a deadline and, when one is given, an API key.
+// streams a chat token by token, and reads the google.rpc details of an invalid request; with
+// --tools it does a tool call round trip instead. Every call carries a deadline and, when one is
+// given, an API key.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
@@ -23,17 +25,24 @@ std::string EnvOr(const char* name, const std::string& fallback) {
   return value != nullptr && *value != '\0' ? value : fallback;
 }
 
-// Command-line flags: --address, --api-key, --timeout (seconds), --max-new-tokens.
+// Command-line flags: --address, --api-key, --timeout (seconds), --max-new-tokens, --tools.
 struct Options {
   std::string address = EnvOr("TOKENSPOUT_ADDRESS", "127.0.0.1:50051");
   std::string api_key = EnvOr("TOKENSPOUT_API_KEY", "");
   double timeout_s = 60;
   uint32_t max_new_tokens = 64;
+  bool tools = false;
 
   static Options Parse(int argc, char** argv) {
     Options options;
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string flag = argv[i], value = argv[i + 1];
+    for (int i = 1; i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--tools") {  // the one flag without a value
+        options.tools = true;
+        continue;
+      }
+      if (i + 1 == argc) throw std::invalid_argument("flag " + flag + " needs a value");
+      const std::string value = argv[++i];
       if (flag == "--address") {
         options.address = value;
       } else if (flag == "--api-key") {
@@ -101,6 +110,22 @@ void PrintError(const std::string& what, const grpc::Status& status) {
   }
 }
 
+// The one tool the round trip offers: its parameters are a JSON Schema, as text.
+v1::Tool Weather() {
+  v1::Tool tool;
+  tool.set_name("get_weather");
+  tool.set_description("The current weather in a city.");
+  tool.set_parameters(R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})");
+  return tool;
+}
+
+// Prints one line per call: "WHAT: ID NAME ARGUMENTS".
+void PrintCalls(const std::string& what, const std::vector<v1::ToolCall>& calls) {
+  for (const v1::ToolCall& call : calls) {
+    std::cout << what << ": " << call.id() << " " << call.name() << " " << call.arguments() << std::endl;
+  }
+}
+
 class Example {
  public:
   Example(std::shared_ptr<grpc::Channel> channel, Options options)
@@ -158,6 +183,80 @@ class Example {
     return reader->Finish();
   }
 
+  // Makes the model call get_weather (tool choice required: the grammar forces a well-formed
+  // call), assembles the call from the streamed deltas, then sends the call and its result back
+  // with tool choice none, so the model answers in text.
+  grpc::Status ToolRoundTrip() {
+    v1::GenerateStreamRequest request;
+    v1::Chat* chat = request.mutable_chat();
+    v1::ChatMessage ask;
+    ask.set_role("user");
+    ask.set_content("What is the weather in Paris? Answer in one sentence.");
+    *chat->add_messages() = ask;
+    *chat->add_tools() = Weather();
+    chat->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+    chat->set_parallel_tool_calls(false);             // one call
+    request.mutable_sampling()->set_temperature(0);  // the same call every run
+    request.mutable_stopping()->set_max_new_tokens(64);
+    std::vector<v1::ToolCall> streamed, calls;
+    v1::Finish finish;
+    {
+      grpc::ClientContext context;
+      Prepare(context);
+      auto reader = stub_->GenerateStream(&context, request);
+      v1::GenerateStreamResponse response;
+      while (reader->Read(&response)) {
+        // A call's first delta carries its id and name, the later ones the next characters of
+        // its arguments: joined by index, they are the call.
+        for (const v1::ToolCallDelta& delta : response.tool_call_deltas()) {
+          if (streamed.size() <= delta.index()) streamed.resize(delta.index() + 1);
+          v1::ToolCall& call = streamed[delta.index()];
+          if (!delta.id().empty()) {
+            call.set_id(delta.id());
+            call.set_name(delta.name());
+          }
+          *call.mutable_arguments() += delta.arguments_delta();
+        }
+        // Each call whole, once complete.
+        calls.insert(calls.end(), response.tool_calls().begin(), response.tool_calls().end());
+        if (response.has_finish()) finish = response.finish();
+      }
+      grpc::Status status = reader->Finish();
+      if (!status.ok()) return status;
+    }
+    PrintCalls("tool streamed", streamed);
+    PrintCalls("tool call", calls);
+    std::cout << "tool finish: " << v1::FinishReason_Name(finish.reason()) << std::endl;
+
+    // The history sent back: the question, the assistant's calls, and one tool message per call
+    // naming the call it answers.
+    v1::GenerateRequest second;
+    v1::Chat* history = second.mutable_chat();
+    *history->add_messages() = ask;
+    v1::ChatMessage* assistant = history->add_messages();
+    assistant->set_role("assistant");
+    for (const v1::ToolCall& call : calls) *assistant->add_tool_calls() = call;
+    for (const v1::ToolCall& call : calls) {
+      v1::ChatMessage* result = history->add_messages();
+      result->set_role("tool");
+      result->set_tool_call_id(call.id());
+      result->set_content(R"({"sky":"clear","celsius":21})");
+    }
+    *history->add_tools() = Weather();
+    history->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_NONE);
+    second.mutable_sampling()->set_temperature(0);
+    second.mutable_stopping()->set_max_new_tokens(options_.max_new_tokens);
+    grpc::ClientContext context;
+    Prepare(context);
+    v1::GenerateResponse answer;
+    grpc::Status status = stub_->Generate(&context, second, &answer);
+    if (!status.ok()) return status;
+    std::cout << "answer: " << Quote(answer.text()) << std::endl;
+    std::cout << "answer finish: " << v1::FinishReason_Name(answer.finish().reason()) << ", "
+              << answer.tool_calls_size() << " tool calls" << std::endl;
+    return grpc::Status::OK;
+  }
+
   // Asks for two out-of-range samplers; the error says which fields and why.
   bool SendInvalidRequest() {
     v1::GenerateRequest request;
@@ -191,6 +290,11 @@ class Example {
 int main(int argc, char** argv) {
   const Options options = Options::Parse(argc, argv);
   Example example(grpc::CreateChannel(options.address, grpc::InsecureChannelCredentials()), options);
+  if (options.tools) {
+    grpc::Status status = example.ToolRoundTrip();
+    if (!status.ok()) PrintError("error", status);
+    return status.ok() ? 0 : 1;
+  }
   grpc::Status status = example.CancelMidway();
   if (status.ok()) status = example.StreamChat();
   if (!status.ok()) {

@@ -2,11 +2,13 @@
 with Debian's plugins, built against Debian's gRPC, and run against a live server with API keys on.
 
 Each example cancels a stream after three tokens, streams a chat printing a line per message, and
-sends an invalid request; the three print the same lines, so one set of checks reads them all."""
+sends an invalid request; with --tools it does a tool call round trip instead. The three print the
+same lines, so one set of checks reads them all."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -26,6 +28,7 @@ LANGUAGES = ("go", "java", "cpp")
 KEY = "generated-clients-key"
 BEARER = (("authorization", f"Bearer {KEY}"),)
 CODE = re.compile(r"\S+ \((\d+)\)")  # "NAME (number)": each language names the codes its own way
+CALL = re.compile(r"tool (streamed|call): (call_[A-Za-z0-9]{24}) (\S+) (.+)")  # "... ID NAME ARGUMENTS"
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +141,27 @@ def test_each_call_carries_the_deadline(example, keyed):
     assert result.returncode == 1, result.stdout + result.stderr
     error = re.match(r"error: " + CODE.pattern, result.stdout)
     assert error and int(error.group(1)) == grpc.StatusCode.DEADLINE_EXCEEDED.value[0], result.stdout
+
+
+def test_a_tool_call_round_trip(example, keyed):
+    """--tools: a required get_weather call, assembled from the streamed deltas, then its result sent
+    back with tool choice none for a text answer."""
+    result = run(example, keyed, "--tools")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    lines = result.stdout.splitlines()
+
+    calls = {"streamed": [], "call": []}
+    for match in filter(None, map(CALL.fullmatch, lines)):
+        calls[match.group(1)].append(match.groups()[1:])
+    assert len(calls["call"]) == 1, output  # parallel_tool_calls off: one call
+    assert calls["streamed"] == calls["call"], f"the deltas joined are not the call\n{output}"
+    (_, name, arguments), = calls["call"]
+    assert name == "get_weather", output
+    assert isinstance(json.loads(arguments).get("city"), str), output
+    assert "tool finish: FINISH_REASON_TOOL_CALLS" in lines, output
+
+    answer = [m.group(1) for line in lines if (m := re.fullmatch(r'answer: "(.*)"', line))]
+    assert len(answer) == 1 and re.sub(r"\\[nrt]", "", answer[0]).strip(), output  # escapes aside, not blank
+    finish = [m.groups() for line in lines if (m := re.fullmatch(r"answer finish: (FINISH_REASON_\w+), (\d+) tool calls", line))]
+    assert len(finish) == 1 and finish[0][1] == "0" and finish[0][0] != "FINISH_REASON_TOOL_CALLS", output

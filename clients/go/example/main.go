@@ -1,6 +1,7 @@
 // Command tokenspout-example calls a tokenspout server through the stubs generated from protos/:
 // it cancels a stream mid-way, streams a chat token by token, and reads the google.rpc details
-// of an invalid request. Every call carries a deadline and, when one is given, an API key.
+// of an invalid request; with --tools it does a tool call round trip instead. Every call carries a
+// deadline and, when one is given, an API key.
 package main
 
 import (
@@ -34,6 +35,7 @@ func main() {
 	apiKey := flag.String("api-key", os.Getenv("TOKENSPOUT_API_KEY"), "API key; empty sends none")
 	timeoutS := flag.Float64("timeout", 60, "deadline of each call, in seconds")
 	maxNewTokens := flag.Uint("max-new-tokens", 64, "most tokens the chat may generate")
+	tools := flag.Bool("tools", false, "do a tool call round trip instead")
 	flag.Parse()
 	timeout := time.Duration(*timeoutS * float64(time.Second))
 
@@ -48,6 +50,12 @@ func main() {
 	defer conn.Close()
 	client := tokenspoutv1.NewGenerationServiceClient(conn)
 
+	if *tools {
+		if err := toolRoundTrip(client, timeout, uint32(*maxNewTokens)); err != nil {
+			fail(err)
+		}
+		return
+	}
 	if err := cancelMidway(client, timeout); err != nil {
 		fail(err)
 	}
@@ -118,6 +126,98 @@ func streamChat(client tokenspoutv1.GenerationServiceClient, timeout time.Durati
 		if finish := response.GetFinish(); finish != nil {
 			fmt.Printf("finish: %s after %d tokens\n", finish.GetReason(), finish.GetUsage().GetCompletionTokens())
 		}
+	}
+}
+
+// weather is the one tool the round trip offers: its parameters are a JSON Schema, as text.
+var weather = &tokenspoutv1.Tool{
+	Name:        "get_weather",
+	Description: "The current weather in a city.",
+	Parameters:  `{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}`,
+}
+
+// toolRoundTrip makes the model call get_weather (tool choice required: the grammar forces a
+// well-formed call), assembles the call from the streamed deltas, then sends the call and its
+// result back with tool choice none, so the model answers in text.
+func toolRoundTrip(client tokenspoutv1.GenerationServiceClient, timeout time.Duration, maxNewTokens uint32) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	ask := &tokenspoutv1.ChatMessage{Role: "user", Content: "What is the weather in Paris? Answer in one sentence."}
+	temperature, callTokens, parallel := float32(0), uint32(64), false // one call, the same every run
+	stream, err := client.GenerateStream(ctx, &tokenspoutv1.GenerateStreamRequest{
+		Input: &tokenspoutv1.GenerateStreamRequest_Chat{Chat: &tokenspoutv1.Chat{
+			Messages: []*tokenspoutv1.ChatMessage{ask},
+			Tools:    []*tokenspoutv1.Tool{weather},
+			ToolChoice: &tokenspoutv1.ToolChoice{Choice: &tokenspoutv1.ToolChoice_Mode{
+				Mode: tokenspoutv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED}},
+			ParallelToolCalls: &parallel,
+		}},
+		Sampling: &tokenspoutv1.SamplingParams{Temperature: &temperature},
+		Stopping: &tokenspoutv1.StoppingCriteria{MaxNewTokens: &callTokens},
+	})
+	if err != nil {
+		return err
+	}
+	var streamed, calls []*tokenspoutv1.ToolCall
+	var finish *tokenspoutv1.Finish
+	for {
+		response, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		// A call's first delta carries its id and name, the later ones the next characters of
+		// its arguments: joined by index, they are the call.
+		for _, delta := range response.GetToolCallDeltas() {
+			for len(streamed) <= int(delta.GetIndex()) {
+				streamed = append(streamed, &tokenspoutv1.ToolCall{})
+			}
+			call := streamed[delta.GetIndex()]
+			if delta.GetId() != "" {
+				call.Id, call.Name = delta.GetId(), delta.GetName()
+			}
+			call.Arguments += delta.GetArgumentsDelta()
+		}
+		calls = append(calls, response.GetToolCalls()...) // each call whole, once complete
+		if response.GetFinish() != nil {
+			finish = response.GetFinish()
+		}
+	}
+	printCalls("tool streamed", streamed)
+	printCalls("tool call", calls)
+	fmt.Printf("tool finish: %s\n", finish.GetReason())
+
+	// The history sent back: the question, the assistant's calls, and one tool message per call
+	// naming the call it answers.
+	history := []*tokenspoutv1.ChatMessage{ask, {Role: "assistant", ToolCalls: calls}}
+	for _, call := range calls {
+		history = append(history, &tokenspoutv1.ChatMessage{
+			Role: "tool", ToolCallId: call.GetId(), Content: `{"sky":"clear","celsius":21}`})
+	}
+	answer, err := client.Generate(ctx, &tokenspoutv1.GenerateRequest{
+		Input: &tokenspoutv1.GenerateRequest_Chat{Chat: &tokenspoutv1.Chat{
+			Messages: history,
+			Tools:    []*tokenspoutv1.Tool{weather},
+			ToolChoice: &tokenspoutv1.ToolChoice{Choice: &tokenspoutv1.ToolChoice_Mode{
+				Mode: tokenspoutv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE}},
+		}},
+		Sampling: &tokenspoutv1.SamplingParams{Temperature: &temperature},
+		Stopping: &tokenspoutv1.StoppingCriteria{MaxNewTokens: &maxNewTokens},
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("answer: %q\n", answer.GetText())
+	fmt.Printf("answer finish: %s, %d tool calls\n", answer.GetFinish().GetReason(), len(answer.GetToolCalls()))
+	return nil
+}
+
+// printCalls prints one line per call: "<what>: <id> <name> <arguments>".
+func printCalls(what string, calls []*tokenspoutv1.ToolCall) {
+	for _, call := range calls {
+		fmt.Printf("%s: %s %s %s\n", what, call.GetId(), call.GetName(), call.GetArguments())
 	}
 }
 
