@@ -10,6 +10,7 @@ import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-no
 import {
   ConstraintSchema,
   GenerationService,
+  ToolCallSchema,
   type CancelResponse,
   type CompileConstraintResponse,
   type Constraint,
@@ -21,6 +22,7 @@ import {
   type GetServerStatusResponse,
   type TokenizeRequestSchema,
   type TokenizeResponse,
+  type ToolCall,
 } from "./gen/tokenspout/v1/generation_pb.js";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { AFFINITY_HEADER, affinityKey } from "./affinity.js";
@@ -106,6 +108,22 @@ export function bySample(responses: Iterable<GenerateStreamResponse>): Map<numbe
     samples.set(response.index, sample);
   }
   return samples;
+}
+
+/** The tool calls that a stream's `toolCallDeltas` form, in order (as the Python client's
+ * `assemble_tool_calls`): a call's first delta carries its index, id and name, the later ones
+ * the next characters of its arguments. Give it one sample's responses (see `bySample`); on a
+ * stream cut short, the last call's arguments are cut short too. */
+export function assembleToolCalls(responses: Iterable<GenerateStreamResponse>): ToolCall[] {
+  const calls = new Map<number, ToolCall>();
+  for (const response of responses) {
+    for (const delta of response.toolCallDeltas) {
+      const call = calls.get(delta.index) ?? create(ToolCallSchema, { id: delta.id, name: delta.name });
+      call.arguments += delta.argumentsDelta;
+      calls.set(delta.index, call);
+    }
+  }
+  return [...calls].sort(([a], [b]) => a - b).map(([, call]) => call);
 }
 
 export class TokenspoutClient {
