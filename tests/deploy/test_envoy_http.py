@@ -1,5 +1,5 @@
 """deploy/envoy/envoy.yaml's HTTP/JSON and gRPC-Web sides, against a live replica: curl gets
-GenerateStream as Server-Sent Events, unary calls and constraints as JSON, errors as JSON
+GenerateStream as Server-Sent Events, unary calls, constraints and tool calls as JSON, errors as JSON
 google.rpc.Status (as trailers once a stream has begun), and closing the connection frees the
 replica's slot; a Node gRPC-Web client (Connect's, from npm) streams through the grpc_web filter."""
 
@@ -101,6 +101,49 @@ def test_a_json_schema_constraint(envoy):
     value = json.loads(generated["text"])
     assert set(value) == {"year"} and isinstance(value["year"], int), generated
     assert generated["finish"]["constraintSatisfied"] is True
+
+
+WEATHER = {"name": "get_weather", "description": "The current weather in a city.",
+           "parameters": json.dumps({"type": "object", "properties": {"city": {"type": "string"}},
+                                     "required": ["city"]})}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def tool_request(messages: list[dict], mode: str) -> dict:
+    # Seeded: the grammar forces a call, the seed keeps the model's arguments short enough to close.
+    return {"chat": {"messages": messages, "tools": [WEATHER], "toolChoice": {"mode": f"TOOL_CHOICE_MODE_{mode}"},
+                     "parallelToolCalls": False},
+            "sampling": {"seed": 5}, "stopping": {"maxNewTokens": 64}}
+
+
+def test_a_tool_call_round_trip_as_json(envoy):
+    """The typed tool fields survive transcoding: toolCalls in a unary answer, toolCallDeltas in
+    Server-Sent Events, and a call sent back in JSON gets a plain answer."""
+    proxy, _ = envoy
+    status, _, body = call(proxy, "Generate", tool_request(ASK_WEATHER, "REQUIRED"))
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["finish"]["reason"] == "FINISH_REASON_TOOL_CALLS", answer
+    (tool_call,) = answer["toolCalls"]
+    assert tool_call["name"] == "get_weather" and isinstance(json.loads(tool_call["arguments"])["city"], str)
+
+    status, headers, body = call(proxy, "GenerateStream", tool_request(ASK_WEATHER, "REQUIRED"))
+    assert status == 200 and headers["content-type"] == "text/event-stream"
+    messages = events(body)
+    deltas = [d for m in messages for d in m.get("toolCallDeltas", [])]
+    assert deltas and deltas[0]["name"] == "get_weather" and deltas[0]["id"].startswith("call_"), messages
+    # JSON omits the zero index; every delta belongs to the one call.
+    assert all(d.get("index", 0) == 0 for d in deltas)
+    (streamed,) = [c for m in messages for c in m.get("toolCalls", [])]
+    assert "".join(d.get("argumentsDelta", "") for d in deltas) == streamed["arguments"]
+    assert messages[-1]["finish"]["reason"] == "FINISH_REASON_TOOL_CALLS"
+
+    result = {"role": "tool", "toolCallId": streamed["id"], "content": json.dumps({"sky": "clear", "celsius": 21})}
+    back = [*ASK_WEATHER, {"role": "assistant", "toolCalls": [streamed]}, result]
+    status, _, body = call(proxy, "Generate", {**tool_request(back, "NONE"), "stopping": {"maxNewTokens": 24}})
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer.get("text", "").strip() and "toolCalls" not in answer, answer
 
 
 @pytest.mark.parametrize("method", ["Generate", "GenerateStream"])
