@@ -26,15 +26,20 @@ class ConstraintState:
         """Proposed tokens as plain decoding would produce them, each marked forced or sampled: after each
         sampled token the engine takes the grammar's forced tokens (up to `max_forced`) without sampling.
 
-        The proposal is cut where the grammar rejects it; where it enters a forced run, the run replaces
-        it to its end, so the token after the last one is always sampled. The matcher is left as it was.
+        The proposal is cut where the grammar rejects it or has stopped; where it enters a forced run, the
+        run replaces it to its end, so the token after the last one is always sampled. The matcher is left
+        as it was.
         """
         matcher = self.matcher
         proposed = proposed[: matcher.validate_tokens(proposed)]
         tokens: list[int] = []
         forced: list[bool] = []
         run: list[int] = []  # what the grammar forces next
-        while run or len(tokens) < len(proposed):
+        # A stopped matcher takes an end-of-generation token (an answer proposed again from the caller's past
+        # or the chat's history ends with one) without counting it for rollback: rolling back len(tokens)
+        # would then undo a real token. Nothing past that point is output anyway: the sequence ends at the
+        # token that completes the grammar.
+        while (run or len(tokens) < len(proposed)) and not matcher.is_stopped():
             is_forced = bool(run)
             token = run.pop(0) if is_forced else proposed[len(tokens)]
             if is_forced and len(tokens) < len(proposed) and proposed[len(tokens)] != token:

@@ -10,8 +10,9 @@ import jsonschema
 import pytest
 
 from tests.harness.helpers import bad_request_fields, rpc_error, stream
-from tests.harness.servers import REPORT
+from tests.harness.servers import REPORT, SERVER_CONTEXT_LENGTH, start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
+from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 WEATHER = {
     "type": "object",
@@ -76,6 +77,41 @@ def test_named_tool_calls_parse_validate_and_round_trip_in_every_seeded_run(stub
     for seed in range(RUNS):
         round_trip(stub, pb.ToolChoice(name="add"), seed, "add")
     REPORT.append(f"tool calls: named, {RUNS}/{RUNS} seeded runs parsed, validated and round-tripped")
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def weather_call(parallel: bool | None, sampling: pb.SamplingParams) -> pb.GenerateRequest:
+    chat = pb.Chat(messages=[pb.ChatMessage(role="user", content="What is the weather in Paris?")],
+                   tools=[pb.Tool(name="get_weather", description="The current weather in a city.", parameters=json.dumps(CITY))],
+                   tool_choice=pb.ToolChoice(mode=pb.TOOL_CHOICE_MODE_REQUIRED), parallel_tool_calls=parallel)
+    return pb.GenerateRequest(chat=chat, sampling=sampling, stopping=pb.StoppingCriteria(max_new_tokens=64))
+
+
+def test_calls_hold_their_grammar_when_speculation_proposes_past_answers(tmp_path, model_path) -> None:
+    """Parallel calls end with the end-of-generation token. Proposed again from the caller's past sequences
+    to a call that cannot go on, llguidance took it without counting it, and checking the proposal rolled a
+    real token back off the grammar: the key came out twice ({"citycity":"Paris"}, {"city":"":"Paris"}).
+    A fresh server, so the past pool holds exactly this sequence's answers."""
+    server = start_server(tmp_path, "--context-length", str(SERVER_CONTEXT_LENGTH), "--max-batch-size", "8")
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            requests = [weather_call(None, pb.SamplingParams(seed=seed)) for seed in range(6)]
+            requests += [weather_call(False, pb.SamplingParams(temperature=0.0))] * 4
+            for i, request in enumerate(requests):
+                response = stub.Generate(request, timeout=120)
+                finish = response.finish.reason
+                # 64 tokens may cut a parallel call short: the whole calls before it must still comply.
+                assert finish == pb.FINISH_REASON_TOOL_CALLS or (i < 6 and finish == pb.FINISH_REASON_MAX_TOKENS), (i, response)
+                assert response.tool_calls and (i < 6 or len(response.tool_calls) == 1), (i, response)
+                for call in response.tool_calls:
+                    arguments = json.loads(call.arguments)
+                    assert call.name == "get_weather" and set(arguments) == {"city"}, (i, call)
+                    jsonschema.validate(arguments, CITY)
+    finally:
+        assert stop_server(server) == 0, server.log()
 
 
 def test_auto_lets_the_model_answer_in_text_or_call(stub) -> None:

@@ -139,6 +139,23 @@ def test_constrained_and_unconstrained_requests_share_a_batch(stub):
         jsonschema.validate(json.loads(text_of(messages)), schema)
 
 
+def test_a_schema_holds_where_speculation_proposes_an_answer_past_its_end(stub):
+    """The chat's history holds the answer with the end-of-generation token after it (and each request is in
+    the caller's past for the next): proposed past the grammar's end, that token was taken without being
+    counted, and checking the proposal rolled a real token back off the grammar ({"citycitycitycity":...})."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    question = pb.ChatMessage(role="user", content="Which city is the Eiffel Tower in? Answer in JSON.")
+    chat = pb.Chat(messages=[question, pb.ChatMessage(role="assistant", content='{"city":"Paris"}'), question])
+    for _ in range(3):
+        request = pb.GenerateStreamRequest(
+            chat=chat, constraint=pb.Constraint(json_schema=json.dumps(schema)),
+            sampling=pb.SamplingParams(temperature=0.0), stopping=pb.StoppingCriteria(max_new_tokens=32),
+        )
+        messages = stream(stub, request)
+        assert messages[-1].finish.reason == FINISH.FINISH_REASON_CONSTRAINT_COMPLETE, messages[-1]
+        jsonschema.validate(json.loads(text_of(messages)), schema)
+
+
 def test_max_new_tokens_cut_is_reported_unsatisfied(stub):
     messages = stream(stub, chat_request(ASK_FOR_JSON, pb.Constraint(json_object=True), max_new_tokens=4))
     finish = messages[-1].finish

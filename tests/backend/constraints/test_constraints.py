@@ -9,6 +9,10 @@ import numpy as np
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintSpec, ConstraintState, apply_bitmask
+from backend.constraints.tokenizer import build_tokenizer
+from backend.tools.formats import HERMES
+from backend.tools.grammar import GrammarBuilder, ToolSchema
+from tests.harness.fake_engine import BOS, EOS_TOKEN_IDS, SPECIALS, VOCAB_SIZE, encode, piece
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +102,55 @@ def test_a_proposal_is_split_as_plain_decoding_would_take_it(model, compiler):
 
     assert state.split_forced(text, max_forced=0) == (text, [False] * len(text))  # nothing forced: all sampled
     assert state.split_forced(model.tokenize("true", add_special=False), 16) == ([], [])  # not allowed here
+
+
+@pytest.fixture(scope="module")
+def byte_compiler() -> ConstraintCompiler:
+    """A compiler over the fake engine's byte vocabulary: no model needed."""
+    pieces = [SPECIALS.get(t) or piece(t) for t in range(VOCAB_SIZE)]
+    return ConstraintCompiler(build_tokenizer(pieces, list(SPECIALS), EOS_TOKEN_IDS, BOS, encode))
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+_TEXT_MARKERS = GrammarBuilder(lambda marker: False)
+ENDS_AFTER = {  # a constraint whose grammar stops with its last character, and the output that ends it
+    "tool call": (  # one required call, not parallel: nothing may follow it
+        ConstraintSpec("composed", _TEXT_MARKERS.compose(
+            None, _TEXT_MARKERS.tool_answer(HERMES, [ToolSchema("get_weather", CITY)], forced=True, parallel=False))),
+        'Paris"}}\n</tool_call>',
+    ),
+    "json schema": (ConstraintSpec("json_schema", json.dumps(CITY)), 'Paris"}'),
+}
+
+
+@pytest.mark.parametrize("case", ENDS_AFTER)
+@pytest.mark.parametrize("eos", EOS_TOKEN_IDS)
+def test_a_proposal_running_past_the_grammars_end_leaves_the_matcher_as_it_was(byte_compiler, case, eos):
+    """A proposal taken from an earlier answer carries that answer's end-of-generation token (and more). Once
+    the grammar has stopped, llguidance takes that token without counting it for rollback: consuming it
+    here rolled back one real token too many (the key then came out twice: {"citycity":"Paris"})."""
+    spec, answer = ENDS_AFTER[case]
+    state = ConstraintState(byte_compiler.compile(spec))
+    for token in state.forced_tokens(limit=64):  # as the engine does: the call up to the city's value
+        assert state.consume(token)
+    before = (state.forced_tokens(16), state.matcher.validate_tokens(encode(answer.encode())))
+    assert before[0] == [] and before[1] == len(answer)
+
+    tokens, _ = state.split_forced([*encode(answer.encode()), eos, *encode(b"\n<tool_call>")], max_forced=16)
+    assert (state.forced_tokens(16), state.matcher.validate_tokens(encode(answer.encode()))) == before
+    assert tokens == encode(answer.encode())  # nothing after the token that completes the grammar: it ends there
+    for token in tokens:
+        assert state.consume(token)
+    assert state.complete
+
+
+def test_a_proposed_end_of_generation_where_the_grammar_may_end_is_kept(byte_compiler):
+    """Where the grammar may go on or end, the end-of-generation token is a proposal like any other."""
+    state = ConstraintState(byte_compiler.compile(ConstraintSpec("regex", "[0-9]{2,3}")))
+    assert state.consume(encode(b"1")[0])
+    proposal = [*encode(b"2"), EOS_TOKEN_IDS[0]]
+    assert state.split_forced(proposal, max_forced=16) == (proposal, [False, False])
+    assert state.matcher.validate_tokens(encode(b"234")) == 2  # still after "1"
 
 
 def test_a_rejected_token_puts_the_state_in_error(model, compiler):
