@@ -15,9 +15,10 @@ entry (one preempted, coming back) may use all of it: to it, those cells are
 exactly what it had.
 
 Generated tokens are kept all the same: a sequence that ends leaves its entry
-with the tokens it ended with (`ended_with`), and the engine's next step
-computes its generated tail again as prompt rows, tiled (backend.llamacpp.retile),
-before anything is admitted. The entry is then put again, every cell
+with the tokens it ended with (`ended_with`), and a later engine step computes
+its generated tail again as prompt rows, tiled (backend.llamacpp.retile, which
+says when), before anything is admitted. Until then only its prompt rows are
+shared (`shared`). The entry is then put again, every cell
 prompt-computed and shared, so a chat's next turn takes the previous answer from
 the cache with the same greedy-identical guarantee as a prompt.
 

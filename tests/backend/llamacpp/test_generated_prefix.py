@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from backend.llamacpp.layout import TILE_ROWS
+from backend.llamacpp.retile import RetileBudget
 from backend.types import ChatMessage, GenerationRequest, SamplingParams, StopParams
-from tests.backend.llamacpp.test_prefix_cache import QUESTIONS, SYSTEM, chat_tokens, run_all
-from tests.harness.core_driver import Recorder, make_core, token_ids
+from tests.backend.llamacpp.test_prefix_cache import QUESTIONS, SYSTEM, chat_tokens, check_cells, run_all
+from tests.harness.core_driver import Recorder, make_core, request, token_ids
 
 
 def turn_end(model) -> tuple[int, ...]:
@@ -84,3 +85,31 @@ def test_salted_prompts_share_cells_only_within_their_salt(cores, model):
     again = chat_tokens(model, QUESTIONS[1], system=SYSTEM * 3)
     assert run(with_reuse, "a2", *again, salt="tenant-a").finish.usage.cached_tokens >= start
     assert run(with_reuse, "b2", *again, salt="tenant-b").finish.usage.cached_tokens >= start
+
+
+def test_while_others_decode_an_answer_waits_and_its_next_turn_computes_it_as_a_cold_run_would(cores, model):
+    """No time to spare (share 0): the ended answer stays uncomputed while another stream decodes, only its
+    prompt rows are shared, and the next turn computes the rest itself, with a cold run's output; once the
+    engine is idle the answer is computed again after all."""
+    with_reuse, without = cores
+    with_reuse.core.retile_budget = RetileBudget(share=0.0)
+    ending = turn_end(model)
+    tokens, start = chat_tokens(model, QUESTIONS[0], system=SYSTEM * 2)
+    first = Recorder(with_reuse)
+    with_reuse.add(GenerationRequest("a", tuple(tokens), SamplingParams(temperature=0.0),
+                                     StopParams(max_new_tokens=12, ignore_eos=True), last_message_start=start,
+                                     turn_end=ending), first)
+    busy = Recorder(with_reuse)
+    with_reuse.add(request(model, "busy", "Count slowly from one to a hundred:", max_new_tokens=200), busy)
+    while not first.events or first.finish is None:
+        with_reuse.step()
+    check_cells(with_reuse)
+    assert with_reuse.core.slots.prefixes.ended(), "the answer waits while the other stream decodes"
+    assert with_reuse.stats.retiled_tokens_total == 0
+
+    next_turn, next_start = chat_tokens(model, QUESTIONS[0], answer_text(model, first), QUESTIONS[1],
+                                        system=SYSTEM * 2)
+    second = run(with_reuse, "b", next_turn, next_start, ending)  # the busy stream still decodes meanwhile
+    assert start - TILE_ROWS <= second.finish.usage.cached_tokens <= len(tokens)  # its prompt rows, not the answer
+    assert token_ids(second) == token_ids(run(without, "cold", next_turn, next_start, ending))
+    assert busy.finish is not None and not with_reuse.core.slots.prefixes.ended()  # idle: computed at last
