@@ -401,11 +401,14 @@ class Checks:
         return f"{call.name}({call.arguments}) under the schema, {response.generated_tokens} tokens"
 
     def cache_salt_refused(self) -> str:
-        """exllamav2's page hashes take no salt: a salted request is refused, never served unsalted."""
-        if not self.expect_exllamav2:
-            raise Skipped("llama.cpp honours cache_salt")
+        """exllamav2's page hashes take no salt: a salted request is refused, never served unsalted
+        (llama.cpp honours the salt and serves it)."""
         request = greedy_request(PROMPT, 4)
         request.cache_salt = "tenant-a"
+        if not self.expect_exllamav2:
+            served = stream(self.stub, request)
+            assert served[-1].finish.reason == pb.FINISH_REASON_MAX_TOKENS, served[-1]
+            return "served under its salt (llama.cpp)"
         try:
             stream(self.stub, request)
         except grpc.RpcError as error:
