@@ -34,8 +34,6 @@ from backend import (
     Finish,
     GenerationRequest,
     Scheduling,
-    SpeculationMode,
-    SpeculationParams,
     TokenEvent,
 )
 from backend.constraints import ConstraintError, ConstraintSpec
@@ -219,7 +217,7 @@ class GenerationCall:
             stopping=params.stopping,
             output=params.output,
             constraint=constraint,
-            speculation=_speculation(params.speculation, spec),
+            speculation=params.speculation,
             arrival_time=arrival_time,
             deadline=self._deadline(),
             last_message_start=prompt.last_message_start,
@@ -377,10 +375,3 @@ def _ids(request_id: str) -> dict[str, str]:
     span_context = trace.get_current_span().get_span_context()
     trace_id = format(span_context.trace_id, "032x") if span_context.is_valid else ""
     return {"request_id": request_id, "trace_id": trace_id, "caller": auth.caller()}
-
-
-def _speculation(asked: SpeculationParams, spec: ConstraintSpec | None) -> SpeculationParams:
-    """A reasoning grammar's stop and budget lexemes cannot be rolled back, which checking proposals needs."""
-    if spec is not None and spec.kind == COMPOSED and "thought[" in str(spec.value):
-        return SpeculationParams(SpeculationMode.OFF, asked.max_draft_tokens)
-    return asked

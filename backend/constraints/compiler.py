@@ -5,6 +5,8 @@ llguidance limits and has computed its first mask: a grammar with an empty
 language, or one past the limits, is refused before any token is generated.
 Copies of one compiled matcher share llguidance's lexer state, so a compiled
 constraint whose matcher failed is dropped from the cache (`mark_failed`).
+Whether its matchers can take tokens back (`rolls_back`), which checking
+speculated tokens needs, is found once here too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import llguidance
+import numpy as np
 
 from backend.constraints.spec import ConstraintSpec
 
@@ -116,6 +119,9 @@ class CompiledConstraint:
     compile_s: float
     cached: bool
     warnings: tuple[str, ...]
+    rolls_back: bool
+    """Its matchers can take consumed tokens back, as checking proposed tokens does (see `_rolls_back`):
+    a sequence under a constraint that cannot is never given proposals."""
     health: _Health = dataclasses.field(default_factory=_Health)
     size_bytes: int = 0
     """Estimated memory held (see `estimated_bytes`)."""
@@ -246,7 +252,7 @@ class ConstraintCompiler:
             raise ConstraintError(llguidance_message(problem), spec.kind)
         compiled = CompiledConstraint(
             spec, matcher, time.perf_counter() - start, False, tuple(matcher.get_grammar_warnings()),
-            size_bytes=estimated_bytes(spec),
+            _rolls_back(matcher.deep_copy(), self.tokenizer.eos_tokens), size_bytes=estimated_bytes(spec),
         )
         with self._lock:
             self._cache.pop(spec, None)  # compiled twice at once: keep the newer
@@ -280,3 +286,19 @@ def _first_step_problem(probe: llguidance.LLMatcher) -> str:
     if not probe.is_error() and forced:
         probe.consume_tokens(forced)
     return probe.get_error()
+
+
+def _rolls_back(probe: llguidance.LLMatcher, eos_tokens: list[int]) -> bool:
+    """Whether the grammar's matchers can take a consumed token back.
+
+    llguidance refuses every rollback in a grammar any of whose rules has stop= or max_tokens= (a reasoning
+    block's, or a caller's Lark), and puts the matcher in error; rollback(0) succeeds even there, so the
+    probe takes one allowed token (text where any is allowed, as proposals are) and gives it back.
+    """
+    allowed = np.flatnonzero(np.unpackbits(np.frombuffer(probe.compute_bitmask(), dtype=np.uint8), bitorder="little"))
+    text = np.setdiff1d(allowed, eos_tokens)
+    choices = text if len(text) else allowed
+    if not len(choices):  # cannot happen past _first_step_problem; not knowing, claim nothing
+        return False
+    probe.consume_token(int(choices[0]))
+    return probe.rollback(1) and not probe.is_error()

@@ -84,9 +84,11 @@ class Speculator:
             self.past_ngrams.learn(caller_of(seq), seq.tokens, seq.prompt_length)
 
     def _draft(self, seq: Sequence) -> DraftState | None:
-        """The sequence's draft, begun at its first decoding step; None when it does not speculate."""
+        """The sequence's draft, begun at its first decoding step; None when it does not speculate: not asked
+        to, or under a constraint whose matcher cannot take back the proposed tokens it checks (a grammar
+        with stop= or max_tokens=, a reasoning block's among them): that sequence decodes plainly."""
         draft = self._drafts.get(seq)
-        speculation = seq.request.speculation
-        if draft is None and speculation.mode is SpeculationMode.NGRAM:
+        speculation, constraint = seq.request.speculation, seq.request.constraint
+        if draft is None and speculation.mode is SpeculationMode.NGRAM and (constraint is None or constraint.rolls_back):
             draft = self._drafts[seq] = DraftState(speculation.max_draft_tokens)
         return draft

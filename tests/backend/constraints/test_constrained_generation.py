@@ -156,6 +156,28 @@ def test_a_schema_holds_where_speculation_proposes_an_answer_past_its_end(stub):
         jsonschema.validate(json.loads(text_of(messages)), schema)
 
 
+REPEATED = " ".join(["the cat sat on the mat, the dog sat on the log, the bird sat on the tree zzz!"] * 4)
+
+
+@pytest.mark.parametrize("grammar, output", [
+    ('start: foo "!"\nfoo[stop="zzz"]: /[a-z ,.]*/', r"[a-z ,.]*zzz!"),
+    ('start: foo "!"\nfoo[max_tokens=30]: /[a-z ,.]*/', r"[a-z ,.]*!"),
+])
+def test_a_grammar_that_cannot_roll_back_streams_to_its_end_with_speculation_on(stub, grammar, output):
+    """llguidance refuses to take tokens back in a grammar with stop= or max_tokens=, which checking proposed
+    tokens does: on this repeating prompt n-gram speculation proposes from the first step, and such a grammar
+    failed mid-stream every time (rollback not supported). Its sequence now decodes plainly."""
+    default = stub.GetModelInfo(pb.GetModelInfoRequest()).default_speculation
+    assert default.mode == pb.SPECULATION_MODE_NGRAM  # the request leaves speculation to the server
+    messages = stream(stub, pb.GenerateStreamRequest(
+        prompt=REPEATED, constraint=pb.Constraint(grammar=grammar),
+        sampling=pb.SamplingParams(temperature=0.0), stopping=pb.StoppingCriteria(max_new_tokens=60)))
+    finish = messages[-1].finish
+    assert finish.reason == FINISH.FINISH_REASON_CONSTRAINT_COMPLETE and finish.constraint_satisfied, finish
+    assert len(messages) > 2 and re.fullmatch(output, text_of(messages)), text_of(messages)
+    assert finish.usage.draft_tokens == 0
+
+
 def test_max_new_tokens_cut_is_reported_unsatisfied(stub):
     messages = stream(stub, chat_request(ASK_FOR_JSON, pb.Constraint(json_object=True), max_new_tokens=4))
     finish = messages[-1].finish

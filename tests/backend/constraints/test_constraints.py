@@ -10,8 +10,8 @@ import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintError, ConstraintSpec, ConstraintState, apply_bitmask
 from backend.constraints.tokenizer import build_tokenizer
-from backend.tools.formats import HERMES
-from backend.tools.grammar import GrammarBuilder, ToolSchema
+from backend.tools.formats import HERMES, THINK
+from backend.tools.grammar import GrammarBuilder, ReasoningRule, ToolSchema
 from tests.harness.fake_engine import BOS, EOS_TOKEN_IDS, SPECIALS, VOCAB_SIZE, encode, piece
 
 
@@ -151,6 +151,40 @@ def test_a_proposed_end_of_generation_where_the_grammar_may_end_is_kept(byte_com
     proposal = [*encode(b"2"), EOS_TOKEN_IDS[0]]
     assert state.split_forced(proposal, max_forced=16) == (proposal, [False, False])
     assert state.matcher.validate_tokens(encode(b"234")) == 2  # still after "1"
+
+
+ROLLBACK = {  # a constraint, an output it allows, and whether its matcher can take that output back
+    "stop=": (ConstraintSpec("grammar", 'start: foo "!"\nfoo[stop="zzz"]: /[a-z ,.]*/'), "the cat", False),
+    "max_tokens=": (ConstraintSpec("grammar", 'start: foo "!"\nfoo[max_tokens=30]: /[a-z ,.]*/'), "the cat", False),
+    "stop= after the start": (
+        ConstraintSpec("grammar", 'start: "say: " foo "!"\nfoo[stop="zzz"]: /[a-z ,.]*/'), "say: the", False),
+    "reasoning": (ConstraintSpec("composed", _TEXT_MARKERS.compose(
+        ReasoningRule(THINK, opened=False), _TEXT_MARKERS.free_answer())), "<think>hm", False),
+    "reasoning with a budget": (ConstraintSpec("composed", _TEXT_MARKERS.compose(
+        ReasoningRule(THINK, opened=True, budget_tokens=8), _TEXT_MARKERS.free_answer())), "hm", False),
+    "suffix=": (ConstraintSpec("grammar", 'start: foo "!"\nfoo[suffix="zzz"]: /[a-z ,.]*/'), "the cat", True),
+    "lark": (ConstraintSpec("grammar", 'start: /[a-z ,.]*/ "!"'), "the cat", True),
+    "regex": (ConstraintSpec("regex", "[0-9]{2,3}"), "12", True),
+    "json schema": (ConstraintSpec("json_schema", json.dumps(CITY)), '{"city":"Par', True),
+    "tool calls in free text": (ConstraintSpec("composed", _TEXT_MARKERS.compose(
+        None, _TEXT_MARKERS.tool_answer(HERMES, [ToolSchema("get_weather", CITY)], forced=False, parallel=True))),
+        "Sure", True),
+}
+
+
+@pytest.mark.parametrize("case", ROLLBACK)
+def test_a_compiled_constraint_knows_whether_its_matcher_rolls_back(byte_compiler, case):
+    """Checking proposed tokens takes them back; llguidance refuses that, erring, in a grammar with stop= or
+    max_tokens= anywhere, so such a constraint is never speculated on. The property matches what a matcher
+    then does with a longer output, even one that has not reached the rule."""
+    spec, output, rolls_back = ROLLBACK[case]
+    compiled = byte_compiler.compile(spec)
+    assert compiled.rolls_back is rolls_back
+    matcher = compiled.new_matcher()
+    tokens = encode(output.encode())
+    assert matcher.consume_tokens(tokens)
+    assert matcher.rollback(len(tokens)) is rolls_back and matcher.is_error() is not rolls_back
+    assert byte_compiler.compile(spec).rolls_back is rolls_back  # cached with the compiled grammar
 
 
 def test_a_rejected_token_puts_the_state_in_error(model, compiler):
