@@ -3,8 +3,10 @@
 Two servers, prefix_cache_generated on (the default) and off, each running the same batches of
 single-turn chats (unique questions, greedy, a fixed number of tokens, 8 at a time), alternated rep
 by rep. No answer is ever asked for again, so every answer the engine computes again as prompt rows
-(backend.llamacpp.retile) is pure cost. Prints decode tokens/s per side, the per-rep ratio on / off
-(target: no loss, >= ~0.95 within this machine's noise) and the tokens computed again.
+(backend.llamacpp.retile) is pure cost. Between sides the benchmark waits until the server is done
+computing answers again while idle, so one side's leftovers never slow the other's run. Prints
+decode tokens/s per side, the per-rep ratio on / off (target: no loss, >= ~0.95 within this
+machine's noise) and the tokens computed again.
 
     python -m bench.answer_cost [--reps 4] [--chats 24] [--tokens 128]
 """
@@ -39,6 +41,15 @@ def chats_rate(stub, rep: int, chats: int, tokens: int) -> float:
     return generated / (time.perf_counter() - start)
 
 
+def settle(stub) -> None:
+    """Waits until the server has computed again every answer it will (it does so when idle): what the next
+    side measures is then not slowed by this one's leftovers."""
+    last = -1
+    while (now := stub.GetServerStatus(pb.GetServerStatusRequest()).retiled_tokens_total) != last:
+        last = now
+        time.sleep(1.0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=4)
@@ -55,6 +66,7 @@ def main() -> int:
             for rep in range(args.reps):
                 for side in ("on", "off") if rep % 2 == 0 else ("off", "on"):
                     rates[side].append(chats_rate(stubs[side], rep, args.chats, args.tokens))
+                    settle(stubs[side])
                     print(f"rep {rep} {side}: {rates[side][-1]:.1f} tok/s", flush=True)
             ratios = [on / off for on, off in zip(rates["on"], rates["off"], strict=True)]
             print(f"on / off per rep: {', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f}")
