@@ -39,7 +39,7 @@ from backend.llamacpp.cache_events import LlamaCppCacheEvents
 from backend.llamacpp.layout import TILE_ROWS, PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prompt_logprobs import score_rows
-from backend.llamacpp.retile import RetileBudget, retile_ended
+from backend.llamacpp.retile import retile_ended
 from backend.llamacpp.rows import RowsToSample, fill_batch, sample_rows, take_forced_run
 from backend.llamacpp.sampling import Sampler, TokenPicker
 from backend.llamacpp.scheduler import Feed, Scheduler
@@ -68,7 +68,6 @@ class LlamaCppCore:
             self.slots.comeback_cost,
         )
         self.batch = Batch(own.batch_tokens)
-        self.retile_budget = RetileBudget()
         self.speculator = Speculator(tuner, self.scheduler.max_forced)
         self.picker = TokenPicker(model, slots, max(tuner.candidates))
         self._outputs: list[Output] = []
@@ -141,11 +140,9 @@ class LlamaCppCore:
     def step(self) -> list[Output]:
         self.steps += 1
         self._expire()
-        # Before admission: a sequence placed now finds the tails that ended complete (see retile).
-        if self.retile_budget.allows(self.scheduler.has_work()) and self.slots.prefixes.ended():
-            started = time.perf_counter()
+        # Only when idle (see retile), before admission: a sequence placed now finds the tails that ended complete.
+        if not self.scheduler.has_work() and self.slots.prefixes.ended():
             self.ledger.retiled(retile_ended(self.slots, self.batch, self.ctx, self.scheduler.batch_tokens))
-            self.retile_budget.spent(time.perf_counter() - started)
         self.admitter.admit(self.steps)
         self.slots.compact(self.scheduler.running.values())
         feeds = self.speculator.extend(self.scheduler.next_feeds())

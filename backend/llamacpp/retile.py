@@ -6,7 +6,7 @@ decoded are not what a cold prompt resending that answer computes: reusing them
 as they are (as llama-server does) can change greedy output. So when a sequence
 ends, its entry keeps every token it ended with, and what a chat's template
 writes after an answer (GenerationRequest.turn_end); a later engine step
-(see RetileBudget), before admitting anything, computes the rows not yet
+(one with nothing else to do), before admitting anything, computes the rows not yet
 computed as a prompt the way the next turn's layout computes its history: in tiled groups, or, for a
 conversation still shorter than a tile, in small ones; each group in a
 llama_decode of its own. The whole entry is then shared, and a chat's next turn
@@ -20,22 +20,20 @@ prompt's last rows were computed in, which a repeat of that prompt reuses.
 
 The price is one prompt pass over the answer, wasted when no next turn comes.
 On a CPU a prompt row costs nearly what a token decoded in a batch of 8 does:
-computing every answer again as soon as it ended halved the decode tokens/s of
-8 concurrent chats (docs/benchmarks.md). So `RetileBudget` decides when: at
-once while the engine has nothing else to do (a chat's next turn, sent after
-the caller read the answer, then finds it complete), one answer a step so a
-request arriving meanwhile waits for one pass at most; while others decode,
-only within RETILE_SHARE of the engine's time. An answer still waiting when
-its next turn comes is computed as part of that turn's prompt, as it would be
-without this module: the prefix index shares only an entry's prompt rows until
-its tail is computed.
+computing every answer again as soon as it ended cut the decode tokens/s of 8
+concurrent chats to 0.59x, and within a tenth of a busy engine's time still to
+0.91x, for next turns that rarely found their answer done (docs/benchmarks.md).
+So it is done only while the engine has nothing else to do, one answer a step,
+so that a request arriving meanwhile waits for one pass at most: a chat's next
+turn, sent after its caller read the answer, then finds it complete. An answer
+still waiting when its next turn comes is computed as part of that turn's
+prompt, as it would be without this module: the prefix index shares only an
+entry's prompt rows until its tail is computed.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 
 import llama_cpp
 
@@ -44,35 +42,6 @@ from backend.llamacpp.layout import TILE_ROWS, PromptLayout
 from backend.llamacpp.slots import Slots
 
 log = logging.getLogger(__name__)
-
-# The most of the engine's time that computing answers again may take while it decodes for others.
-RETILE_SHARE = 0.1
-
-
-class RetileBudget:
-    """Whether a step may compute a finished answer again: always while the engine is otherwise idle; while
-    it is busy, while the time spent so since it became busy stays within `share` of that busy time."""
-
-    def __init__(self, share: float = RETILE_SHARE, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._share = share
-        self._clock = clock
-        self._busy_since: float | None = None
-        self._spent = 0.0
-
-    def allows(self, busy: bool) -> bool:
-        """Asked once a step, `busy`: the engine has sequences to decode or requests to admit."""
-        if not busy:
-            self._busy_since = None
-            return True
-        now = self._clock()
-        if self._busy_since is None:
-            self._busy_since, self._spent = now, 0.0
-        return self._spent < self._share * (now - self._busy_since)
-
-    def spent(self, seconds: float) -> None:
-        if self._busy_since is not None:
-            self._spent += seconds
-
 
 def retile_ended(slots: Slots, batch: Batch, ctx: llama_cpp.llama_context_p, batch_tokens: int, most: int = 1) -> int:
     """Computes up to `most` waiting generated tails as prompt rows; returns the rows computed."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from backend.llamacpp.layout import TILE_ROWS
-from backend.llamacpp.retile import RetileBudget
 from backend.types import ChatMessage, GenerationRequest, SamplingParams, StopParams
 from tests.backend.llamacpp.test_prefix_cache import QUESTIONS, SYSTEM, chat_tokens, check_cells, run_all
 from tests.harness.core_driver import Recorder, make_core, request, token_ids
@@ -88,11 +87,10 @@ def test_salted_prompts_share_cells_only_within_their_salt(cores, model):
 
 
 def test_while_others_decode_an_answer_waits_and_its_next_turn_computes_it_as_a_cold_run_would(cores, model):
-    """No time to spare (share 0): the ended answer stays uncomputed while another stream decodes, only its
-    prompt rows are shared, and the next turn computes the rest itself, with a cold run's output; once the
-    engine is idle the answer is computed again after all."""
+    """The ended answer stays uncomputed while another stream decodes, only its prompt rows are shared, and
+    the next turn computes the rest itself, with a cold run's output; once the engine is idle the answer is
+    computed again after all."""
     with_reuse, without = cores
-    with_reuse.core.retile_budget = RetileBudget(share=0.0)
     ending = turn_end(model)
     tokens, start = chat_tokens(model, QUESTIONS[0], system=SYSTEM * 2)
     first = Recorder(with_reuse)
