@@ -125,10 +125,13 @@ class Slots:
     def _keep_small_prompt(self, seq: Sequence) -> None:
         """A prompt shorter than a tile was computed in small groups, as the next chat with the same short
         history computes it; its answer goes tiled (the next turn's history is longer than a tile). A copy
-        of the prompt's cells stays in an empty free slot, if there is one, for those other chats."""
-        spare = next((slot for slot in self._free if slot not in self.prefixes), None)
-        if spare is None:
-            return
+        of the prompt's cells stays in a free slot for those other chats: an empty one, else the least recently
+        used entry's (this prompt was used last; without the copy, no short prompt could take its cells)."""
+        spare = self.prefixes.victim(self._free)
+        if spare is None or (held := self.prefixes.get(spare)) is not None and held.returning:
+            return  # a preempted sequence's cells are kept for its return
+        if self.prefixes.drop(spare) is not None:
+            llama_cpp.llama_memory_seq_rm(self._memory, spare, -1, -1)
         llama_cpp.llama_memory_seq_cp(self._memory, seq.slot, spare, -1, -1)
         llama_cpp.llama_memory_seq_rm(self._memory, spare, seq.prompt_length, -1)
         self.prefixes.put(spare, seq.tokens[: seq.prompt_length], seq.id, seq.prompt_length, 0, salt=seq.salt)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from backend.llamacpp.layout import TILE_ROWS
+from backend.llamacpp.slots import MIN_REUSE_TOKENS
 from backend.types import ChatMessage, GenerationRequest, SamplingParams, StopParams
 from tests.backend.llamacpp.test_prefix_cache import QUESTIONS, SYSTEM, chat_tokens, check_cells, run_all
 from tests.harness.core_driver import Recorder, make_core, request, token_ids
@@ -111,3 +112,20 @@ def test_while_others_decode_an_answer_waits_and_its_next_turn_computes_it_as_a_
     assert start - TILE_ROWS <= second.finish.usage.cached_tokens <= len(tokens)  # its prompt rows, not the answer
     assert token_ids(second) == token_ids(run(without, "cold", next_turn, next_start, ending))
     assert busy.finish is not None and not with_reuse.core.slots.prefixes.ended()  # idle: computed at last
+
+
+def test_a_short_prompt_stays_shared_when_every_free_slot_holds_a_prefix(cores, model):
+    """A chat shorter than a tile whose answer makes it longer is computed again tiled, which a short prompt
+    cannot take; its prompt's copy then takes the least recently used entry's slot when none is empty."""
+    with_reuse, _ = cores
+    slots = with_reuse.core.slots
+    for i in range(slots.count):  # every slot ends up holding a prefix
+        run(with_reuse, f"fill{i}", model.tokenize(f"Filler number {i}: " + "the quick brown fox " * 6), 0)
+    assert len(slots.prefixes) == slots.count
+    system = "You are a helpful assistant for a small bakery. Be brief and kind."
+    tokens, start = chat_tokens(model, QUESTIONS[0], system=system)
+    assert start >= MIN_REUSE_TOKENS and len(tokens) < TILE_ROWS
+    run(with_reuse, "short", tokens, start, turn_end(model), max_new_tokens=40)
+    assert with_reuse.stats.retiled_tokens_total > 0  # its answer made it longer than a tile: computed again tiled
+    again, again_start = chat_tokens(model, QUESTIONS[1], system=system)
+    assert run(with_reuse, "again", again, again_start).finish.usage.cached_tokens >= start - 2
