@@ -39,7 +39,7 @@ from backend.llamacpp.cache_events import LlamaCppCacheEvents
 from backend.llamacpp.layout import TILE_ROWS, PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prompt_logprobs import score_rows
-from backend.llamacpp.retile import retile_ended
+from backend.llamacpp.retile import retile_ended, to_retile
 from backend.llamacpp.rows import RowsToSample, fill_batch, sample_rows, take_forced_run
 from backend.llamacpp.sampling import Sampler, TokenPicker
 from backend.llamacpp.scheduler import Feed, Scheduler
@@ -140,9 +140,9 @@ class LlamaCppCore:
     def step(self) -> list[Output]:
         self.steps += 1
         self._expire()
-        # Only when idle (see retile), before admission: a sequence placed now finds the tails that ended complete.
-        if not self.scheduler.has_work() and self.slots.prefixes.ended():
-            self.ledger.retiled(retile_ended(self.slots, self.batch, self.ctx, self.scheduler.batch_tokens))
+        # Before admission (see retile for when): a sequence placed now finds the tails it continues complete.
+        if which := to_retile(self.slots, not self.scheduler.has_work(), self.scheduler.waiting):
+            self.ledger.retiled(retile_ended(self.slots, self.batch, self.ctx, self.scheduler.batch_tokens, which))
         self.admitter.admit(self.steps)
         self.slots.compact(self.scheduler.running.values())
         feeds = self.speculator.extend(self.scheduler.next_feeds())

@@ -23,30 +23,49 @@ On a CPU a prompt row costs nearly what a token decoded in a batch of 8 does:
 computing every answer again as soon as it ended cut the decode tokens/s of 8
 concurrent chats to 0.59x, and within a tenth of a busy engine's time still to
 0.91x, for next turns that rarely found their answer done (docs/benchmarks.md).
-So it is done only while the engine has nothing else to do, one answer a step,
-so that a request arriving meanwhile waits for one pass at most: a chat's next
-turn, sent after its caller read the answer, then finds it complete. An answer
-still waiting when its next turn comes is computed as part of that turn's
-prompt, as it would be without this module: the prefix index shares only an
-entry's prompt rows until its tail is computed.
+So it is done while the engine has nothing else to do, one answer a step, so
+that a request arriving meanwhile waits for one pass at most: a chat's next
+turn, sent after its caller read the answer, then finds it complete. While the
+engine is busy, only an answer that a waiting request continues is computed,
+before that request is admitted: its next turn would compute those rows anyway
+(until then the prefix index shares only an entry's prompt rows).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import llama_cpp
 
+from backend.common.tokens import common_prefix
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.layout import TILE_ROWS, PromptLayout
+from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.slots import Slots
 
 log = logging.getLogger(__name__)
 
-def retile_ended(slots: Slots, batch: Batch, ctx: llama_cpp.llama_context_p, batch_tokens: int, most: int = 1) -> int:
-    """Computes up to `most` waiting generated tails as prompt rows; returns the rows computed."""
+def to_retile(slots: Slots, idle: bool, waiting: Iterable[Sequence]) -> list[int]:
+    """The slots whose tails to compute now: one while the engine is idle; else those a waiting request
+    continues past their prompt rows (its next turn would compute those rows anyway, in the same layout)."""
+    ended = slots.prefixes.ended()
+    if idle or not ended:
+        return ended[:1]
+    wanted = []
+    for slot in ended:
+        entry = slots.prefixes.get(slot)
+        assert entry is not None
+        if any(seq.salt == entry.salt and common_prefix(entry.ended_with, seq.tokens) > entry.shared for seq in waiting):
+            wanted.append(slot)
+    return wanted
+
+
+def retile_ended(slots: Slots, batch: Batch, ctx: llama_cpp.llama_context_p, batch_tokens: int,
+                 which: list[int]) -> int:
+    """Computes the generated tails at `which` as prompt rows; returns the rows computed."""
     computed = 0
-    for slot in slots.prefixes.ended()[:most]:
+    for slot in which:
         entry = slots.prefixes.get(slot)
         assert entry is not None
         length = len(entry.ended_with)
