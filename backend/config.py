@@ -107,6 +107,11 @@ class LlamaCppSettings:
     prefix_cache_generated: bool = True
     """Keep what a sequence generated cached too, computed again as prompt rows once it ends (so greedy
     output is still unchanged): a chat's next turn reuses the previous answer (backend.llamacpp.retile)."""
+    prefix_cache_decoded: bool = False
+    """Let a chat's next turn take the cells its previous answer was decoded in as they are, as llama-server
+    does, instead of computing that answer again: the next turn computes only its new message at once, but
+    its greedy output may part from a cold run's at near ties (llama.cpp rounds a token decoded alone
+    otherwise than one in a prompt group). Prompts that continue no answer keep the guarantee."""
     max_pause_s: float = 300.0
     """A sequence whose caller reads nothing for this long ends with ABORTED (PAUSED_TOO_LONG)."""
 

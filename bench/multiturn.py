@@ -2,8 +2,9 @@
 
 1. Chat sessions of 6 turns on one replica, each turn resending its history and the answers it got
    (greedy, stopping at the model's end of turn or `--tokens`), a few sessions at a time. For
-   tokenspout, the baseline tokenspout (prefix_cache_generated = false, prompts' cells only) and
-   llama-server (its slots keep generated tokens), alternating rep by rep, each on fresh sessions:
+   tokenspout, tokenspout with prefix_cache_decoded (answers' cells taken as they were decoded, as
+   llama-server does), the baseline tokenspout (prefix_cache_generated = false, prompts' cells only)
+   and llama-server (its slots keep generated tokens), alternating rep by rep, each on fresh sessions:
    - cache share: prompt tokens served from cache / prompt tokens sent (target >= 0.9);
    - turn-6 time to first token, median, tokenspout / llama-server (target <= 1).
    `--think-s` waits that long between a turn's answer and the next turn (0: at once, the worst
@@ -151,6 +152,7 @@ def main() -> int:
           f"system prompt {f'shared, ~{args.app_words} words' if args.app_words else 'per session'}, "
           f"{os.cpu_count()} cores")
     servers = {"tokenspout": start_server(tmp, *flags),
+               "decoded": start_server(tmp, *flags, "--prefix-cache-decoded", "true"),
                "baseline": start_server(tmp, *flags, "--prefix-cache-generated", "false")}
     reference = start_llama_server(args.llama_server, model, CONTEXT, SLOTS, args.threads) if args.llama_server else None
     results: dict[str, list[Sessions]] = {name: [] for name in (*servers, "llama-server")}
@@ -172,11 +174,11 @@ def main() -> int:
                 ttfts = [t for r in runs for t in r.last_turn_ttft]
                 print(f"{name}: cache share {statistics.median(shares):.3f} (range {min(shares):.3f}-{max(shares):.3f}), "
                       f"turn-6 TTFT {ms(ttfts)}")
-        mine = [t for r in results["tokenspout"] for t in r.last_turn_ttft]
         if reference:
-            theirs = [t for r in results["llama-server"] for t in r.last_turn_ttft]
-            print(f"turn-6 TTFT tokenspout / llama-server: {statistics.median(mine) / statistics.median(theirs):.2f} "
-                  "(target <= 1)")
+            theirs = statistics.median(t for r in results["llama-server"] for t in r.last_turn_ttft)
+            for name in ("tokenspout", "decoded"):
+                mine = statistics.median(t for r in results[name] for t in r.last_turn_ttft)
+                print(f"turn-6 TTFT {name} / llama-server: {mine / theirs:.2f} (target <= 1)")
         status = stubs["tokenspout"].GetServerStatus(pb.GetServerStatusRequest())
         print(f"tokenspout: {status.retiled_tokens_total} tokens computed again as prompt rows after their turn")
         for channel in channels.values():

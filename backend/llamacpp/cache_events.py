@@ -1,8 +1,9 @@
 """The llama.cpp engine's KV-cache events: the cells another request could start from, in 64-token blocks.
 
 Two kinds of cells are reusable by other requests (see backend.llamacpp.slots):
-an idle slot's cached prefix, as far as its entry is `shared` (the prompt part;
-its owner's own output is for its owner alone), and a live sequence's prompt
+an idle slot's cached prefix, as far as its entry offers it (the prompt part, and
+with prefix_cache_decoded the decoded answer; an owner's own output is otherwise
+for its owner alone), and a live sequence's prompt
 cells once computed (`min(cached, prompt_length)`), which a new request copies
 from the running sequence. Both count, each as one holder in the ledger, so
 the events follow exactly what `Slots._best_prefix` would offer. Blocks are
@@ -28,7 +29,7 @@ def live_cells(seq: Sequence) -> int:
     """The prompt cells of a running sequence that another request may copy (as Slots._best_prefix has it)."""
     if not seq.placed or seq.needs_prefix:
         return 0
-    return min(seq.cached, seq.prompt_length)
+    return min(seq.cached, seq.exact_rows)
 
 
 class LlamaCppCacheEvents:
@@ -50,7 +51,7 @@ class LlamaCppCacheEvents:
             if entry is None:
                 ledger.let_go(("slot", slot))
             else:
-                ledger.hold(("slot", slot), entry.tokens[: entry.shared], _salt(entry))
+                ledger.hold(("slot", slot), entry.offered, _salt(entry))
         changed.clear()
         live: set[str] = set()
         for seq in running:

@@ -62,7 +62,7 @@ class LlamaCppCore:
         self.ctx = model.new_context(slots, config.context_length, own.batch_tokens, tuner.threads)
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
         self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache, self.context_length,
-                           own.prefix_cache_generated and own.batch_tokens >= 2 * TILE_ROWS)
+                           own.prefix_cache_generated and own.batch_tokens >= 2 * TILE_ROWS, own.prefix_cache_decoded)
         self.scheduler = Scheduler(
             config.max_batch_size, own.batch_tokens, own.max_pause_s, self.context_length, FairnessPolicy(config),
             self.slots.comeback_cost,

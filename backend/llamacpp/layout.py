@@ -47,7 +47,7 @@ class PromptLayout:
     def next_group(self, cached: int, batch_tokens: int) -> int:
         """How many rows, from `cached`, the next llama_decode of this prompt takes."""
         if cached < self.tiled_until:
-            left = self.tiled_until - cached  # never under TILE_ROWS (see reusable)
+            left = self.tiled_until - cached  # TILE_ROWS or more (see reusable) but after cells taken as decoded
             if left <= batch_tokens:
                 return left
             return batch_tokens if left - batch_tokens >= TILE_ROWS else left - TILE_ROWS

@@ -22,6 +22,11 @@ shared (`shared`). The entry is then put again, every cell
 prompt-computed and shared, so a chat's next turn takes the previous answer from
 the cache with the same greedy-identical guarantee as a prompt.
 
+With `prefix_cache_decoded` a sequence's entry keeps its decoded cells instead
+(`decoded_from`): a prompt that continues past its prompt takes its cells as
+they are, as llama-server does (output may part from a cold run's at near
+ties); one that shares only prompt rows takes those by its layout, as ever.
+
 Entries carry a salt (the request's cache_salt mixed with the server's cache
 scope, see service.cache_scope): a prompt matches only entries of its own salt,
 so one caller's first-token time says nothing about another's prompts.
@@ -54,6 +59,14 @@ class CachedPrefix:
     """Only prompts of the same salt match it ("": the unsalted, shared scope)."""
     ended_with: tuple[int, ...] = ()
     """Its sequence ended with these tokens (`tokens` and more): their tail awaits computing as prompt rows."""
+    decoded_from: int = 0
+    """Its cells from here on are the ones its sequence decoded (0: none), offered as they are to prompts that
+    continue past here (the setting prefix_cache_decoded)."""
+
+    @property
+    def offered(self) -> tuple[int, ...]:
+        """The tokens another request of its salt may start from."""
+        return self.tokens if self.decoded_from else self.tokens[: self.shared]
 
 
 class PrefixIndex:
@@ -82,11 +95,11 @@ class PrefixIndex:
         return self._entries.get(slot)
 
     def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, tiled_until: int,
-            returning: bool = False, salt: str = "", ended_with: Sequence[int] = ()) -> None:
+            returning: bool = False, salt: str = "", ended_with: Sequence[int] = (), decoded_from: int = 0) -> None:
         self._clock += 1
         self._entries[slot] = CachedPrefix(
             tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning, salt,
-            tuple(ended_with),
+            tuple(ended_with), decoded_from,
         )
         if self.changed is not None:
             self.changed.add(slot)
@@ -117,14 +130,17 @@ class PrefixIndex:
 
     def matches(self, tokens: Sequence[int], owner: str, salt: str = "") -> Iterator[tuple[int, int, int | None]]:
         """(slot, tokens in common, the layout's tiled_until) for every entry of `salt` sharing a prefix with
-        `tokens`; the layout is None for the entries of `owner`, whose cells it may take as they are."""
+        `tokens`; the layout is None where it may take the cells as they are: the entries of `owner`, and
+        decoded entries it continues past their prompt rows."""
         for slot, entry in self._entries.items():
             if entry.salt != salt:
                 continue
             own = entry.owner == owner
-            common = common_prefix(entry.tokens if own else entry.tokens[: entry.shared], tokens)
-            if common:
-                yield slot, common, None if own else entry.tiled_until
+            common = common_prefix(entry.tokens if own else entry.offered, tokens)
+            if own or entry.decoded_from and common > entry.decoded_from:
+                yield slot, common, None
+            elif min(common, entry.shared):
+                yield slot, min(common, entry.shared), entry.tiled_until
 
     def victim(self, free_slots: Iterable[int], keep_newer_than: int | None = None) -> int | None:
         """A free slot to overwrite: an empty one first, else the least recently used entry's, those of

@@ -43,6 +43,9 @@ class Sequence:
         """The prompt whose turn is lowest gets the next prefill group (round robin)."""
         self.paused_since: float | None = None
         """Its caller is not reading: it is skipped in batches, and may be preempted."""
+        self.exact_rows = self.prompt_length
+        """Its prompt rows computed as its layout computes them, which other prompts may share: fewer once it
+        took a decoded answer's cells as they are (see PrefixIndex, prefix_cache_decoded)."""
         self.prompt_scores: list[GeneratedToken] = []
         """With prompt logprobs asked for: the prompt tokens scored so far (see prompt_logprobs)."""
 

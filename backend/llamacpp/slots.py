@@ -35,7 +35,7 @@ RECOMPUTED_TAIL = 2
 
 class Slots:
     def __init__(self, memory: llama_cpp.llama_memory_t, count: int, prefix_cache: bool, context_length: int = 0,
-                 keep_generated: bool = False) -> None:
+                 keep_generated: bool = False, keep_decoded: bool = False) -> None:
         self._memory = memory
         self.count = count
         self._free = list(range(count))  # a heap: the lowest slot goes first
@@ -43,6 +43,8 @@ class Slots:
         self._context_length = context_length
         self._keep_generated = prefix_cache and keep_generated
         """Ended sequences leave their generated tail for backend.llamacpp.retile to compute as prompt rows."""
+        self._keep_decoded = prefix_cache and keep_decoded
+        """Ended sequences leave their decoded cells, offered as they are (PrefixIndex, `decoded_from`)."""
         self.prefixes = PrefixIndex()
         """What free slots still hold."""
 
@@ -57,8 +59,8 @@ class Slots:
         heapq.heapify(self._free)
         seq.slot, seq.cached, seq.needs_prefix = slot, 0, True
         if source == slot:
-            self.prefixes.drop(slot)
             self._reuse(seq, slot, shared)
+            self.prefixes.drop(slot)
             return shared
         if slot in self.prefixes:
             self._clear_for_reuse(slot)
@@ -80,16 +82,23 @@ class Slots:
         """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping;
         `returning`: it was preempted, and its cells are kept over others' until it comes back."""
         if self._prefix_cache and (seq.cached >= MIN_REUSE_TOKENS or returning and seq.cached > RECOMPUTED_TAIL):
+            if not returning and self._keep_decoded and seq.cached > seq.prompt_length:
+                self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.exact_rows,
+                                  seq.layout.tiled_until, salt=seq.salt, decoded_from=seq.prompt_length)
+                return self._free_slot(seq)
             # A chat's: its next turn lays out this history predictably (see backend.llamacpp.retile).
             generated = (not returning and self._keep_generated and bool(seq.request.turn_end)
                          and len(seq.tokens) > seq.prompt_length)
             ended = self._ended_with(seq) if generated else []
             if len(ended) >= TILE_ROWS and seq.layout.tiled_until == 0:
                 self._keep_small_prompt(seq)
-            self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until,
+            self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.exact_rows, seq.layout.tiled_until,
                               returning, seq.salt, ended)
         else:
             llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
+        self._free_slot(seq)
+
+    def _free_slot(self, seq: Sequence) -> None:
         heapq.heappush(self._free, seq.slot)
         seq.slot, seq.cached = -1, 0
 
@@ -201,7 +210,7 @@ class Slots:
             return None, 0
         candidates = list(self.prefixes.matches(seq.tokens, seq.id, seq.salt))
         for other in running:  # a live sequence's prompt cells (see PrefixIndex)
-            computed = min(other.cached, other.prompt_length)
+            computed = min(other.cached, other.exact_rows)
             if other.salt != seq.salt:
                 continue
             if other is not seq and other.placed and not other.needs_prefix and computed >= MIN_REUSE_TOKENS:
@@ -210,9 +219,11 @@ class Slots:
         best: tuple[int | None, int] = (None, 0)
         own = False
         for slot, common, tiled_until in candidates:
-            rows = _reusable(seq, common, tiled_until)
+            entry = self.prefixes.get(slot) if tiled_until is None else None
+            mine = entry is not None and entry.owner == seq.id
+            rows = _reusable(seq, common, tiled_until, mine)
             if rows > best[1]:
-                best, own = (slot, rows), tiled_until is None
+                best, own = (slot, rows), mine
         # Its own cells save a preempted sequence replaying its output one token a step: worth a copy at any length.
         return best if best[1] >= (1 if own else MIN_REUSE_TOKENS) else (None, 0)
 
@@ -224,7 +235,7 @@ class Slots:
                 continue
             if other.salt != seq.salt:
                 continue
-            common = common_prefix(other.tokens[: other.prompt_length], seq.tokens)
+            common = common_prefix(other.tokens[: other.exact_rows], seq.tokens)
             if _reusable(seq, common, other.layout.tiled_until) >= available + MIN_REUSE_TOKENS:
                 return True
         return False
@@ -235,8 +246,11 @@ class Slots:
         if source != seq.slot:
             llama_cpp.llama_memory_seq_cp(self._memory, source, seq.slot, -1, -1)
         llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, shared, -1)
-        if source in self.prefixes:
+        entry = self.prefixes.get(source)
+        if entry is not None:
             self.prefixes.touch(source)
+            if entry.decoded_from and entry.owner != seq.id and shared > entry.decoded_from:  # taken as decoded
+                seq.exact_rows = seq.layout.reusable(entry.shared, entry.tiled_until)
         self.prefixes.settle(seq.id)
         seq.cached = shared
         seq.needs_prefix = False
@@ -289,10 +303,11 @@ class Slots:
         self.prefixes.move(slot, target)
 
 
-def _reusable(seq: Sequence, common: int, tiled_until: int | None) -> int:
-    """Rows of `common` cached ones the sequence takes: its own (tiled_until None) as they
-    are but for the last RECOMPUTED_TAIL, others' as far as its prompt layout allows."""
+def _reusable(seq: Sequence, common: int, tiled_until: int | None, own: bool = False) -> int:
+    """Rows of `common` cached ones the sequence takes: as they are (tiled_until None: its own, or a decoded
+    answer it continues) but for the last RECOMPUTED_TAIL, else as far as its prompt layout allows; its own
+    prompt rows it takes as far as its layout allows too."""
     if tiled_until is not None:
         return seq.layout.reusable(common, tiled_until)
     rows = min(common, len(seq.tokens) - RECOMPUTED_TAIL)
-    return seq.layout.reusable(rows, seq.layout.tiled_until) if rows < seq.prompt_length else rows
+    return seq.layout.reusable(rows, seq.layout.tiled_until) if own and rows < seq.prompt_length else rows

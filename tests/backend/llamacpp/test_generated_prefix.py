@@ -131,3 +131,31 @@ def test_a_short_prompt_stays_shared_when_every_free_slot_holds_a_prefix(cores, 
     assert with_reuse.stats.retiled_tokens_total > 0  # its answer made it longer than a tile: computed again tiled
     again, again_start = chat_tokens(model, QUESTIONS[1], system=system)
     assert run(with_reuse, "again", again, again_start).finish.usage.cached_tokens >= start - 2
+
+
+def test_with_decoded_cells_kept_the_next_turn_computes_only_what_follows_the_answer(model):
+    """prefix_cache_decoded: the answer's cells are taken as they were decoded, at once, with nothing computed
+    again; a prompt that continues no answer still takes cached rows only as its layout computes them."""
+    core = make_core(model, context_length=1024, max_batch_size=2, batch_tokens=512, prefix_cache_decoded=True)
+    cold = make_core(model, context_length=1024, max_batch_size=2, batch_tokens=512, prefix_cache=False)
+    try:
+        ending, turns, previous = turn_end(model), [], 0
+        for i, question in enumerate(QUESTIONS[:3]):
+            tokens, start = chat_tokens(model, *turns, question, system=SYSTEM * 2)
+            rec = run(core, f"d{i}", tokens, start, ending, max_new_tokens=20)
+            check_cells(core)
+            if i > 0:  # the history, the previous answer's cells included, but for the answer's last token
+                assert previous + 19 - 2 <= rec.finish.usage.cached_tokens < start, (previous, start)
+            previous = len(tokens)
+            turns += [question, answer_text(model, rec)]
+        assert core.stats.retiled_tokens_total == 0
+        entry = max(core.core.slots.prefixes._entries.values(), key=lambda held: len(held.tokens))
+        assert entry.decoded_from and len(entry.offered) > entry.decoded_from > entry.shared
+        # A repeat of the first prompt takes only rows computed as its layout computes them: a cold run's output.
+        tokens, start = chat_tokens(model, QUESTIONS[0], system=SYSTEM * 2)
+        again = run(core, "again", tokens, start, ending, max_new_tokens=20)
+        assert again.finish.usage.cached_tokens >= MIN_REUSE_TOKENS
+        assert token_ids(again) == token_ids(run(cold, "cold", tokens, start, ending, max_new_tokens=20))
+    finally:
+        core.close()
+        cold.close()
