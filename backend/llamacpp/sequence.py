@@ -21,6 +21,9 @@ class Sequence:
         self.sink = sink
         self.sampler = sampler
         self.layout = layout
+        self.groups = layout
+        """How the prompt rows it has yet to compute are grouped: as its layout, unless it took a decoded answer's
+        cells as they are (its output no longer follows the layout's guarantee; the rest goes in few groups)."""
         self.output = SequenceOutput(request)
         self.tokens: list[int] = list(request.prompt_token_ids)
         self.prompt_length = len(request.prompt_token_ids)

@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable
 import llama_cpp
 
 from backend.common.tokens import common_prefix
-from backend.llamacpp.layout import MIN_GROUP, TILE_ROWS
+from backend.llamacpp.layout import MIN_GROUP, TILE_ROWS, PromptLayout
 from backend.llamacpp.prefix_cache import PrefixIndex
 from backend.llamacpp.sequence import Sequence
 
@@ -251,6 +251,7 @@ class Slots:
             self.prefixes.touch(source)
             if entry.decoded_from and entry.owner != seq.id and shared > entry.decoded_from:  # taken as decoded
                 seq.exact_rows = seq.layout.reusable(entry.shared, entry.tiled_until)
+                seq.groups = PromptLayout(seq.prompt_length, tiled_until=0)
         self.prefixes.settle(seq.id)
         seq.cached = shared
         seq.needs_prefix = False
