@@ -45,11 +45,17 @@ KEYS = {"alice": "alice-bench-key", "bob": "bob-bench-key"}
 class Sessions:
     sent: int = 0
     cached: int = 0
+    reachable: int = 0
+    """What a cache holding every earlier prompt and answer could serve: each turn's previous prompt and answer."""
     last_turn_ttft: list[float] = field(default_factory=list)
 
     @property
     def share(self) -> float:
         return self.cached / max(1, self.sent)
+
+    @property
+    def reachable_share(self) -> float:
+        return self.reachable / max(1, self.sent)
 
 
 def messages_of(system: str, turns: list[tuple[str, str]], question: str) -> pb.Chat:
@@ -86,19 +92,23 @@ def run_sessions(label: str, count: int, tokens: int, think_s: float, stub, refe
     def session(index: int) -> None:
         system = app_prompt(label, app_words) + f"\nThis chat is about {index}." if app_words else system_prompt(label, index)
         turns: list[tuple[str, str]] = []
+        before = 0  # the previous turn's prompt and answer tokens
         for number in range(TURNS):
             question = QUESTIONS[number % len(QUESTIONS)]
             chat = messages_of(system, turns, question)
             if reference is None:
                 ttft, answer, usage = ours(stub, chat, tokens)
-                sent, cached = usage.prompt_tokens, usage.cached_tokens
+                sent, cached, answered = usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens
             else:
                 ids = list(stub.Tokenize(pb.TokenizeRequest(chat=chat)).token_ids)
                 completion = reference.stream(ids, tokens, ignore_eos=False)
                 ttft, answer = completion.ttft_s, completion.text
                 sent, cached = completion.prompt_computed + completion.prompt_cached, completion.prompt_cached
+                answered = completion.tokens
             result.sent += sent
             result.cached += cached
+            result.reachable += min(sent, before)
+            before = sent + answered
             if number == TURNS - 1:
                 result.last_turn_ttft.append(ttft)
             turns.append((question, answer))
@@ -172,8 +182,8 @@ def main() -> int:
             if runs:
                 shares = [r.share for r in runs]
                 ttfts = [t for r in runs for t in r.last_turn_ttft]
-                print(f"{name}: cache share {statistics.median(shares):.3f} (range {min(shares):.3f}-{max(shares):.3f}), "
-                      f"turn-6 TTFT {ms(ttfts)}")
+                print(f"{name}: cache share {statistics.median(shares):.3f} (range {min(shares):.3f}-{max(shares):.3f}; "
+                      f"reachable {statistics.median(r.reachable_share for r in runs):.3f}), turn-6 TTFT {ms(ttfts)}")
         if reference:
             theirs = statistics.median(t for r in results["llama-server"] for t in r.last_turn_ttft)
             for name in ("tokenspout", "decoded"):
