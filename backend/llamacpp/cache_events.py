@@ -4,7 +4,7 @@ Two kinds of cells are reusable by other requests (see backend.llamacpp.slots):
 an idle slot's cached prefix, as far as its entry offers it (the prompt part, and
 with prefix_cache_decoded the decoded answer; an owner's own output is otherwise
 for its owner alone), and a live sequence's prompt
-cells once computed (`min(cached, prompt_length)`), which a new request copies
+cells once computed (`min(cached, exact_rows)`), which a new request copies
 from the running sequence. Both count, each as one holder in the ledger, so
 the events follow exactly what `Slots._best_prefix` would offer. Blocks are
 TILE_ROWS tokens: a cached prompt is reused in whole tiles (see layout.py).
