@@ -136,6 +136,7 @@ def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats | None = No
         request_features=info.request_features,
         attention_provider=info.attention_provider,
         cache_block_size=info.cache_block_size,
+        reuses_decoded_cells=info.reuses_decoded_cells,
         limits=pb.Limits(
             max_batch_size=info.max_batch_size,
             max_new_tokens=info.context_length,

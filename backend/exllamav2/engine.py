@@ -131,6 +131,7 @@ class ExLlamaV2Engine(WorkerEngine):
             # (backend.exllamav2.held); its generator has no prompt logprobs: UNIMPLEMENTED here.
             request_features=EXLLAMAV2_REQUEST_FEATURES,
             attention_provider=provider,
+            reuses_decoded_cells=self.paged,  # its cache pages keep generated tokens as decoded
         )
         filter_type = filter_class()
         pieces_with_special = self.tokenizer.get_id_to_piece_list(True)

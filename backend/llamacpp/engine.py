@@ -47,6 +47,7 @@ class LlamaCppEngine(WorkerEngine):
             template_reasoning_format=_name(detect_reasoning(self.model.chat_template or "")),
             attention_provider="llama.cpp",  # its own kernels (flash attention where the build has it)
             cache_block_size=BLOCK_SIZE if self.core.cache_events is not None else 0,
+            reuses_decoded_cells=config.llamacpp.prefix_cache and config.llamacpp.prefix_cache_decoded,
         )
         self.cache_events = self.core.cache_events.hub if self.core.cache_events is not None else None
         self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)

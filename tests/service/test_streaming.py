@@ -245,6 +245,7 @@ def test_model_info(stub):
     assert info.quantization == "Q4_1"
     assert {"temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "logit_bias"} <= set(info.samplers)
     assert info.limits.max_batch_size == 8
+    assert not info.reuses_decoded_cells  # prefix_cache_decoded is off by default
     assert json_format.MessageToDict(info)  # serializes for grpcurl users
 
 

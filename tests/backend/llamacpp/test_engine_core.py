@@ -5,6 +5,7 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 
+from backend.config import EngineConfig
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
 from backend.llamacpp.sampling import Sampler
@@ -150,8 +151,9 @@ def test_a_fault_in_one_sequence_leaves_the_other_running(core, model, monkeypat
 def test_the_threaded_engine_delivers_events_from_its_worker(model_path):
     import queue
 
-    engine = LlamaCppEngine(model_path)
+    engine = LlamaCppEngine(model_path, EngineConfig.of(prefix_cache_decoded=True))
     try:
+        assert engine.info.reuses_decoded_cells  # GetModelInfo tells callers greedy output may follow the cache
         events: queue.Queue = queue.Queue()
         engine.submit(
             GenerationRequest(

@@ -717,7 +717,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features", "attention_provider", "cache_block_size", "cache_event_sources", "tool_call_format", "template_renders_tools", "reasoning_format")
+    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features", "attention_provider", "cache_block_size", "cache_event_sources", "tool_call_format", "template_renders_tools", "reasoning_format", "reuses_decoded_cells")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -737,6 +737,7 @@ class GetModelInfoResponse(_message.Message):
     TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_RENDERS_TOOLS_FIELD_NUMBER: _ClassVar[int]
     REASONING_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    REUSES_DECODED_CELLS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     engine: str
     context_length: int
@@ -756,7 +757,8 @@ class GetModelInfoResponse(_message.Message):
     tool_call_format: str
     template_renders_tools: bool
     reasoning_format: str
-    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ..., attention_provider: _Optional[str] = ..., cache_block_size: _Optional[int] = ..., cache_event_sources: _Optional[_Union[CacheEventSources, _Mapping]] = ..., tool_call_format: _Optional[str] = ..., template_renders_tools: _Optional[bool] = ..., reasoning_format: _Optional[str] = ...) -> None: ...
+    reuses_decoded_cells: bool
+    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ..., attention_provider: _Optional[str] = ..., cache_block_size: _Optional[int] = ..., cache_event_sources: _Optional[_Union[CacheEventSources, _Mapping]] = ..., tool_call_format: _Optional[str] = ..., template_renders_tools: _Optional[bool] = ..., reasoning_format: _Optional[str] = ..., reuses_decoded_cells: _Optional[bool] = ...) -> None: ...
 
 class CacheEventSources(_message.Message):
     __slots__ = ("endpoint", "replay_endpoint", "topic")
