@@ -16,7 +16,7 @@ from backend import (
     TokenEvent,
 )
 from service.chat_tools import ChatFormats
-from service.validate import Limits
+from service.limits import Limits
 from tokenspout.v1 import generation_pb2 as pb
 
 _FINISH_REASONS: dict[FinishReason, pb.FinishReason] = {

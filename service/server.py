@@ -31,9 +31,10 @@ from service.config import ServeConfig
 from service.generation import GenerationServicer
 from service.kv_publisher import ZmqCachePublisher, default_topic
 from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, Lifecycle
+from service.limits import Limits
 from service.reflection import ReflectionServicer, load_descriptor_set
 from service.telemetry import Telemetry, from_environment
-from service.validate import Limits, RequestValidator
+from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 

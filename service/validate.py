@@ -3,63 +3,36 @@
 Pure: it reads what the model is (ModelInfo) and the limits, and never calls the engine (tokenizing and
 chat rendering are service.prompt's). Field problems are collected and reported together as BadRequest
 violations (INVALID_ARGUMENT); options this engine lacks are UNIMPLEMENTED; a model this server does
-not serve is NOT_FOUND.
+not serve is NOT_FOUND. The sampling fields are checked in service.sampling_checks.
 """
 
 from __future__ import annotations
 
-import math
-import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from backend import (
-    DEFAULT_DRY_BREAKERS,
     MAX_DRAFT_TOKENS,
-    DryParams,
-    MirostatParams,
     ModelInfo,
     OutputParams,
     SamplingParams,
     SpeculationMode,
     SpeculationParams,
     StopParams,
-    XtcParams,
 )
 from backend.constraints import ConstraintSpec
 from service.chat_tools import ChatFormats, ToolPlan, chat_bytes, check_chat
 from service.errors import FieldViolation, invalid_argument, not_found_model, unimplemented
-from service.fields import RangeChecker, checked, listed_strings, printable_ascii
+from service.fields import RangeChecker, listed_strings, printable_ascii
+from service.limits import Limits
+from service.sampling_checks import sample_seeds, sampling_params
 from tokenspout.v1 import generation_pb2 as pb
 
-MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
 # The proto's number of each mode (SPECULATION_MODE_<NAME>), as service.convert writes them back.
 _SPECULATION_MODES = {pb.SpeculationMode.Value(f"SPECULATION_MODE_{mode.name}"): mode for mode in SpeculationMode}
 DEFAULT_MAX_NEW_TOKENS = 256
 _SHOWN_BAD_IDS = 8
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_stop_sequences: int = 16
-    max_stop_sequence_length: int = 256
-    max_top_logprobs: int = 20
-    max_logit_bias_entries: int = 1024
-    max_request_id_length: int = 128
-    max_cache_salt_length: int = 256
-    max_choices: int = 1024
-    max_constraint_chars: int = 1_000_000
-    max_input_bytes: int = 1 << 20
-    """A prompt, a chat's contents together, or Tokenize text (UTF-8); more is INVALID_ARGUMENT."""
-    max_banned_strings: int = 64
-    max_banned_string_length: int = 256
-    max_dry_breakers: int = 16
-    max_dry_breaker_length: int = 32
-    max_samples: int = 16
-    """Most samples (n) one request may ask for."""
-    max_tokenize_texts: int = 64
-    """Most texts one Tokenize call may carry (TokenizeRequest.texts)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +92,7 @@ class RequestValidator:
             )
         if len(request.cache_salt) > self.limits.max_cache_salt_length:
             violations.append(FieldViolation("cache_salt", f"at most {self.limits.max_cache_salt_length} characters"))
-        sampling = self._sampling(request.sampling, violations)
+        sampling = sampling_params(request.sampling, self._info, self.limits, violations)
         stopping = self._stopping(request.stopping, violations)
         output = self._output(request.output, violations)
         speculation = self._speculation(request.speculation, violations)
@@ -144,7 +117,7 @@ class RequestValidator:
             output=output,
             speculation=speculation,
             constraint=constraint,
-            sample_seeds=_sample_seeds(request, sampling) if request.n > 1 else (),
+            sample_seeds=sample_seeds(request, sampling) if request.n > 1 else (),
             prompt_logprobs=request.output.prompt_top_logprobs if _wants_prompt_logprobs(request) else -1,
             queue_timeout_s=request.queue_timeout_ms / 1000 if request.queue_timeout_ms else None,
             tool_plan=plan,
@@ -230,82 +203,6 @@ class RequestValidator:
             violations.append(FieldViolation("prompt_token_ids.ids", f"and {len(bad) - _SHOWN_BAD_IDS} more bad ids"))
         return violations
 
-    def _sampling(self, s: pb.SamplingParams, violations: list[FieldViolation]) -> SamplingParams:
-        check = RangeChecker("sampling", s, violations)
-        check.range("temperature", 0.0, 100.0)
-        check.range("top_k", 0, self._info.vocab_size)
-        check.range("top_p", 0.0, 1.0, low_open=True)
-        check.range("min_p", 0.0, 1.0)
-        check.range("typical_p", 0.0, 1.0, low_open=True)
-        check.range("repetition_penalty", 0.0, 10.0, low_open=True)
-        check.range("presence_penalty", -2.0, 2.0)
-        check.range("frequency_penalty", -2.0, 2.0)
-        check.range("penalty_last_n", 0, self._info.context_length)
-        check.range("seed", 0, MAX_SEED)
-        if len(s.logit_bias) > self.limits.max_logit_bias_entries:
-            violations.append(FieldViolation("sampling.logit_bias", f"at most {self.limits.max_logit_bias_entries} entries"))
-        for token, bias in s.logit_bias.items():
-            if not 0 <= token < self._info.vocab_size:
-                violations.append(FieldViolation(f"sampling.logit_bias[{token}]", "not a token id of this model"))
-            elif not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
-                violations.append(FieldViolation(f"sampling.logit_bias[{token}]", "bias must be in [-100, 100]"))
-        check.range("top_a", 0.0, 1.0)
-        check.range("tfs", 0.0, 1.0, low_open=True)
-        check.range("skew", -5.0, 5.0)
-        check.range("smoothing_factor", 0.0, 10.0)
-        limits = self.limits
-        violations.extend(listed_strings("sampling.banned_strings", s.banned_strings, limits.max_banned_strings,
-                                          limits.max_banned_string_length))
-        default = SamplingParams  # its class attributes are the defaults of the fields left unset
-        temperature = check.real("temperature", default.temperature)
-        if check.has("seed"):
-            seed = check.integer("seed", 0)
-        else:
-            seed = 0 if temperature == 0.0 else secrets.randbelow(MAX_SEED + 1)
-        xtc = checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5))
-        mirostat = checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True))
-        return SamplingParams(
-            temperature=temperature,
-            top_k=check.integer("top_k", default.top_k),
-            top_p=check.real("top_p", default.top_p),
-            min_p=check.real("min_p", default.min_p),
-            typical_p=check.real("typical_p", default.typical_p),
-            repetition_penalty=check.real("repetition_penalty", default.repetition_penalty),
-            presence_penalty=check.real("presence_penalty", default.presence_penalty),
-            frequency_penalty=check.real("frequency_penalty", default.frequency_penalty),
-            penalty_last_n=check.integer("penalty_last_n", default.penalty_last_n),
-            seed=seed,
-            top_a=check.real("top_a", default.top_a),
-            tfs=check.real("tfs", default.tfs),
-            skew=check.real("skew", default.skew),
-            smoothing_factor=check.real("smoothing_factor", default.smoothing_factor),
-            logit_bias=dict(s.logit_bias),
-            dry=self._dry(s.dry, violations),
-            xtc=XtcParams(**xtc),
-            mirostat=MirostatParams(**mirostat) if s.HasField("mirostat") else None,
-            banned_strings=tuple(s.banned_strings),
-            token_healing=s.token_healing,
-        )
-
-    def _dry(self, d: pb.DrySampler, violations: list[FieldViolation]) -> DryParams:
-        check = RangeChecker("sampling.dry", d, violations)
-        check.range("multiplier", 0.0, 10.0)
-        check.range("base", 1.0, 10.0, low_open=True)
-        check.range("allowed_length", 1, 64)
-        check.range("penalty_last_n", 0, self._info.context_length)
-        if check.integer("penalty_last_n", 0) == 1:
-            violations.append(FieldViolation("sampling.dry.penalty_last_n", "must be 0 (whole context) or at least 2"))
-        violations.extend(listed_strings("sampling.dry.sequence_breakers", d.sequence_breakers,
-                                          self.limits.max_dry_breakers, self.limits.max_dry_breaker_length))
-        default = DryParams
-        return DryParams(
-            multiplier=check.real("multiplier", default.multiplier),
-            base=check.real("base", default.base),
-            allowed_length=check.integer("allowed_length", default.allowed_length),
-            last_n=check.integer("penalty_last_n", default.last_n),
-            sequence_breakers=tuple(d.sequence_breakers) or DEFAULT_DRY_BREAKERS,
-        )
-
     def _refuse_unsupported(self, sampling: SamplingParams, speculation: SpeculationParams) -> None:
         """Raises UNIMPLEMENTED, naming every one, when the request turns on what this engine lacks."""
         missing = sorted(sampling.in_effect() - set(self._info.samplers))
@@ -377,15 +274,6 @@ class RequestValidator:
 
 def _wants_prompt_logprobs(request: pb.GenerateStreamRequest) -> bool:
     return request.output.prompt_logprobs or request.output.prompt_top_logprobs > 0
-
-
-def _sample_seeds(request: pb.GenerateStreamRequest, sampling: SamplingParams) -> tuple[int, ...]:
-    """Each sample's seed: the request's seed + the sample's index when it gave one, else random (0: greedy)."""
-    if sampling.greedy:
-        return (0,) * request.n
-    if request.sampling.HasField("seed"):
-        return tuple((sampling.seed + i) % (MAX_SEED + 1) for i in range(request.n))
-    return (sampling.seed, *(secrets.randbelow(MAX_SEED + 1) for _ in range(request.n - 1)))
 
 
 def input_bytes(request: pb.GenerateStreamRequest | pb.TokenizeRequest) -> int:

@@ -37,8 +37,9 @@ from backend.types import (
     XtcParams,
 )
 from service.errors import ServiceError
+from service.limits import Limits
 from service.prompt import PromptBuilder
-from service.validate import Limits, RequestParams, RequestValidator
+from service.validate import RequestParams, RequestValidator
 from tests.harness.core_driver import Delivering
 from tests.harness.exllamav2_fakes import EOS, FakeGenerators, FakeJobs, eos, streaming
 from tokenspout.v1 import generation_pb2 as pb
