@@ -93,6 +93,10 @@ class Plan:
         return self.hold_after is not None and generated >= self.hold_after and not self.released.is_set()
 
 
+_UNPLANNED = Plan()
+"""Every request no plan names shares this one (a Plan per request made a threading.Event per request)."""
+
+
 class FakeSequence:
     def __init__(self, request: GenerationRequest, sink: EventSink, plan: Plan) -> None:
         self.request = request
@@ -139,7 +143,7 @@ class ScriptedCore:
 
     def plan_for(self, request_id: str) -> Plan:
         matches = [prefix for prefix in tuple(self._plans) if request_id.startswith(prefix)]  # tests add plans
-        return self._plans[max(matches, key=len)] if matches else Plan()
+        return self._plans[max(matches, key=len)] if matches else _UNPLANNED
 
     # -- commands --------------------------------------------------------------
 
