@@ -99,6 +99,8 @@ class Calls:
         """Requests refused for load, at the door or shed from the queue (GetServerStatus)."""
         self._buffer_events = config.stream_buffer_events
         self._running: dict[tuple[str, str], RequestStream] = {}
+        self._engine_ids: set[str] = set()
+        """The running streams' engine ids (kept, not gathered per call: hundreds of calls start at once)."""
         self._relay: EventRelay | None = None
 
     def refused(self, key: str, error: ServiceError, rejected: bool = True) -> None:
@@ -111,9 +113,8 @@ class Calls:
 
     def engine_id(self, request_id: str) -> str:
         """The id the engine knows a request by: its own, unless another caller's request has it now."""
-        in_use = {stream.request_id for stream in self._running.values()}
         engine_id, n = request_id, 0
-        while engine_id in in_use:
+        while engine_id in self._engine_ids:
             n += 1
             engine_id = f"{request_id}~{n}"
         return engine_id
@@ -124,10 +125,11 @@ class Calls:
             raise already_exists(request_id)
         stream = RequestStream(self.engine, engine_id, self._buffer_events)
         self._running[identity, request_id] = stream
+        self._engine_ids.add(engine_id)
         return stream
 
     def close(self, identity: str, request_id: str) -> None:
-        del self._running[identity, request_id]
+        self._engine_ids.discard(self._running.pop((identity, request_id)).request_id)
 
     def sink(self, stream: RequestStream) -> EventSink:
         """Where the engine thread delivers the stream's events."""
