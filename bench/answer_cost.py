@@ -22,6 +22,7 @@ import time
 
 import grpc
 
+from bench.common import settle
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -39,15 +40,6 @@ def chats_rate(stub, rep: int, chats: int, tokens: int) -> float:
     with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
         generated = sum(pool.map(lambda r: list(stub.GenerateStream(r, timeout=600))[-1].generated_tokens, requests))
     return generated / (time.perf_counter() - start)
-
-
-def settle(stub) -> None:
-    """Waits until the server has computed again every answer it will (it does so when idle): what the next
-    side measures is then not slowed by this one's leftovers."""
-    last = -1
-    while (now := stub.GetServerStatus(pb.GetServerStatusRequest()).retiled_tokens_total) != last:
-        last = now
-        time.sleep(1.0)
 
 
 def main() -> int:

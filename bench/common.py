@@ -22,6 +22,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def settle(stub) -> None:
+    """Waits until the server has computed again every answer it will (it does so when idle): what runs
+    next on the machine is then not slowed by this server's leftovers."""
+    last = -1
+    while (now := stub.GetServerStatus(pb.GetServerStatusRequest()).retiled_tokens_total) != last:
+        last = now
+        time.sleep(1.0)
+
+
 def greedy_request(prompt: str, tokens: int) -> pb.GenerateStreamRequest:
     """`tokens` greedy tokens, never cut short by an end-of-generation token."""
     return pb.GenerateStreamRequest(

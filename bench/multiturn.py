@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from backend.common.models import default_model_path
+from bench.common import settle
 from bench.llama_server import LlamaServer, start_llama_server
 from tests.harness.chat_sessions import QUESTIONS, system_prompt
 from tests.harness.servers import start_server, stop_server
@@ -178,6 +179,8 @@ def main() -> int:
                 ref = reference if name == "llama-server" else None
                 results[name].append(run_sessions(f"{name}-{rep}", args.sessions, args.tokens, args.think_s, stub, ref,
                                                   args.app_words))
+                if ref is None:
+                    settle(stub)  # its answers computed again while idle would slow the next side
         for name, runs in results.items():
             if runs:
                 shares = [r.share for r in runs]
