@@ -20,7 +20,6 @@ same:
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Callable, Iterable
 from typing import Unpack
@@ -101,11 +100,14 @@ class CallerTallies:
         self._last: tuple[tuple[CallerTally, ...], _LiveCounts, float] | None = None  # (snapshot, live counts, taken at)
 
     def of(self, item: Held) -> CallerTally:
-        caller = caller_of(item)
+        return self._tally(caller_of(item), item.request.scheduling.weight)
+
+    def _tally(self, caller: str, weight: float) -> CallerTally:
+        """The caller's tally (made if new), with the weight its latest request has."""
         tally = self._tallies.get(caller)
         if tally is None:
             tally = self._tallies[caller] = CallerTally(caller)
-        tally.weight = item.request.scheduling.weight
+        tally.weight = weight
         return tally
 
     def snapshot(
@@ -113,16 +115,22 @@ class CallerTallies:
     ) -> tuple[CallerTally, ...]:
         """Every tracked caller with its live counts, busiest first (at most REFRESH_S old while the live
         counts stay as they are)."""
-        live: dict[str, collections.Counter[str]] = {name: collections.Counter() for name in ("running", "queued", "preempted")}
+        live: dict[str, dict[str, int]] = {}
+        weights: dict[str, float] = {}  # each caller's weight as its last item has it, as `of` sets it
         for name, items in (("running", running), ("queued", queued), ("preempted", preempted)):
-            for item in items:
-                self.of(item)
-                live[name][caller_of(item)] += 1
+            counts: dict[str, int] = {}
+            for item in items:  # caller_of and `of` inlined: this runs over every held item after every command
+                scheduling = item.request.scheduling
+                counts[scheduling.caller] = counts.get(scheduling.caller, 0) + 1
+                weights[scheduling.caller] = scheduling.weight
+            live[name] = counts
+        for caller, weight in weights.items():
+            self._tally(caller, weight)
         key, now = tuple(tuple(sorted(counts.items())) for counts in live.values()), self._clock()
         if self._last is not None and self._last[1] == key and now - self._last[2] < self.REFRESH_S:
             return self._last[0]
         tallies = sorted(
-            (CallerTally(**{**vars(tally), **{name: counts[tally.caller] for name, counts in live.items()}})
+            (CallerTally(**{**vars(tally), **{name: counts.get(tally.caller, 0) for name, counts in live.items()}})
              for tally in self._tallies.values()),
             key=lambda t: (-(t.running + t.queued + t.preempted), -(t.prompt_tokens_total + t.generated_tokens_total)),
         )
