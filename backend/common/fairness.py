@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet  # any set-like view of callers
 from typing import Protocol, TypeVar
 
 from backend.config import EngineConfig
@@ -76,7 +77,7 @@ class ServiceCounters:
         if floor is not None:
             self._served[caller] = max(self[caller], floor)
 
-    def forget_idle(self, holding: set[str]) -> None:
+    def forget_idle(self, holding: AbstractSet[str]) -> None:
         """Drops callers that hold nothing and would be lifted anyway (all of them when the engine is idle)."""
         floor = min((self[caller] for caller in holding), default=None)
         for caller in [c for c, served in self._served.items() if c not in holding]:
@@ -94,7 +95,7 @@ class FairnessPolicy:
 
     # -- accounting ----------------------------------------------------------------
 
-    def arrived(self, item: Held, waiting: Iterable[Held], running: Iterable[Held], holding: set[str]) -> None:
+    def arrived(self, item: Held, waiting: Iterable[Held], running: Iterable[Held], holding: AbstractSet[str]) -> None:
         """A new request: its caller starts at the competitors' floor if it held nothing before."""
         caller = caller_of(item)
         if caller not in holding:
@@ -105,7 +106,7 @@ class FairnessPolicy:
         """Tokens computed for it (prompt rows, decode rows, replayed rows), or a slot held while paused."""
         self.counters.charge(caller_of(item), tokens, _weight(item))
 
-    def left(self, holding: set[str]) -> None:
+    def left(self, holding: AbstractSet[str]) -> None:
         """A request ended or was shed: forget the counters nobody needs."""
         self.counters.forget_idle(holding)
 

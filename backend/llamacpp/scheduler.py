@@ -100,13 +100,19 @@ class Scheduler:
         self._turns = itertools.count()
         self._queue_turns = itertools.count()
         self._prompt_rows_since_decode = 0
+        self._held_by_caller: collections.Counter[str] = collections.Counter()
+        """Sequences each caller holds (waiting, running or preempted): kept as they come and go, not gathered
+        anew for every arrival (hundreds may arrive at once)."""
 
     def add(self, seq: Sequence) -> list[Sequence]:
         """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
         capacity: the new one, or one that gives way to it."""
-        self.policy.arrived(seq, self.waiting, self.running.values(), self._holding())
+        self.policy.arrived(seq, self.waiting, self.running.values(), self._held_by_caller.keys())
         seq.queue_turn = next(self._queue_turns)
         self.waiting.append(seq)
+        self._held_by_caller[caller_of(seq)] += 1
+        if len(self.waiting) + len(self.running) + len(self.preempted) <= self.policy.capacity:
+            return []
         waiting, held = list(self.waiting), list(self.all())
         shed = []
         while len(held) > self.policy.capacity:
@@ -122,9 +128,11 @@ class Scheduler:
         """Forgets a sequence, wherever it is."""
         if self.running.pop(seq.id, None) is None and self.preempted.pop(seq.id, None) is None:
             self.waiting.remove(seq)
-        holding = self._holding()
-        if caller_of(seq) not in holding:
-            self.policy.left(holding)
+        caller = caller_of(seq)
+        self._held_by_caller[caller] -= 1
+        if not self._held_by_caller[caller]:
+            del self._held_by_caller[caller]
+            self.policy.left(self._held_by_caller.keys())
 
     def account(self, feeds: list[Feed], step: int) -> None:
         """Charges each caller for this step: the rows computed for it (proposed ones too), and a slot held while
@@ -217,6 +225,7 @@ class Scheduler:
         seq.replay_until = len(seq.tokens)
         seq.prefill_turn, seq.queue_turn = next(self._turns), next(self._queue_turns)
         self.running[seq.id] = seq
+        self._held_by_caller[caller_of(seq)] += 1
 
     def next_feeds(self) -> list[Feed]:
         """This step's rows: one prompt's next group, or every decoding sequence's next token."""
@@ -268,9 +277,6 @@ class Scheduler:
         turn keeps from its arrival (so it comes back before later arrivals) and a slow reader takes anew."""
         candidates = [*(seq for seq in self.preempted.values() if not seq.paused), *self.waiting]
         return sorted(candidates, key=lambda seq: seq.queue_turn)
-
-    def _holding(self) -> set[str]:
-        return {caller_of(seq) for seq in self.all()}
 
     def _victim_for(self, seq: Sequence, step: int) -> Sequence | None:
         """Who gives its slot to `seq`: at its caller's limit one of its own (paused, or less urgent); else the

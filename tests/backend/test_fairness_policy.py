@@ -14,6 +14,7 @@ import pytest
 from backend.common.fairness import FairnessPolicy, ServiceCounters
 from backend.common.ledger import MAX_TRACKED_CALLERS, CallerTallies, Ledger
 from backend.config import EngineConfig
+from backend.llamacpp.scheduler import Scheduler
 from backend.types import ErrorEvent, ErrorKind, GenerationRequest, Scheduling
 from service.callers import Callers, parse_weights
 from service.config import load_config
@@ -29,6 +30,21 @@ class Item:
     request: GenerationRequest
     tokens: list[int] = field(default_factory=lambda: [1, 2, 3])
     gives_way: bool = False
+
+
+@dataclass
+class QueuedItem(Item):
+    """An item the llama.cpp scheduler can queue: it knows it by its request id."""
+
+    queue_turn: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.request.request_id
+
+    @classmethod
+    def of(cls, caller: str, name: str) -> QueuedItem:
+        return cls(GenerationRequest(name, (1,), scheduling=Scheduling(caller, 1.0, 0)))
 
 
 def item(caller: str, priority: int = 0, weight: float = 1.0, tokens: int = 3, name: str = "") -> Item:
@@ -83,6 +99,26 @@ def test_the_arrival_lift_looks_at_waiting_callers_first_then_running_ones():
     assert fair.counters["c"] == 20
     fair.arrived(item("d"), [], [a_running], {"a"})
     assert fair.counters["d"] == 50
+
+
+def test_the_llamacpp_scheduler_forgets_a_callers_counter_only_when_its_last_sequence_leaves():
+    scheduler = Scheduler(4, 512, 60.0, 1024, policy(max_queued_requests=8), lambda seq: 0)
+    a1, a2, b1 = (QueuedItem.of(caller, name) for caller, name in (("a", "a1"), ("a", "a2"), ("b", "b1")))
+    for seq in (a1, a2, b1):
+        assert scheduler.add(seq) == []
+    scheduler.policy.charge(a1, 100)
+    scheduler.policy.charge(b1, 50)
+    scheduler.remove(a1)
+    assert scheduler.policy.counters["a"] == 100  # a2 still holds a place
+    scheduler.remove(b1)
+    assert len(scheduler.policy.counters) == 1  # b left below the floor of those still holding
+    scheduler.remove(a2)
+    assert len(scheduler.policy.counters) == 0
+    back = QueuedItem.of("a", "a3")
+    scheduler.add(back)
+    scheduler.policy.charge(back, 10)
+    scheduler.add(QueuedItem.of("c", "c1"))
+    assert scheduler.policy.counters["c"] == 10  # a newcomer starts at the floor of the one holding
 
 
 # -- admission order --------------------------------------------------------------------
