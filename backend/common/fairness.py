@@ -85,6 +85,32 @@ class ServiceCounters:
                 del self._served[caller]
 
 
+class HeldCallers:
+    """The callers holding requests in an engine (waiting, running or preempted), counted as requests come
+    and go rather than gathered anew for every arrival: hundreds may arrive at once."""
+
+    def __init__(self) -> None:
+        self._held: collections.Counter[str] = collections.Counter()
+
+    def add(self, item: Held) -> None:
+        self._held[caller_of(item)] += 1
+
+    def remove(self, item: Held) -> bool:
+        """Counts one of its caller's requests gone; True when it was the caller's last."""
+        caller = caller_of(item)
+        self._held[caller] -= 1
+        if self._held[caller]:
+            return False
+        del self._held[caller]
+        return True
+
+    def callers(self) -> AbstractSet[str]:
+        return self._held.keys()
+
+    def clear(self) -> None:
+        self._held.clear()
+
+
 class FairnessPolicy:
     def __init__(self, config: EngineConfig) -> None:
         self.fair = config.fairness.fair

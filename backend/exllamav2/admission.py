@@ -16,7 +16,7 @@ import itertools
 import logging
 from typing import Any
 
-from backend.common.fairness import FairnessPolicy, caller_of
+from backend.common.fairness import FairnessPolicy, HeldCallers
 from backend.common.ledger import Ledger
 from backend.config import EngineConfig
 from backend.exllamav2.held import HeldJob, JobFactory
@@ -34,6 +34,7 @@ class Admission:
         """Every job held, in the queue or in the generator (a leader's samples join when it is enqueued)."""
         self.waiting: list[HeldJob] = []
         """Not in the generator: not started yet, or preempted."""
+        self._holders = HeldCallers()
         self.turns = itertools.count()
         self._max_batch_size = config.max_batch_size
         self._make_job = make_job
@@ -50,8 +51,9 @@ class Admission:
 
     def queue(self, entry: HeldJob, generator: Any) -> None:
         """Into the queue as a new request; past capacity, the least entitled request waiting is shed."""
-        self.policy.arrived(entry, self.waiting, self.enqueued(), {caller_of(e) for e in self.jobs.values()})
+        self.policy.arrived(entry, self.waiting, self.enqueued(), self._holders.callers())
         self.jobs[entry.request.request_id] = entry
+        self._holders.add(entry)
         self.waiting.append(entry)
         while len(self.jobs) > self.policy.capacity:
             shed = self.policy.to_shed([e for e in self.waiting if not e.preempted], list(self.jobs.values()))
@@ -97,6 +99,7 @@ class Admission:
         for sample in samples:
             if len(self.enqueued()) < self._max_batch_size:
                 self.jobs[sample.request.request_id] = sample
+                self._holders.add(sample)
                 self._enqueue(sample, generator, step)
             else:
                 self.queue(sample, generator)
@@ -129,9 +132,8 @@ class Admission:
 
     def forget(self, entry: HeldJob) -> None:
         del self.jobs[entry.request.request_id]
-        holding = {caller_of(e) for e in self.jobs.values()}
-        if caller_of(entry) not in holding:
-            self.policy.left(holding)
+        if self._holders.remove(entry):
+            self.policy.left(self._holders.callers())
 
     def fail(self, entry: HeldJob, message: str, kind: ErrorKind, generator: Any) -> None:
         """Ends it with an error (the service then ends the whole request: samples waiting on it too)."""
@@ -142,4 +144,5 @@ class Admission:
         """Forgets everything (the generator failed and every job with it)."""
         self.jobs.clear()
         self.waiting.clear()
+        self._holders.clear()
         self.policy.left(set())

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypedDict
 
-from backend.common.fairness import FairnessPolicy, caller_of
+from backend.common.fairness import FairnessPolicy, HeldCallers, caller_of
 from backend.llamacpp.sequence import Sequence
 
 
@@ -100,17 +100,15 @@ class Scheduler:
         self._turns = itertools.count()
         self._queue_turns = itertools.count()
         self._prompt_rows_since_decode = 0
-        self._held_by_caller: collections.Counter[str] = collections.Counter()
-        """Sequences each caller holds (waiting, running or preempted): kept as they come and go, not gathered
-        anew for every arrival (hundreds may arrive at once)."""
+        self._holders = HeldCallers()
 
     def add(self, seq: Sequence) -> list[Sequence]:
         """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
         capacity: the new one, or one that gives way to it."""
-        self.policy.arrived(seq, self.waiting, self.running.values(), self._held_by_caller.keys())
+        self.policy.arrived(seq, self.waiting, self.running.values(), self._holders.callers())
         seq.queue_turn = next(self._queue_turns)
         self.waiting.append(seq)
-        self._held_by_caller[caller_of(seq)] += 1
+        self._holders.add(seq)
         if len(self.waiting) + len(self.running) + len(self.preempted) <= self.policy.capacity:
             return []
         waiting, held = list(self.waiting), list(self.all())
@@ -128,11 +126,8 @@ class Scheduler:
         """Forgets a sequence, wherever it is."""
         if self.running.pop(seq.id, None) is None and self.preempted.pop(seq.id, None) is None:
             self.waiting.remove(seq)
-        caller = caller_of(seq)
-        self._held_by_caller[caller] -= 1
-        if not self._held_by_caller[caller]:
-            del self._held_by_caller[caller]
-            self.policy.left(self._held_by_caller.keys())
+        if self._holders.remove(seq):
+            self.policy.left(self._holders.callers())
 
     def account(self, feeds: list[Feed], step: int) -> None:
         """Charges each caller for this step: the rows computed for it (proposed ones too), and a slot held while
@@ -225,7 +220,7 @@ class Scheduler:
         seq.replay_until = len(seq.tokens)
         seq.prefill_turn, seq.queue_turn = next(self._turns), next(self._queue_turns)
         self.running[seq.id] = seq
-        self._held_by_caller[caller_of(seq)] += 1
+        self._holders.add(seq)
 
     def next_feeds(self) -> list[Feed]:
         """This step's rows: one prompt's next group, or every decoding sequence's next token."""
