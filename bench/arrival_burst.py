@@ -1,0 +1,54 @@
+"""What a burst of arrivals costs the llama.cpp engine thread: N requests added at once to a core with 8
+slots (all but 8 wait), from 16 callers, in-process. Each add runs the fair policy's arrival, the
+shedding check and the stats snapshot; while it does, the engine thread holds the GIL, and the event
+loop's streams wait. Prints the total and the cost of the first and last adds (an O(N) add shows as a
+last add many times the first).
+
+    python -m bench.arrival_burst [--requests 1024] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from backend.common.models import default_model_path
+from backend.config import EngineConfig
+from backend.llamacpp.core import LlamaCppCore
+from backend.llamacpp.model import GgufModel
+from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
+
+CALLERS = 16
+
+
+def burst(model: GgufModel, requests: int) -> list[float]:
+    """Seconds each of `requests` adds took, on a fresh core."""
+    core = LlamaCppCore(model, EngineConfig.of(max_batch_size=8, max_queued_requests=requests, context_length=512))
+    prompt = tuple(model.tokenize("Hello there"))
+    queued = [GenerationRequest(f"r{i}", prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=4),
+                                scheduling=Scheduling(f"caller{i % CALLERS}", 1.0, 0)) for i in range(requests)]
+    took = []
+    for request in queued:
+        start = time.perf_counter()
+        core.add(request, lambda event: None)
+        took.append(time.perf_counter() - start)
+    core.close()
+    return took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=1024)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    model = GgufModel(default_model_path())
+    for rep in range(args.reps):
+        took = burst(model, args.requests)
+        print(f"rep {rep}: {args.requests} adds {sum(took) * 1000:.1f} ms; first 10 {sum(took[:10]) / 10 * 1e6:.0f} us "
+              f"each, last 10 {sum(took[-10:]) / 10 * 1e6:.0f} us each", flush=True)
+    model.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
