@@ -1,10 +1,12 @@
-"""What a burst of arrivals costs the llama.cpp engine thread: N requests added at once to a core with 8
-slots (all but 8 wait), from 16 callers, in-process. Each add runs the fair policy's arrival, the
-shedding check and the stats snapshot; while it does, the engine thread holds the GIL, and the event
-loop's streams wait. Prints the total and the cost of the first and last adds (an O(N) add shows as a
-last add many times the first).
+"""What a burst of arrivals costs the engine thread: N requests from 16 callers added at once, in-process,
+to a llama.cpp core with 8 slots (all but 8 wait), or (`--engine exllamav2`) to the exllamav2 core's
+admission with a batch of 256, over the fake generator of the tests (tests/harness/exllamav2_fakes.py:
+what is timed is the admission's own work, which a GPU does not speed up). Each add runs the fair
+policy's arrival, the shedding check, admission into the batch and the stats snapshot; while it does,
+the engine thread holds the GIL, and the event loop's streams wait. Prints the total and the cost of
+the first and last adds (an add that grows with the queue shows as a last add many times the first).
 
-    python -m bench.arrival_burst [--requests 1024] [--reps 3]
+    python -m bench.arrival_burst [--engine llamacpp|exllamav2] [--requests 1024] [--reps 3]
 """
 
 from __future__ import annotations
@@ -17,14 +19,21 @@ from backend.config import EngineConfig
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
+from tests.harness.exllamav2_fakes import fake_core
 
 CALLERS = 16
+EXLLAMAV2_BATCH = 256
 
 
-def burst(model: GgufModel, requests: int) -> list[float]:
-    """Seconds each of `requests` adds took, on a fresh core."""
-    core = LlamaCppCore(model, EngineConfig.of(max_batch_size=8, max_queued_requests=requests, context_length=512))
-    prompt = tuple(model.tokenize("Hello there"))
+def burst(model: GgufModel | None, requests: int) -> list[float]:
+    """Seconds each of `requests` adds took, on a fresh core (exllamav2's over the fake generator when `model`
+    is None)."""
+    if model is None:
+        core, _ = fake_core(vocab_size=16, max_batch_size=EXLLAMAV2_BATCH, max_queued_requests=requests)
+        prompt: tuple[int, ...] = (1, 5, 6)
+    else:
+        core = LlamaCppCore(model, EngineConfig.of(max_batch_size=8, max_queued_requests=requests, context_length=512))
+        prompt = tuple(model.tokenize("Hello there"))
     queued = [GenerationRequest(f"r{i}", prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=4),
                                 scheduling=Scheduling(f"caller{i % CALLERS}", 1.0, 0)) for i in range(requests)]
     took = []
@@ -38,15 +47,17 @@ def burst(model: GgufModel, requests: int) -> list[float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--engine", choices=("llamacpp", "exllamav2"), default="llamacpp")
     parser.add_argument("--requests", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    model = GgufModel(default_model_path())
+    model = GgufModel(default_model_path()) if args.engine == "llamacpp" else None
     for rep in range(args.reps):
         took = burst(model, args.requests)
         print(f"rep {rep}: {args.requests} adds {sum(took) * 1000:.1f} ms; first 10 {sum(took[:10]) / 10 * 1e6:.0f} us "
               f"each, last 10 {sum(took[-10:]) / 10 * 1e6:.0f} us each", flush=True)
-    model.close()
+    if model is not None:
+        model.close()
     return 0
 
 

@@ -56,6 +56,14 @@ def _priority(item: Held) -> int:
     return item.request.scheduling.priority
 
 
+def standing(item: Held) -> tuple[str, int, float]:
+    """All the policy's admission decisions read of a candidate: its caller, priority and weight. Two
+    candidates alike in these find a place, or none, alike, so an engine looking for a place skips the
+    rest once one found none (hundreds may wait while the batch is full)."""
+    scheduling = item.request.scheduling
+    return scheduling.caller, scheduling.priority, scheduling.weight
+
+
 class ServiceCounters:
     """Weighted tokens served per caller; only their differences matter."""
 
@@ -154,12 +162,17 @@ class FairnessPolicy:
         running = list(running)
         per_caller = collections.Counter(caller_of(item) for item in running)
 
+        replaces: dict[tuple[str, int], bool] = {}  # by caller and priority: hundreds may wait
+
         def replaces_own(candidate: Held) -> bool:
-            return any(
-                caller_of(item) == caller_of(candidate)
-                and (getattr(item, "gives_way", False) or self.fair and _priority(item) < _priority(candidate))
-                for item in running
-            )
+            key = caller_of(candidate), _priority(candidate)
+            if key not in replaces:
+                replaces[key] = any(
+                    caller_of(item) == key[0]
+                    and (getattr(item, "gives_way", False) or self.fair and _priority(item) < key[1])
+                    for item in running
+                )
+            return replaces[key]
 
         eligible = [c for c in candidates if per_caller[caller_of(c)] < self.max_running_per_caller or replaces_own(c)]
         if not self.fair:

@@ -16,11 +16,11 @@ import itertools
 import logging
 from typing import Any
 
-from backend.common.fairness import FairnessPolicy, HeldCallers
+from backend.common.fairness import FairnessPolicy, HeldCallers, standing
 from backend.common.ledger import Ledger
 from backend.config import EngineConfig
 from backend.exllamav2.held import HeldJob, JobFactory
-from backend.exllamav2.preemption import comeback_cost, continuation, victim_for, why
+from backend.exllamav2.preemption import comeback_cost, continuation, may_give_way, victim_for, why
 from backend.types import ErrorEvent, ErrorKind
 from backend.worker import Output
 
@@ -68,11 +68,20 @@ class Admission:
         while generator is not None and self.waiting:
             enqueued = self.enqueued()
             candidates = sorted(self.waiting, key=lambda entry: entry.turn)
+            placeless: set[tuple[str, int, float]] = set()  # standings that found no place this pass
+            willing: list[HeldJob] | None = None
             for entry in self.policy.ranked(candidates, enqueued):  # the first that can start
+                if standing(entry) in placeless:
+                    continue
                 needs_room = len(enqueued) >= self._max_batch_size or self.policy.at_limit(entry, enqueued)
-                victim = victim_for(self.policy, entry, enqueued, step, page_size) if needs_room else None
+                victim = None
+                if needs_room:
+                    if willing is None:  # the same for every candidate of this pass
+                        willing = [job for job in enqueued if may_give_way(job)]
+                    victim = victim_for(self.policy, entry, enqueued, willing, step, page_size)
                 if victim is not None or not needs_room:
                     break
+                placeless.add(standing(entry))
             else:
                 return
             if victim is not None:

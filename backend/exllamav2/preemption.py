@@ -47,12 +47,13 @@ def comeback_cost(entry: HeldJob, page_size: int) -> int:
 
 
 def victim_for(
-    policy: FairnessPolicy, candidate: HeldJob, enqueued: Sequence[HeldJob], step: int, page_size: int
+    policy: FairnessPolicy, candidate: HeldJob, enqueued: Sequence[HeldJob], willing: Sequence[HeldJob], step: int,
+    page_size: int,
 ) -> HeldJob | None:
     """The job in the generator that gives its place to `candidate` (see backend.common.fairness), as the
     llama.cpp scheduler chooses: at its caller's limit one of its own (a less urgent one); else the
-    policy's pick among those that have run a time slice, or any less urgent one."""
-    willing = [entry for entry in enqueued if may_give_way(entry)]
+    policy's pick among those that have run a time slice, or any less urgent one. `willing`: the enqueued
+    jobs that may give way (`may_give_way`), found once for every candidate of a pass."""
     return policy.displaced(candidate, enqueued, willing, lambda entry: step - entry.admitted_step,
                             lambda entry: comeback_cost(entry, page_size))
 

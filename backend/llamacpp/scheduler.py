@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypedDict
 
-from backend.common.fairness import FairnessPolicy, HeldCallers, caller_of
+from backend.common.fairness import FairnessPolicy, HeldCallers, caller_of, standing
 from backend.llamacpp.sequence import Sequence
 
 
@@ -195,11 +195,15 @@ class Scheduler:
         cells). `step` is the engine step about to run: a sequence runs a time slice before it may give way."""
         while True:
             running = self.running.values()
+            placeless: set[tuple[str, int, float]] = set()  # standings that found no place this pass
             for seq in self.policy.ranked(self._candidates(), running):  # the first that can start
+                if standing(seq) in placeless:
+                    continue
                 needs_room = len(self.running) >= self.max_batch_size or self.policy.at_limit(seq, running)
                 victim = self._victim_for(seq, step) if needs_room else None
                 if victim is not None or not needs_room:
                     break
+                placeless.add(standing(seq))
             else:
                 return
             if victim is not None:
