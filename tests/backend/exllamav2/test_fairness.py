@@ -90,3 +90,25 @@ def test_a_job_not_started_within_its_queue_timeout_ends():
     run_until_idle(core, limit=200)
     assert enqueue_order(generators) == ["a0"]
     assert {t.caller: t.queue_timeouts_total for t in core.stats.callers}["b"] == 1
+
+
+def test_queued_jobs_that_find_no_place_do_not_keep_another_callers_job_from_one():
+    # a and b each hold a place past their time slice, b served far more; a's next jobs cannot take b's
+    # place (a would then hold two to b's none), while c, holding nothing, can. a's come first in the
+    # queue: once one of them found no place, the others like it are skipped, not c.
+    core, generators = make_core(time_slice_steps=1, max_queued_requests=16)
+    events: dict = {}
+    for request_id, caller in (("a0", "a"), ("b0", "b")):
+        generators[0].samples[request_id] = [(10, b"x")] * 50  # before it is enqueued: they run on
+        events[request_id] = []
+        long = GenerationRequest(request_id, (1, 5, 6), SamplingParams(temperature=0.0), StopParams(max_new_tokens=50),
+                                 scheduling=Scheduling(caller))
+        core.add(long, events[request_id].append)
+    for _ in range(3):
+        core.step()
+    core.held.policy.counters.charge("b", 1000, 1.0)
+    for request_id, caller in (("a1", "a"), ("a2", "a"), ("c0", "c")):
+        add(core, generators, request_id, caller, events)
+    assert enqueue_order(generators) == ["a0", "b0", "c0"]
+    assert [job.identifier for job in generators[0].cancelled] == ["b0"]
+    assert core.stats.queued_requests == 3  # a1, a2, and b0 to come back
