@@ -4,7 +4,9 @@ admission with a batch of 256, over the fake generator of the tests (tests/harne
 what is timed is the admission's own work, which a GPU does not speed up). Each add runs the fair
 policy's arrival, the shedding check, admission into the batch and the stats snapshot; while it does,
 the engine thread holds the GIL, and the event loop's streams wait. Prints the total and the cost of
-the first and last adds (an add that grows with the queue shows as a last add many times the first).
+the first and last adds (an add that grows with the queue shows as a last add many times the first);
+for exllamav2 also the host time of a step afterwards, the batch full and the rest queued (every step
+ends with an admission pass over the queue).
 
     python -m bench.arrival_burst [--engine llamacpp|exllamav2] [--requests 1024] [--reps 3]
 """
@@ -12,6 +14,7 @@ the first and last adds (an add that grows with the queue shows as a last add ma
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 from backend.common.models import default_model_path
@@ -23,26 +26,33 @@ from tests.harness.exllamav2_fakes import fake_core
 
 CALLERS = 16
 EXLLAMAV2_BATCH = 256
+STEPS = 64
 
 
-def burst(model: GgufModel | None, requests: int) -> list[float]:
+def burst(model: GgufModel | None, requests: int) -> tuple[list[float], list[float]]:
     """Seconds each of `requests` adds took, on a fresh core (exllamav2's over the fake generator when `model`
-    is None)."""
+    is None), and then each of its steps (exllamav2 only)."""
     if model is None:
-        core, _ = fake_core(vocab_size=16, max_batch_size=EXLLAMAV2_BATCH, max_queued_requests=requests)
+        core, generators = fake_core(vocab_size=16, max_batch_size=EXLLAMAV2_BATCH, max_queued_requests=requests)
+        generators[0].samples.update({f"r{i}": [(10, b"x")] * STEPS for i in range(requests)})
         prompt: tuple[int, ...] = (1, 5, 6)
     else:
         core = LlamaCppCore(model, EngineConfig.of(max_batch_size=8, max_queued_requests=requests, context_length=512))
         prompt = tuple(model.tokenize("Hello there"))
-    queued = [GenerationRequest(f"r{i}", prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=4),
+    queued = [GenerationRequest(f"r{i}", prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=STEPS),
                                 scheduling=Scheduling(f"caller{i % CALLERS}", 1.0, 0)) for i in range(requests)]
     took = []
     for request in queued:
         start = time.perf_counter()
         core.add(request, lambda event: None)
         took.append(time.perf_counter() - start)
+    steps = []
+    for _ in range(STEPS // 2 if model is None else 0):
+        start = time.perf_counter()
+        core.step()
+        steps.append(time.perf_counter() - start)
     core.close()
-    return took
+    return took, steps
 
 
 def main() -> int:
@@ -53,9 +63,12 @@ def main() -> int:
     args = parser.parse_args()
     model = GgufModel(default_model_path()) if args.engine == "llamacpp" else None
     for rep in range(args.reps):
-        took = burst(model, args.requests)
-        print(f"rep {rep}: {args.requests} adds {sum(took) * 1000:.1f} ms; first 10 {sum(took[:10]) / 10 * 1e6:.0f} us "
-              f"each, last 10 {sum(took[-10:]) / 10 * 1e6:.0f} us each", flush=True)
+        took, steps = burst(model, args.requests)
+        line = (f"rep {rep}: {args.requests} adds {sum(took) * 1000:.1f} ms; first 10 {sum(took[:10]) / 10 * 1e6:.0f} us "
+                f"each, last 10 {sum(took[-10:]) / 10 * 1e6:.0f} us each")
+        if steps:
+            line += f"; then a step {statistics.median(steps) * 1000:.2f} ms (median of {len(steps)})"
+        print(line, flush=True)
     if model is not None:
         model.close()
     return 0

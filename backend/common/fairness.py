@@ -201,24 +201,29 @@ class FairnessPolicy:
         `comeback_cost`: the tokens a sequence would compute again, as the engine expects it now."""
         if not self.fair or not running:
             return None
-        lower = [item for item in running if _priority(item) < _priority(candidate)]
+        priority = _priority(candidate)
+        lower = [item for item in running if _priority(item) < priority]
         if lower:  # a more urgent request never waits for a time slice
             return min(lower, key=lambda item: (_priority(item), -self.counters[caller_of(item)], tokens_held(item)))
         slots = collections.Counter(caller_of(item) for item in running)
         mine, my_weight = caller_of(candidate), _weight(candidate)
         after = (slots[mine] + 1) / my_weight  # the candidate's slots per weight once admitted
+        over: dict[tuple[str, float], bool] = {}  # by caller and weight: a batch of hundreds has a few callers
 
         def over_share(item: H) -> bool:
-            theirs = slots[caller_of(item)] / _weight(item)
-            ahead = self.counters[caller_of(item)] - self.counters[mine] > self.time_slice_steps
-            return theirs > after or (ahead and theirs >= after)
+            key = caller_of(item), _weight(item)
+            if key not in over:
+                theirs = slots[key[0]] / key[1]
+                ahead = self.counters[key[0]] - self.counters[mine] > self.time_slice_steps
+                over[key] = theirs > after or (ahead and theirs >= after)
+            return over[key]
 
         def affordable(item: H) -> bool:  # a caller holding no slot gets one whatever it costs
             return slots[mine] == 0 or comeback_cost(item) <= self.time_slice_steps
 
         eligible = [
             item for item in running
-            if caller_of(item) != mine and _priority(item) == _priority(candidate)
+            if caller_of(item) != mine and _priority(item) == priority
             and steps_run(item) >= self.time_slice_steps and over_share(item) and affordable(item)
         ]
         if not eligible:

@@ -101,7 +101,13 @@ class ExLlamaV2Core:
         return bool(self.held.jobs)
 
     def expire(self) -> list[Output]:
+        self._end_expired()
+        return self._done()
+
+    def _end_expired(self) -> bool:
+        """Ends the jobs past their deadline, and those not started within their queue timeout; True if any."""
         now = time.monotonic()
+        held = len(self.held.jobs)
         for entry in [e for e in self.held.jobs.values() if e.results.deadline_passed(now)]:
             self._end(entry, FinishReason.TIME_LIMIT)
         for entry in [e for e in self.held.jobs.values() if e.results.started_at is None]:
@@ -109,11 +115,14 @@ class ExLlamaV2Core:
             if deadline is not None and now >= deadline:
                 error = self.ledger.timed_out(entry)
                 self.held.fail(entry, error.message, error.kind, self._generator)
-        return self._done()
+        return len(self.held.jobs) < held
 
     def step(self) -> list[Output]:
         self.steps += 1
-        self._outputs.extend(self.expire())
+        # The last command or step ended with an admission pass; only places freed since need another
+        # before this step (a pass over a long queue costs milliseconds: docs/benchmarks.md).
+        if self._end_expired():
+            self.held.admit(self._generator, self.steps)
         try:
             results = self._generator.iterate()
         except Exception as exc:  # it would end every job anyway: fail them, rebuild, carry on
@@ -177,8 +186,9 @@ class ExLlamaV2Core:
             self._outputs.append((ended.sink, dataclasses.replace(ended.results.end(reason), step=self.steps)))
 
     def _done(self) -> list[Output]:
-        """After every command: admit what can start, publish the figures, return the events."""
-        self.held.admit(self._generator, self.steps)
+        """After every command and step: admit what can start in the next step, publish the figures, return
+        the events."""
+        self.held.admit(self._generator, self.steps + 1)
         self._publish()
         return self._take_outputs()
 
