@@ -28,7 +28,7 @@ sequences whose callers are not reading, or shed: the baseline the policy is mea
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from collections.abc import Set as AbstractSet  # any set-like view of callers
 from typing import Protocol, TypeVar
 
@@ -56,10 +56,9 @@ def _priority(item: Held) -> int:
     return item.request.scheduling.priority
 
 
-def standing(item: Held) -> tuple[str, int, float]:
+def _standing(item: Held) -> tuple[str, int, float]:
     """All the policy's admission decisions read of a candidate: its caller, priority and weight. Two
-    candidates alike in these find a place, or none, alike, so an engine looking for a place skips the
-    rest once one found none (hundreds may wait while the batch is full)."""
+    candidates alike in these find a place, or none, alike (see FairnessPolicy.place)."""
     scheduling = item.request.scheduling
     return scheduling.caller, scheduling.priority, scheduling.weight
 
@@ -181,6 +180,26 @@ class FairnessPolicy:
             enumerate(eligible), key=lambda pair: (-_priority(pair[1]), self.counters[caller_of(pair[1])], pair[0])
         )
         return [candidate for _, candidate in order]
+
+    def place(
+        self, candidates: Sequence[H], running: Collection[Held], batch_size: int, victim_for: Callable[[H], H | None],
+    ) -> tuple[H, H | None] | None:
+        """The first candidate, in ranked order, that can start: in a free place of a batch of `batch_size`,
+        or in the place of the running one `victim_for` names (asked when the batch is full or the candidate's
+        caller is at its limit); with that victim, or None. None when no candidate can start. Once a candidate
+        found no place, those alike in caller, priority and weight are skipped: hundreds may wait while the
+        batch is full, and each look goes over the batch."""
+        placeless: set[tuple[str, int, float]] = set()
+        for candidate in self.ranked(candidates, running):
+            if _standing(candidate) in placeless:
+                continue
+            if len(running) < batch_size and not self.at_limit(candidate, running):
+                return candidate, None
+            victim = victim_for(candidate)
+            if victim is not None:
+                return candidate, victim
+            placeless.add(_standing(candidate))
+        return None
 
     def displaced(
         self, candidate: Held, running: Iterable[Held], willing: Sequence[H], steps_run: Callable[[H], int],

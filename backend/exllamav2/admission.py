@@ -16,7 +16,7 @@ import itertools
 import logging
 from typing import Any
 
-from backend.common.fairness import FairnessPolicy, HeldCallers, standing
+from backend.common.fairness import FairnessPolicy, HeldCallers
 from backend.common.ledger import Ledger
 from backend.config import EngineConfig
 from backend.exllamav2.held import HeldJob, JobFactory
@@ -66,29 +66,30 @@ class Admission:
         """Enqueues the jobs the policy picks while there is a place in the batch, or one to take."""
         page_size = getattr(generator, "page_size", 256)
         while generator is not None and self.waiting:
-            enqueued = self.enqueued()
-            candidates = sorted(self.waiting, key=lambda entry: entry.turn)
-            placeless: set[tuple[str, int, float]] = set()  # standings that found no place this pass
-            willing: list[HeldJob] | None = None
-            for entry in self.policy.ranked(candidates, enqueued):  # the first that can start
-                if standing(entry) in placeless:
-                    continue
-                needs_room = len(enqueued) >= self._max_batch_size or self.policy.at_limit(entry, enqueued)
-                victim = None
-                if needs_room:
-                    if willing is None:  # the same for every candidate of this pass
-                        willing = [job for job in enqueued if may_give_way(job)]
-                    victim = victim_for(self.policy, entry, enqueued, willing, step, page_size)
-                if victim is not None or not needs_room:
-                    break
-                placeless.add(standing(entry))
-            else:
+            placed = self._place(step, page_size)
+            if placed is None:
                 return
+            entry, victim = placed
             if victim is not None:
                 self._preempt(victim, entry, generator, page_size)
             self.waiting.remove(entry)
             if self._enqueue(entry, generator, step):
                 self._release_samples(entry, generator, step)
+
+    def _place(self, step: int, page_size: int) -> tuple[HeldJob, HeldJob | None] | None:
+        """The waiting job the policy starts next, and the one in the generator it displaces (see
+        FairnessPolicy.place); None when none can start."""
+        enqueued = self.enqueued()
+        willing: list[HeldJob] | None = None
+
+        def victim(entry: HeldJob) -> HeldJob | None:
+            nonlocal willing
+            if willing is None:  # the same for every candidate of the pass
+                willing = [job for job in enqueued if may_give_way(job)]
+            return victim_for(self.policy, entry, enqueued, willing, step, page_size)
+
+        candidates = sorted(self.waiting, key=lambda entry: entry.turn)
+        return self.policy.place(candidates, enqueued, self._max_batch_size, victim)
 
     def _enqueue(self, entry: HeldJob, generator: Any, step: int) -> bool:
         try:

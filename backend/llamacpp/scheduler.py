@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypedDict
 
-from backend.common.fairness import FairnessPolicy, HeldCallers, caller_of, standing
+from backend.common.fairness import FairnessPolicy, HeldCallers, caller_of
 from backend.llamacpp.sequence import Sequence
 
 
@@ -194,18 +194,11 @@ class Scheduler:
         admission is in `running` when yielded, each preempted one in `preempted` (the caller moves their
         cells). `step` is the engine step about to run: a sequence runs a time slice before it may give way."""
         while True:
-            running = self.running.values()
-            placeless: set[tuple[str, int, float]] = set()  # standings that found no place this pass
-            for seq in self.policy.ranked(self._candidates(), running):  # the first that can start
-                if standing(seq) in placeless:
-                    continue
-                needs_room = len(self.running) >= self.max_batch_size or self.policy.at_limit(seq, running)
-                victim = self._victim_for(seq, step) if needs_room else None
-                if victim is not None or not needs_room:
-                    break
-                placeless.add(standing(seq))
-            else:
+            placed = self.policy.place(self._candidates(), self.running.values(), self.max_batch_size,
+                                       lambda seq: self._victim_for(seq, step))
+            if placed is None:
                 return
+            seq, victim = placed
             if victim is not None:
                 del self.running[victim.id]
                 self.preempted[victim.id] = victim
