@@ -121,6 +121,22 @@ def test_the_llamacpp_scheduler_forgets_a_callers_counter_only_when_its_last_seq
     assert scheduler.policy.counters["c"] == 10  # a newcomer starts at the floor of the one holding
 
 
+def test_a_pass_asks_once_for_candidates_alike_and_goes_on_to_the_next_caller():
+    fair = policy(max_batch_size=2)
+    a_running, b_running = item("a"), item("b")
+    a1, a2, c1 = item("a", name="a1"), item("a", name="a2"), item("c", name="c1")
+    asked = []
+
+    def victim_for(candidate):
+        asked.append(candidate.request.request_id)
+        return b_running if candidate is c1 else None
+
+    assert fair.place([a1, a2, c1], [a_running, b_running], 2, victim_for) == (c1, b_running)
+    assert asked == ["a1", "c1"]  # a2 is a1's like: skipped once a1 found no place
+    assert fair.place([a1, c1], [a_running], 2, victim_for) == (a1, None)  # a free place asks no one
+    assert asked == ["a1", "c1"]
+
+
 # -- admission order --------------------------------------------------------------------
 
 
