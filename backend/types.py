@@ -307,7 +307,9 @@ class TopLogprob:
     logprob: float
 
 
-@dataclass(frozen=True)
+# The two types built for every token are slotted rather than frozen: a frozen dataclass sets each field
+# through object.__setattr__, which made a TokenEvent cost 1.1 us against 0.24. Treat them as values.
+@dataclass(slots=True)
 class GeneratedToken:
     token_id: int
     piece: bytes
@@ -349,7 +351,7 @@ class Finish:
     """None without a constraint; False when the output was cut short of the grammar's end."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TokenEvent:
     """New output of one sequence from one engine step.
 
