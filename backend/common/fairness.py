@@ -148,7 +148,7 @@ class FairnessPolicy:
     def at_limit(self, candidate: Held, running: Iterable[Held]) -> bool:
         """Its caller has max_running_per_caller sequences in the batch (paused ones included)."""
         mine = caller_of(candidate)
-        return sum(caller_of(item) == mine for item in running) >= self.max_running_per_caller
+        return sum(item.request.scheduling.caller == mine for item in running) >= self.max_running_per_caller
 
     def next(self, candidates: Sequence[H], running: Iterable[Held]) -> H | None:
         """Who is admitted next among the candidates (given in their callers' own order), or None."""
@@ -220,31 +220,35 @@ class FairnessPolicy:
         `comeback_cost`: the tokens a sequence would compute again, as the engine expects it now."""
         if not self.fair or not running:
             return None
-        priority = _priority(candidate)
-        lower = [item for item in running if _priority(item) < priority]
+        mine, priority, my_weight = _standing(candidate)
+        # One pass, attributes read inline: it runs for each caller waiting while a batch of hundreds is full.
+        groups: dict[tuple[str, float], list[H]] = {}  # alike in caller and weight: a batch has a few
+        lower: list[H] = []
+        for item in running:
+            scheduling = item.request.scheduling
+            if scheduling.priority < priority:
+                lower.append(item)
+            groups.setdefault((scheduling.caller, scheduling.weight), []).append(item)
         if lower:  # a more urgent request never waits for a time slice
             return min(lower, key=lambda item: (_priority(item), -self.counters[caller_of(item)], tokens_held(item)))
-        slots = collections.Counter(caller_of(item) for item in running)
-        mine, my_weight = caller_of(candidate), _weight(candidate)
+        slots: collections.Counter[str] = collections.Counter()
+        for (caller, _), items in groups.items():
+            slots[caller] += len(items)
         after = (slots[mine] + 1) / my_weight  # the candidate's slots per weight once admitted
-        over: dict[tuple[str, float], bool] = {}  # by caller and weight: a batch of hundreds has a few callers
-
-        def over_share(item: H) -> bool:
-            key = caller_of(item), _weight(item)
-            if key not in over:
-                theirs = slots[key[0]] / key[1]
-                ahead = self.counters[key[0]] - self.counters[mine] > self.time_slice_steps
-                over[key] = theirs > after or (ahead and theirs >= after)
-            return over[key]
-
-        def affordable(item: H) -> bool:  # a caller holding no slot gets one whatever it costs
-            return slots[mine] == 0 or comeback_cost(item) <= self.time_slice_steps
-
-        eligible = [
-            item for item in running
-            if caller_of(item) != mine and _priority(item) == priority
-            and steps_run(item) >= self.time_slice_steps and over_share(item) and affordable(item)
-        ]
+        eligible = []
+        for (caller, weight), items in groups.items():
+            if caller == mine:
+                continue
+            theirs = slots[caller] / weight
+            ahead = self.counters[caller] - self.counters[mine] > self.time_slice_steps
+            if not (theirs > after or (ahead and theirs >= after)):  # a swap would not even the shares
+                continue
+            eligible += [
+                item for item in items
+                if _priority(item) == priority and steps_run(item) >= self.time_slice_steps
+                # a caller holding no slot gets one whatever it costs
+                and (slots[mine] == 0 or comeback_cost(item) <= self.time_slice_steps)
+            ]
         if not eligible:
             return None
         return max(eligible, key=lambda item: (slots[caller_of(item)] / _weight(item), self.counters[caller_of(item)],
