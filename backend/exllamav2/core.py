@@ -21,7 +21,6 @@ constrained jobs are never preempted). A request for n samples is n jobs
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -140,12 +139,12 @@ class ExLlamaV2Core:
             entry = found
             if entry.results.started_at is None:  # "started" comes first, but any result means it is active
                 self._started(entry)
-            event = entry.results.translate(result)
+            event = entry.results.translate(result, self.steps)
             if isinstance(event, ErrorEvent):  # its constraint failed: end it, the others carry on
                 self.held.remove(entry, self._generator)
                 self._outputs.append((entry.sink, event))
             elif event is not None:
-                self._outputs.append((entry.sink, dataclasses.replace(event, step=self.steps)))
+                self._outputs.append((entry.sink, event))
                 if event.tokens:
                     self.policy.charge(entry, len(event.tokens))
                     self.ledger.generated(entry, len(event.tokens))
@@ -183,7 +182,7 @@ class ExLlamaV2Core:
         """Ends it with a finish, and the samples still waiting on it with theirs."""
         self.held.remove(entry, self._generator)
         for ended in (entry, *entry.samples):
-            self._outputs.append((ended.sink, dataclasses.replace(ended.results.end(reason), step=self.steps)))
+            self._outputs.append((ended.sink, ended.results.end(reason, self.steps)))
 
     def _done(self) -> list[Output]:
         """After every command and step: admit what can start in the next step, publish the figures, return

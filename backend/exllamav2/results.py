@@ -77,8 +77,8 @@ class JobResults:
     def deadline_passed(self, now: float) -> bool:
         return self._deadline is not None and now >= self._deadline
 
-    def translate(self, result: dict[str, Any]) -> TokenEvent | ErrorEvent | None:
-        """The event for one result dict, or None for results that carry nothing for the caller.
+    def translate(self, result: dict[str, Any], step: int) -> TokenEvent | ErrorEvent | None:
+        """The event for one result dict of engine step `step`, or None for results that carry nothing for the caller.
 
         An ErrorEvent means the job's constraint failed: the job must be ended.
         """
@@ -94,7 +94,7 @@ class JobResults:
         if tokens and self._first_token_at is None:
             self._first_token_at = time.monotonic()
         if not result.get("eos"):
-            return TokenEvent(tokens, text, self.generated, mask_s=self._mask_since_last(), index=self._index)
+            return TokenEvent(tokens, text, self.generated, step=step, mask_s=self._mask_since_last(), index=self._index)
         reason, stop_sequence, stop_token_id = self._reason(result)
         if result.get("eos_reason") == "stop_token":
             text += self._held_text(result)
@@ -122,15 +122,15 @@ class JobResults:
             stop_token_id=stop_token_id,
             constraint_satisfied=constraint.satisfied if constraint is not None else None,
         )
-        return TokenEvent(tokens, text, self.generated, finish, mask_s=self._mask_since_last(), index=self._index)
+        return TokenEvent(tokens, text, self.generated, finish, step, self._mask_since_last(), index=self._index)
 
-    def end(self, reason: FinishReason) -> TokenEvent:
-        """The last event of a job ended from outside the generator (cancelled, out of time)."""
+    def end(self, reason: FinishReason, step: int) -> TokenEvent:
+        """The last event of a job ended from outside the generator (cancelled, out of time) at engine step `step`."""
         finish = make_finish(
             self._request, reason, self.generated, self.own_timings(),
             constraint_satisfied=self._constraint.satisfied if self._constraint is not None else None,
         )
-        return TokenEvent((), "", self.generated, finish, mask_s=self._mask_since_last(), index=self._index)
+        return TokenEvent((), "", self.generated, finish, step, self._mask_since_last(), index=self._index)
 
     def own_timings(self) -> Timings:
         """Timings as this side saw them: the generator reports its own only at EOS, and only for one job."""
