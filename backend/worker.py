@@ -72,6 +72,10 @@ class EngineCore(Protocol):
     """Every method returns the outputs it produced, in order, for the caller to deliver."""
 
     stats: EngineStats
+    settle_later: bool
+    """Set while the worker applies a batch of commands: each command leaves what follows every command
+    (admission, the published figures) to one `settle()` after the batch. A burst of hundreds of arrivals
+    ran both for each arrival, over every request held."""
 
     def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]: ...
 
@@ -95,6 +99,11 @@ class EngineCore(Protocol):
 
     def close(self) -> list[Output]:
         """Ends every request (CANCELLED) and frees the model's working memory."""
+        ...
+
+    def settle(self) -> list[Output]:
+        """What follows every command or step: admission where the engine admits between steps, the
+        published figures, and the outputs not handed over yet."""
         ...
 
 
@@ -157,13 +166,20 @@ class EngineWorker:
             Command.PAUSE: self._core.pause,
             Command.RESUME: self._core.resume,
         }
-        while command is not Command.SHUTDOWN:
-            deliver_all(handlers[command](arg))
-            try:
-                command, arg = self._commands.get_nowait()
-            except queue.Empty:
-                return True
-        return False
+        outputs: list[Output] = []
+        self._core.settle_later = True
+        try:
+            while command is not Command.SHUTDOWN:
+                outputs += handlers[command](arg)
+                try:
+                    command, arg = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+        finally:
+            self._core.settle_later = False
+            deliver_all(outputs)
+        deliver_all(self._core.settle())
+        return command is not Command.SHUTDOWN
 
 
 class WorkerEngine:

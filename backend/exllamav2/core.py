@@ -184,9 +184,15 @@ class ExLlamaV2Core:
         for ended in (entry, *entry.samples):
             self._outputs.append((ended.sink, ended.results.end(reason, self.steps)))
 
+    settle_later = False
+
     def _done(self) -> list[Output]:
-        """After every command and step: admit what can start in the next step, publish the figures, return
-        the events."""
+        """The events of the command or step just run, settled (see settle) unless settle_later."""
+        return self._take_outputs() if self.settle_later else self.settle()
+
+    def settle(self) -> list[Output]:
+        """After every step and command (or batch of commands): admit what can start in the next step,
+        publish the figures, return the events."""
         self.held.admit(self._generator, self.steps + 1)
         self._publish()
         return self._take_outputs()

@@ -247,9 +247,18 @@ class LlamaCppCore:
         self.slots.release(seq)
         seq.sampler.free()
 
+    settle_later = False
+
     def _done(self) -> list[Output]:
-        """Publishes the stats snapshot (one reference assignment: atomic for readers) and hands over
-        the outputs of the command or step just run (and the cache events it caused)."""
+        """The outputs of the command or step just run, settled (see settle) unless settle_later."""
+        if self.settle_later:
+            outputs, self._outputs = self._outputs, []
+            return outputs
+        return self.settle()
+
+    def settle(self) -> list[Output]:
+        """Publishes the stats snapshot (one reference assignment: atomic for readers) and the cache events,
+        and hands over the outputs."""
         if self.cache_events is not None:
             self.cache_events.step_done(self.scheduler.running.values())
         self.stats = self.ledger.snapshot(

@@ -269,7 +269,15 @@ class ScriptedCore:
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
+    settle_later = False
+
     def _done(self) -> list[Output]:
+        if self.settle_later:
+            outputs, self._outputs = self._outputs, []
+            return outputs
+        return self.settle()
+
+    def settle(self) -> list[Output]:
         running = self.running.values()
         self.stats = self.counters.snapshot(
             steps=self.steps,
