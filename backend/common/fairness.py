@@ -181,6 +181,24 @@ class FairnessPolicy:
         )
         return [candidate for _, candidate in order]
 
+    def fill(self, candidates: Sequence[H], running: Collection[Held], batch_size: int) -> list[H]:
+        """The candidates, in ranked order, that take the free places of a batch of `batch_size`, each caller
+        within its limit, from one ranking: a burst of hundreds arriving at a batch of hundreds was ranked again
+        for every place. A candidate at its caller's limit is left to `place` (it may take one of its own)."""
+        free = batch_size - len(running)
+        if free <= 0:
+            return []
+        per_caller = collections.Counter(caller_of(item) for item in running)
+        chosen: list[H] = []
+        for candidate in self.ranked(candidates, running):
+            caller = caller_of(candidate)
+            if per_caller[caller] < self.max_running_per_caller:
+                per_caller[caller] += 1
+                chosen.append(candidate)
+                if len(chosen) == free:
+                    break
+        return chosen
+
     def place(
         self, candidates: Sequence[H], running: Collection[Held], batch_size: int, victim_for: Callable[[H], H | None],
     ) -> tuple[H, H | None] | None:

@@ -63,23 +63,39 @@ class Admission:
             self.fail(shed, error.message, error.kind, generator)
 
     def admit(self, generator: Any, step: int) -> None:
-        """Enqueues the jobs the policy picks while there is a place in the batch, or one to take."""
+        """Enqueues the jobs the policy picks while there is a place in the batch (the free places filled from
+        one ranking), or one to take."""
         page_size = getattr(generator, "page_size", 256)
         while generator is not None and self.waiting:
-            placed = self._place(step, page_size)
+            enqueued = self.enqueued()
+            filling = self.policy.fill(self._candidates(), enqueued, self._max_batch_size)
+            for entry in filling:
+                forks = bool(entry.samples)
+                self._start(entry, generator, step)
+                if forks:  # its other samples took places of their own behind it: rank again
+                    break
+            if filling:
+                continue
+            placed = self._place(enqueued, step, page_size)
             if placed is None:
                 return
             entry, victim = placed
             if victim is not None:
                 self._preempt(victim, entry, generator, page_size)
-            self.waiting.remove(entry)
-            if self._enqueue(entry, generator, step):
-                self._release_samples(entry, generator, step)
+            self._start(entry, generator, step)
 
-    def _place(self, step: int, page_size: int) -> tuple[HeldJob, HeldJob | None] | None:
+    def _candidates(self) -> list[HeldJob]:
+        return sorted(self.waiting, key=lambda entry: entry.turn)
+
+    def _start(self, entry: HeldJob, generator: Any, step: int) -> None:
+        """From the queue into the generator, its other samples behind it."""
+        self.waiting.remove(entry)
+        if self._enqueue(entry, generator, step):
+            self._release_samples(entry, generator, step)
+
+    def _place(self, enqueued: list[HeldJob], step: int, page_size: int) -> tuple[HeldJob, HeldJob | None] | None:
         """The waiting job the policy starts next, and the one in the generator it displaces (see
         FairnessPolicy.place); None when none can start."""
-        enqueued = self.enqueued()
         willing: list[HeldJob] | None = None
 
         def victim(entry: HeldJob) -> HeldJob | None:
@@ -88,8 +104,7 @@ class Admission:
                 willing = [job for job in enqueued if may_give_way(job)]
             return victim_for(self.policy, entry, enqueued, willing, step, page_size)
 
-        candidates = sorted(self.waiting, key=lambda entry: entry.turn)
-        return self.policy.place(candidates, enqueued, self._max_batch_size, victim)
+        return self.policy.place(self._candidates(), enqueued, self._max_batch_size, victim)
 
     def _enqueue(self, entry: HeldJob, generator: Any, step: int) -> bool:
         try:
