@@ -27,6 +27,11 @@ class SequenceOutput:
         self._stopping = request.stopping
         self._utf8 = Utf8Stream()
         self._stops = StopSequenceFilter(request.stopping.stop_sequences, request.stopping.include_stop_sequence)
+        # Read once: on_token runs for every token of every sequence.
+        self._has_stops = any(request.stopping.stop_sequences)
+        self._stop_token_ids = request.stopping.stop_token_ids
+        self._max_new_tokens = request.stopping.max_new_tokens
+        self._ignore_eos = request.stopping.ignore_eos
         self.cached_tokens = 0  # prompt tokens the engine took from its prefix cache
         self.prompt_tokens: tuple[GeneratedToken, ...] = ()  # prompt logprobs, for the next event
         self.draft_tokens = 0  # proposed tokens the engine checked (speculative decoding) ...
@@ -75,10 +80,10 @@ class SequenceOutput:
 
         Raises ConstraintFailed when the matcher has failed or rejects the token.
         """
-        now = time.monotonic()
         self._accepted_draft = accepted_draft
         self.accepted_draft_tokens += accepted_draft
         if self.first_token_at is None:
+            now = time.monotonic()
             self.first_token_at = now
             self.prefill_done_at = self.prefill_done_at or now
         self.generated += 1
@@ -93,17 +98,19 @@ class SequenceOutput:
             if not self.constraint.consume(token.token_id):
                 raise ConstraintFailed(f"token {token.token_id} rejected: {self.constraint.failure()}")
             constraint_done = self.constraint.complete
-        if is_eos and not self._stopping.ignore_eos:
+        if is_eos and not self._ignore_eos:
             return self._finish_event((token,), "", FinishReason.EOS_TOKEN)
-        if token.token_id in self._stopping.stop_token_ids:
+        if token.token_id in self._stop_token_ids:
             return self._finish_event((token,), "", FinishReason.STOP_TOKEN, stop_token_id=token.token_id)
-        text = self._stops.push(self._utf8.feed(token.piece))
-        if self._stops.matched is not None:
-            stop = self._stops.matched.stop_sequence
-            return self._finish_event((token,), text, FinishReason.STOP_SEQUENCE, stop_sequence=stop)
+        text = self._utf8.feed(token.piece)
+        if self._has_stops:
+            text = self._stops.push(text)
+            if self._stops.matched is not None:
+                stop = self._stops.matched.stop_sequence
+                return self._finish_event((token,), text, FinishReason.STOP_SEQUENCE, stop_sequence=stop)
         if constraint_done:
             return self._finish_event((token,), text, FinishReason.CONSTRAINT_COMPLETE)
-        if self.generated >= self._stopping.max_new_tokens:
+        if self.generated >= self._max_new_tokens:
             return self._finish_event((token,), text, FinishReason.MAX_TOKENS)
         return self._event((token,), text)
 

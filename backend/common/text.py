@@ -15,16 +15,21 @@ class Utf8Stream:
     """Decodes a byte stream into complete code points as they arrive."""
 
     def __init__(self) -> None:
-        # "replace" only fires on bytes that can never be valid, not on a split code point.
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = b""  # the start of a code point split across tokens
 
     def feed(self, data: bytes) -> str:
-        return self._decoder.decode(data, final=False)
+        # The codec itself, as codecs' incremental decoder calls it (one Python layer less: it runs per token).
+        # "replace" only fires on bytes that can never be valid, not on a split code point.
+        if self._pending:
+            data = self._pending + data
+        text, used = codecs.utf_8_decode(data, "replace", False)
+        self._pending = data[used:]
+        return text
 
     def flush(self) -> str:
         """Ends the stream. A code point cut off by the end of generation is dropped, not
         sent as U+FFFD: its bytes are still in the tokens for callers that want them."""
-        self._decoder.reset()
+        self._pending = b""
         return ""
 
 
