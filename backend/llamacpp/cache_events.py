@@ -43,7 +43,7 @@ class LlamaCppCacheEvents:
         self._live: set[str] = set()
 
     def step_done(self, running: Iterable[Sequence]) -> None:
-        """Called after every command and step: what changed goes out as one batch."""
+        """Called after every step and batch of commands: what changed goes out as one batch."""
         ledger, changed = self._ledger, self._index.changed
         assert changed is not None
         for slot in changed:
