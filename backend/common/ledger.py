@@ -119,7 +119,7 @@ class CallerTallies:
         weights: dict[str, float] = {}  # each caller's weight as its last item has it, as `of` sets it
         for name, items in (("running", running), ("queued", queued), ("preempted", preempted)):
             counts: dict[str, int] = {}
-            for item in items:  # caller_of and `of` inlined: this runs over every held item after every step and batch of commands
+            for item in items:  # caller_of and `of` inlined: this runs over every held item after each step and command batch
                 scheduling = item.request.scheduling
                 counts[scheduling.caller] = counts.get(scheduling.caller, 0) + 1
                 weights[scheduling.caller] = scheduling.weight
