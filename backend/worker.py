@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from backend.common.cache_events import CacheEventHub
 from backend.common.stats import CancelOrder, EngineStats
 from backend.engine import EventBatcher, EventSink
-from backend.types import Event, GenerationRequest
+from backend.types import Event, GenerationRequest, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,12 @@ def deliver_all(outputs: Iterable[Output]) -> None:
             log.exception("could not deliver %d events", len(batch))
 
 
+def starts_a_stream(outputs: list[Output]) -> bool:
+    """Whether any of the outputs is a sequence's first event with tokens."""
+    return any(type(event) is TokenEvent and event.tokens and event.generated_tokens == len(event.tokens)
+               for _, event in outputs)
+
+
 class Command(enum.Enum):
     ADD = "add"
     CANCEL = "cancel"
@@ -72,6 +78,10 @@ class EngineCore(Protocol):
     """Every method returns the outputs it produced, in order, for the caller to deliver."""
 
     stats: EngineStats
+    first_token_hold_s: float
+    """How long the worker holds the next step after one that produced a sequence's first token, so that
+    the threads that send it (the service's, a sidecar's, a local caller's) run before the engine takes the
+    CPU cores again (0: not at all; an engine whose steps leave the cores free needs no hold)."""
     settle_later: bool
     """Set while the worker applies a batch of commands: each command leaves what follows every command
     (admission, the published figures) to one `settle()` after the batch. A burst of hundreds of arrivals
@@ -144,7 +154,10 @@ class EngineWorker:
                     timeout = None
                 if not self._apply_commands(timeout):
                     return
-                deliver_all(self._core.step() if self._core.has_work() else self._core.expire())
+                outputs = self._core.step() if self._core.has_work() else self._core.expire()
+                deliver_all(outputs)
+                if self._core.first_token_hold_s and starts_a_stream(outputs):
+                    time.sleep(self._core.first_token_hold_s)
         except Exception as exc:  # a bug in the loop itself; per-sequence faults are handled in step()
             log.exception("engine loop crashed")
             for callback in self.death_callbacks:

@@ -52,6 +52,10 @@ from backend.worker import Output
 
 log = logging.getLogger(__name__)
 
+FIRST_TOKEN_HOLD_S = 0.002
+"""llama.cpp's threads take every core they are given for each step: held this long after a step that produced
+a first token, that token's message reached a caller on the same cores 3-4 ms sooner (docs/benchmarks.md)."""
+
 
 class LlamaCppCore:
     def __init__(self, model: GgufModel, config: EngineConfig) -> None:
@@ -248,6 +252,7 @@ class LlamaCppCore:
         seq.sampler.free()
 
     settle_later = False
+    first_token_hold_s = FIRST_TOKEN_HOLD_S
 
     def _done(self) -> list[Output]:
         """The outputs of the command or step just run, settled (see settle) unless settle_later."""

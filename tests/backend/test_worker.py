@@ -8,7 +8,16 @@ import threading
 import time
 
 from backend.common.stats import EngineStats
-from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, Scheduling, StopParams
+from backend.types import (
+    ErrorEvent,
+    FinishReason,
+    GeneratedToken,
+    GenerationRequest,
+    SamplingParams,
+    Scheduling,
+    StopParams,
+    TokenEvent,
+)
 from backend.worker import EngineWorker
 from tests.harness.exllamav2_fakes import fake_core
 
@@ -16,6 +25,8 @@ from tests.harness.exllamav2_fakes import fake_core
 class RecordingCore:
     """An EngineCore that records what the worker asks of it; its first add waits until the test lets it go,
     so that the commands sent meanwhile queue behind it."""
+
+    first_token_hold_s = 0.0
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -108,3 +119,37 @@ def test_a_burst_on_a_full_batch_is_admitted_as_places_free_and_every_request_fi
         worker.close()
     assert max(len(generator.enqueued) for generator in generators) == 8
     assert core.stats.running_sequences == 0 and core.stats.queued_requests == 0
+
+
+class SteppingCore(RecordingCore):
+    """Steps through scripted outputs: a sequence's first token, then its next one."""
+
+    first_token_hold_s = 0.002
+
+    def __init__(self, sink) -> None:
+        super().__init__()
+        self.script = [[(sink, TokenEvent((GeneratedToken(5, b"a"),), "a", 1))],
+                       [(sink, TokenEvent((GeneratedToken(6, b"b"),), "b", 2))]]
+
+    def has_work(self):
+        return bool(self.script)
+
+    def step(self):
+        return self.script.pop(0)
+
+
+def test_the_step_after_one_that_produced_a_first_token_waits_for_it_to_be_sent(monkeypatch):
+    """llama.cpp's threads take every core: the worker holds the next step briefly after a first token, and
+    only then (its later tokens go out as the steps come)."""
+    delivered: list = []
+    holds: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr("backend.worker.time.sleep", lambda s: (holds.append(s), real_sleep(s)))
+    core = SteppingCore(delivered.append)
+    worker = EngineWorker(core, name="stepping")  # type: ignore[arg-type]
+    deadline = time.monotonic() + 10
+    while len(delivered) < 2 and time.monotonic() < deadline:
+        real_sleep(0.01)
+    worker.close()
+    assert [event.generated_tokens for event in delivered] == [1, 2]
+    assert holds == [0.002]
