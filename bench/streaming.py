@@ -114,8 +114,10 @@ def ttft_comparison(stub, reference: LlamaServer | None, reps: int) -> dict[int,
         with concurrent.futures.ThreadPoolExecutor(streams) as pool:
             for rep in range(reps):
                 prompts = [f"Request {rep * 8 + i} of {time.monotonic_ns()}: {p}" for i, p in enumerate(PROMPTS[:streams])]
+                if reference is not None and rep % 2:  # each server goes first in every other rep
+                    theirs.append(burst(pool, lambda p: reference.stream(p, 8).ttft_s, prompts))
                 ours.append(burst(pool, our_first, prompts))
-                if reference is not None:
+                if reference is not None and not rep % 2:
                     theirs.append(burst(pool, lambda p: reference.stream(p, 8).ttft_s, prompts))
         results[streams] = (summary(ours), summary(theirs) if theirs else None)
     return results

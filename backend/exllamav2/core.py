@@ -185,7 +185,8 @@ class ExLlamaV2Core:
             self._outputs.append((ended.sink, ended.results.end(reason, self.steps)))
 
     settle_later = False
-    first_token_hold_s = 0.0  # its steps run on the GPU: the host's cores stay free for the service
+    def first_token_hold_s(self) -> float:
+        return 0.0  # its steps run on the GPU: the host's cores stay free for the service
 
     def _done(self) -> list[Output]:
         """The events of the command or step just run, settled (see settle) unless settle_later."""

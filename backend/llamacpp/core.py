@@ -252,7 +252,12 @@ class LlamaCppCore:
         seq.sampler.free()
 
     settle_later = False
-    first_token_hold_s = FIRST_TOKEN_HOLD_S
+    def first_token_hold_s(self) -> float:
+        """FIRST_TOKEN_HOLD_S, unless another request still waits for its own first token: it would wait too."""
+        scheduler = self.scheduler
+        if scheduler.waiting or any(seq.output.first_token_at is None for seq in scheduler.running.values()):
+            return 0.0
+        return FIRST_TOKEN_HOLD_S
 
     def _done(self) -> list[Output]:
         """The outputs of the command or step just run, settled (see settle) unless settle_later."""

@@ -26,7 +26,8 @@ class RecordingCore:
     """An EngineCore that records what the worker asks of it; its first add waits until the test lets it go,
     so that the commands sent meanwhile queue behind it."""
 
-    first_token_hold_s = 0.0
+    def first_token_hold_s(self) -> float:
+        return 0.0
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -124,7 +125,8 @@ def test_a_burst_on_a_full_batch_is_admitted_as_places_free_and_every_request_fi
 class SteppingCore(RecordingCore):
     """Steps through scripted outputs: a sequence's first token, then its next one."""
 
-    first_token_hold_s = 0.002
+    def first_token_hold_s(self) -> float:
+        return 0.002
 
     def __init__(self, sink) -> None:
         super().__init__()

@@ -270,7 +270,8 @@ class ScriptedCore:
             self.waiting.remove(seq)
 
     settle_later = False
-    first_token_hold_s = 0.0
+    def first_token_hold_s(self) -> float:
+        return 0.0
 
     def _done(self) -> list[Output]:
         if self.settle_later:

@@ -6,10 +6,10 @@ import llama_cpp
 import pytest
 
 from backend.config import EngineConfig
-from backend.llamacpp.core import LlamaCppCore
+from backend.llamacpp.core import FIRST_TOKEN_HOLD_S, LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
 from backend.llamacpp.sampling import Sampler
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
 from tests.harness.core_driver import Recorder, make_core, request, run_until_idle
 
 
@@ -267,3 +267,22 @@ def test_a_gap_left_by_a_finished_sequence_is_closed_without_changing_outputs(mo
         assert token_ids(recs["c"]) == token_ids(solo)  # the moved cache is exact
     finally:
         core.close()
+
+
+def test_a_first_token_holds_the_next_step_only_while_no_other_request_waits_for_its_own(core, model):
+    """The worker holds llama.cpp's next step after a first token so that it is sent before the threads take
+    the cores again; a request still waiting for its own first token would wait for the hold too."""
+    a, b = Recorder(core), Recorder(core)
+    core.add(request(model, "a", max_new_tokens=8), a)
+    core.add(request(model, "b", max_new_tokens=8), b)
+    def started(rec: Recorder) -> bool:
+        return any(isinstance(event, TokenEvent) and event.tokens for _, event in rec.events)
+
+    while not started(a) and not started(b):
+        core.step()
+    assert started(a) != started(b)  # one prompt a llama_decode
+    assert core.first_token_hold_s() == 0.0  # the other's first token would wait for the hold
+    while not (started(a) and started(b)):
+        core.step()
+    assert core.first_token_hold_s() == FIRST_TOKEN_HOLD_S > 0
+    run_until_idle(core)
