@@ -114,10 +114,15 @@ class LlamaCppSettings:
     otherwise than one in a prompt group). Prompts that continue no answer keep the guarantee."""
     max_pause_s: float = 300.0
     """A sequence whose caller reads nothing for this long ends with ABORTED (PAUSED_TOO_LONG)."""
+    first_token_hold_ms: float = 2.0
+    """After a step that gave a request its first token, how long the next step waits so that the threads
+    sending it (the service's, a sidecar's, a caller's on the same cores) run before llama.cpp's threads take
+    the cores again; not while another request waits for its own first token. 0: no wait."""
 
     def __post_init__(self) -> None:
         _require([
             (self.threads < 0, "threads must not be negative"),
+            (not 0 <= self.first_token_hold_ms <= 100, "first_token_hold_ms must be in [0, 100]"),
             (self.gpu_layers < 0, "gpu_layers must not be negative"),
             (self.prefix_cache_slots < 0, "prefix_cache_slots must not be negative"),
             (self.max_pause_s <= 0, "max_pause_s must be positive"),

@@ -52,11 +52,6 @@ from backend.worker import Output
 
 log = logging.getLogger(__name__)
 
-FIRST_TOKEN_HOLD_S = 0.002
-"""llama.cpp's threads take every core they are given for each step: held this long after a step that produced
-a first token, that token's message reached a caller on the same cores 3-4 ms sooner (docs/benchmarks.md)."""
-
-
 class LlamaCppCore:
     def __init__(self, model: GgufModel, config: EngineConfig) -> None:
         self.model = model
@@ -80,6 +75,7 @@ class LlamaCppCore:
         self.siblings = Siblings()
         self.admitter = Admitter(self.scheduler, self.slots, self.ledger)
         self._cache_tokens_total = config.context_length * config.max_batch_size
+        self._first_token_hold_s = own.first_token_hold_ms / 1000
         self.stats = EngineStats(cache_tokens_total=self._cache_tokens_total)
         self.cache_events = LlamaCppCacheEvents(
             self.slots.prefixes, "GPU" if own.gpu_layers else "CPU", config.cache_events_replay_batches
@@ -253,11 +249,13 @@ class LlamaCppCore:
 
     settle_later = False
     def first_token_hold_s(self) -> float:
-        """FIRST_TOKEN_HOLD_S, unless another request still waits for its own first token: it would wait too."""
+        """The first_token_hold_ms setting, unless another request still waits for its own first token: it would
+        wait too. llama.cpp's threads take every core they are given: so held, a first token's message reached a
+        caller on the same cores 4-6 ms sooner (docs/benchmarks.md)."""
         scheduler = self.scheduler
         if scheduler.waiting or any(seq.output.first_token_at is None for seq in scheduler.running.values()):
             return 0.0
-        return FIRST_TOKEN_HOLD_S
+        return self._first_token_hold_s
 
     def _done(self) -> list[Output]:
         """The outputs of the command or step just run, settled (see settle) unless settle_later."""

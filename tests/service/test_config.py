@@ -36,6 +36,8 @@ def test_config_file_from_environment(tmp_path):
         ({"max_batch_size": 0}, {}, "max_batch_size"),
         ({"tls_cert": "c.pem"}, {}, "tls_key"),
         ({"engine": "vllm"}, {}, "engine"),
+        ({"first_token_hold_ms": "-1"}, {}, "first_token_hold_ms"),
+        ({}, {"TOKENSPOUT_FIRST_TOKEN_HOLD_MS": "500"}, "first_token_hold_ms"),
     ],
 )
 def test_bad_settings_are_refused(flags, environ, message):

@@ -6,7 +6,7 @@ import llama_cpp
 import pytest
 
 from backend.config import EngineConfig
-from backend.llamacpp.core import FIRST_TOKEN_HOLD_S, LlamaCppCore
+from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
 from backend.llamacpp.sampling import Sampler
 from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
@@ -284,5 +284,5 @@ def test_a_first_token_holds_the_next_step_only_while_no_other_request_waits_for
     assert core.first_token_hold_s() == 0.0  # the other's first token would wait for the hold
     while not (started(a) and started(b)):
         core.step()
-    assert core.first_token_hold_s() == FIRST_TOKEN_HOLD_S > 0
+    assert core.first_token_hold_s() == EngineConfig().llamacpp.first_token_hold_ms / 1000 > 0
     run_until_idle(core)
