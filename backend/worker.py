@@ -78,15 +78,16 @@ class EngineCore(Protocol):
     """Every method returns the outputs it produced, in order, for the caller to deliver."""
 
     stats: EngineStats
+    settle_later: bool
+    """Set while the worker applies a batch of commands: each command leaves what follows every command
+    (admission, the published figures) to one `settle()` after the batch. A burst of hundreds of arrivals
+    ran both for each arrival, over every request held."""
+
     def first_token_hold_s(self) -> float:
         """How long the worker holds the next step after one that produced a sequence's first token, so that
         the threads that send it (the service's, a sidecar's, a local caller's) run before the engine takes
         the CPU cores again (0: not at all; an engine whose steps leave the cores free needs no hold)."""
         ...
-    settle_later: bool
-    """Set while the worker applies a batch of commands: each command leaves what follows every command
-    (admission, the published figures) to one `settle()` after the batch. A burst of hundreds of arrivals
-    ran both for each arrival, over every request held."""
 
     def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]: ...
 
@@ -157,7 +158,8 @@ class EngineWorker:
                     return
                 outputs = self._core.step() if self._core.has_work() else self._core.expire()
                 deliver_all(outputs)
-                if starts_a_stream(outputs) and (hold := self._core.first_token_hold_s()):
+                # The engine's answer first: without a hold (a GPU engine) the step's events are not scanned.
+                if (hold := self._core.first_token_hold_s()) and starts_a_stream(outputs):
                     time.sleep(hold)
         except Exception as exc:  # a bug in the loop itself; per-sequence faults are handled in step()
             log.exception("engine loop crashed")

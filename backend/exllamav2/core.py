@@ -185,6 +185,7 @@ class ExLlamaV2Core:
             self._outputs.append((ended.sink, ended.results.end(reason, self.steps)))
 
     settle_later = False
+
     def first_token_hold_s(self) -> float:
         return 0.0  # its steps run on the GPU: the host's cores stay free for the service
 

@@ -52,6 +52,7 @@ from backend.worker import Output
 
 log = logging.getLogger(__name__)
 
+
 class LlamaCppCore:
     def __init__(self, model: GgufModel, config: EngineConfig) -> None:
         self.model = model
@@ -248,10 +249,11 @@ class LlamaCppCore:
         seq.sampler.free()
 
     settle_later = False
+
     def first_token_hold_s(self) -> float:
         """The first_token_hold_ms setting, unless another request still waits for its own first token: it would
-        wait too. llama.cpp's threads take every core they are given: so held, a first token's message reached a
-        caller on the same cores 4-6 ms sooner (docs/benchmarks.md)."""
+        wait too. llama.cpp's threads take every core they are given: so held, a first token reached a caller on the
+        same cores 1-5 ms sooner in seven rounds of eight (bench.first_token, docs/benchmarks.md)."""
         scheduler = self.scheduler
         if scheduler.waiting or any(seq.output.first_token_at is None for seq in scheduler.running.values()):
             return 0.0

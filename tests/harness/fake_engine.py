@@ -270,6 +270,7 @@ class ScriptedCore:
             self.waiting.remove(seq)
 
     settle_later = False
+
     def first_token_hold_s(self) -> float:
         return 0.0
 
