@@ -46,14 +46,16 @@ def deliver(sink: EventSink, event: Event) -> None:
 
 def deliver_all(outputs: Iterable[Output]) -> None:
     """Delivers a step's outputs: to each sink one by one, or together to their EventBatcher in one call."""
-    batches: dict[int, tuple[EventBatcher, list[Output]]] = {}
-    for sink, event in outputs:
-        batcher: EventBatcher | None = getattr(sink, "batcher", None)
+    batches: dict[EventBatcher, list[Output]] = {}
+    for output in outputs:  # nothing allocated per output: this runs for every token of every stream
+        batcher: EventBatcher | None = getattr(output[0], "batcher", None)
         if batcher is None:
-            deliver(sink, event)
+            deliver(*output)
+        elif (batch := batches.get(batcher)) is not None:
+            batch.append(output)
         else:
-            batches.setdefault(id(batcher), (batcher, []))[1].append((sink, event))
-    for batcher, batch in batches.values():
+            batches[batcher] = [output]
+    for batcher, batch in batches.items():
         try:
             batcher.deliver(batch)
         except Exception:

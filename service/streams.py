@@ -136,7 +136,7 @@ class EventRelay:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._pending: collections.deque[tuple[RequestStream, Event]] = collections.deque()
+        self._pending: collections.deque[tuple[_StreamSink, Event]] = collections.deque()
         self._scheduled = False
 
     def sink(self, stream: RequestStream) -> EventSink:
@@ -144,7 +144,7 @@ class EventRelay:
 
     def deliver(self, outputs: list[tuple[EventSink, Event]]) -> None:
         """Called on the engine thread with the events of one step (EventBatcher)."""
-        self._pending.extend([(sink.stream, event) for sink, event in outputs])  # type: ignore[attr-defined]
+        self._pending.extend(outputs)  # type: ignore[arg-type]  # this relay's sinks are all _StreamSinks
         if not self._scheduled:  # else a flush that has not started draining yet will take them
             self._scheduled = True
             self._loop.call_soon_threadsafe(self._flush)
@@ -153,5 +153,5 @@ class EventRelay:
         self._scheduled = False
         pending = self._pending
         while pending:
-            stream, event = pending.popleft()
-            stream.put(event)
+            sink, event = pending.popleft()
+            sink.stream.put(event)

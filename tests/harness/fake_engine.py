@@ -103,7 +103,9 @@ class FakeSequence:
         self.sink = sink
         self.plan = plan
         self.output = SequenceOutput(request)
-        self.text = plan.output or output_text(request.prompt_token_ids)
+        # Each position's token and piece, made once: per token the fake engine does no more than a model's
+        # host would (bench.service_ceiling counts its work as the service's).
+        self.tokens = [(BYTE_BASE + b, bytes([b])) for b in plan.output or output_text(request.prompt_token_ids)]
         self.prompt_length = len(request.prompt_token_ids)
         self.paused_since: float | None = None
 
@@ -212,14 +214,14 @@ class ScriptedCore:
         if plan.fail_after is not None and output.generated >= plan.fail_after:
             self._fail(seq, plan.message, plan.error)
             return
-        if seq.cells >= self.context_length:
+        if seq.prompt_length + output.generated >= self.context_length:
             self._end(seq, FinishReason.CONTEXT_LIMIT)
             return
         output.step = self.steps
         is_eos = plan.eos_after is not None and output.generated + 1 >= plan.eos_after
-        token_id = EOS if is_eos else BYTE_BASE + seq.text[output.generated % len(seq.text)]
+        token_id, token_piece = (EOS, b"") if is_eos else seq.tokens[output.generated % len(seq.tokens)]
         wants_logprobs = seq.request.output.return_logprobs
-        event = output.on_token(GeneratedToken(token_id, piece(token_id), 0.0 if wants_logprobs else None), is_eos)
+        event = output.on_token(GeneratedToken(token_id, token_piece, 0.0 if wants_logprobs else None), is_eos)
         self._outputs.append((seq.sink, event))
         if output.finished:
             self._release(seq)
