@@ -3,8 +3,7 @@
     call = GenerationCall(calls, request, context)
     with call.admit():                   # a place within the caller's share, held until the call ends
         await call.build()               # checks, prompt, constraint, deadline: one GenerationRequest
-        async for message in call.run(): # submit, then one message per batch of the engine's events
-            ...
+        await call.run(send)             # submit, then send one message per batch of the engine's events
 
 Shaped like vLLM's AsyncLLM.generate: one coroutine per request over its own event stream
 (service.streams). Leaving it before the engine ended the request (the caller cancelled,
@@ -19,7 +18,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -71,6 +70,8 @@ _REFUSALS = (ErrorKind.SHED, ErrorKind.QUEUE_TIMEOUT)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 """A call's gRPC context (its message types do not matter to what reads it here)."""
+Send = Callable[[pb.GenerateStreamResponse], Awaitable[None]]
+"""Sends one message of a call: its write to the caller, or a unary call's collection of them."""
 
 
 class Calls:
@@ -232,9 +233,10 @@ class GenerationCall:
         )
         return self._generation
 
-    async def run(self) -> AsyncGenerator[pb.GenerateStreamResponse, None]:
-        """Submits the request and yields one message per batch of its events, or a heartbeat when none came
-        for a while. Leaving before the engine ended it cancels it there."""
+    async def run(self, send: Send) -> None:
+        """Submits the request and sends one message per batch of its events, or a heartbeat when none came
+        for a while. Leaving before the engine ended it cancels it there. A coroutine that sends, not a
+        generator the handler iterates: one frame less to suspend and resume for each of its messages."""
         stream = self._submit()
         try:
             with self._calls.lifecycle.interruptible(stream.interrupt):
@@ -245,18 +247,18 @@ class GenerationCall:
                     if self._calls.lifecycle.ending is not None:  # the grace period is over, or the engine died
                         raise self._calls.lifecycle.ending
                     if batch is None:
-                        yield pb.GenerateStreamResponse(request_id=self.request_id, heartbeat=True)
+                        await send(pb.GenerateStreamResponse(request_id=self.request_id, heartbeat=True))
                     elif isinstance(batch, ErrorEvent):
                         raise self._failed(batch)
                     else:
                         for index, events in by_sample(batch, samples.n):
                             message = samples.message(index, events)
                             if self._trace is None:
-                                yield message
+                                await send(message)
                                 continue
                             # The message's span around its write; the call's last one records how it finished.
                             with _message_span(self._trace, events, events[-1].finish if samples.done else None):
-                                yield message
+                                await send(message)
             self._finished(samples.finishes[0])
         finally:
             self._calls.close(self._identity, self.request_id)

@@ -63,15 +63,13 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         call = GenerationCall(self._calls, request, context)
         with call.admit():
             await call.build()
-            async with contextlib.aclosing(call.run()) as messages:
-                async for message in messages:
-                    # A caller that resets its stream while a write waits on HTTP/2 flow control fails the
-                    # write before gRPC marks the call closed, and gRPC would log that as a crash; it is the
-                    # caller leaving, so the call ends as gRPC ends any cancelled one.
-                    try:
-                        await context.write(message)
-                    except grpc.aio.InternalError:
-                        raise asyncio.CancelledError from None
+            try:
+                await call.run(context.write)
+            except grpc.aio.InternalError:
+                # A caller that resets its stream while a write waits on HTTP/2 flow control fails the write
+                # before gRPC marks the call closed, and gRPC would log that as a crash; it is the caller
+                # leaving (run has cancelled its request), so the call ends as gRPC ends any cancelled one.
+                raise asyncio.CancelledError from None
         return
         yield  # an async generator, as gRPC's interceptors expect, that writes its messages itself
 
@@ -81,9 +79,14 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         stream_request.output.max_tokens_per_message = 0
         stream_request.output.heartbeat_interval_ms = 0
         call = GenerationCall(self._calls, stream_request, context, streaming=False)
+        messages: list[pb.GenerateStreamResponse] = []
+
+        async def keep(message: pb.GenerateStreamResponse) -> None:
+            messages.append(message)
+
         with call.admit():
             await call.build()
-            messages = [m async for m in call.run()]
+            await call.run(keep)
         return convert.unary_response(messages)
 
     async def Cancel(self, request: pb.CancelRequest, context: Context) -> pb.CancelResponse:
