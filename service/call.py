@@ -238,14 +238,15 @@ class GenerationCall:
         for a while. Leaving before the engine ended it cancels it there. A coroutine that sends, not a
         generator the handler iterates: one frame less to suspend and resume for each of its messages."""
         stream = self._submit()
+        lifecycle, request_trace = self._calls.lifecycle, self._trace
         try:
-            with self._calls.lifecycle.interruptible(stream.interrupt):
+            with lifecycle.interruptible(stream.interrupt):
                 samples = Samples(self.generation, self.request_id, self._chat_output_factory())
                 pacing = self._pacing()
                 while not samples.done:
                     batch = await stream.next_batch(*pacing)
-                    if self._calls.lifecycle.ending is not None:  # the grace period is over, or the engine died
-                        raise self._calls.lifecycle.ending
+                    if lifecycle.ending is not None:  # the grace period is over, or the engine died
+                        raise lifecycle.ending
                     if batch is None:
                         await send(pb.GenerateStreamResponse(request_id=self.request_id, heartbeat=True))
                     elif isinstance(batch, ErrorEvent):
@@ -253,11 +254,11 @@ class GenerationCall:
                     else:
                         for index, events in by_sample(batch, samples.n):
                             message = samples.message(index, events)
-                            if self._trace is None:
+                            if request_trace is None:
                                 await send(message)
                                 continue
                             # The message's span around its write; the call's last one records how it finished.
-                            with _message_span(self._trace, events, events[-1].finish if samples.done else None):
+                            with _message_span(request_trace, events, events[-1].finish if samples.done else None):
                                 await send(message)
             self._finished(samples.finishes[0])
         finally:

@@ -64,8 +64,16 @@ class RequestStream:
         an empty batch once interrupted.
         """
         events = self._events
-        if not events and not await self._arrival(heartbeat_s or None):
-            return None
+        if not events:
+            if heartbeat_s:
+                if not await self._arrival(heartbeat_s):
+                    return None
+            else:  # the common wait, inline: no coroutine of its own, no timer
+                self._waiter = waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
         first = events.popleft()
         flush_at = asyncio.get_running_loop().time() + flush_s if flush_s else None
         batch: list[Any] = [first]
