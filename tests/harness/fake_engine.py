@@ -18,6 +18,7 @@ template and the constraint compiler are the real ones (backend.common.chat, llg
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from collections.abc import Sequence
@@ -97,15 +98,20 @@ _UNPLANNED = Plan()
 """Every request no plan names shares this one (a Plan per request made a threading.Event per request)."""
 
 
+@functools.lru_cache(maxsize=256)
+def _positions(text: bytes) -> tuple[tuple[int, bytes], ...]:
+    """Each position's token and piece, made once per text: per token the fake engine does no more than a
+    model's host would (bench.service_ceiling counts its work as the service's)."""
+    return tuple((BYTE_BASE + b, bytes([b])) for b in text)
+
+
 class FakeSequence:
     def __init__(self, request: GenerationRequest, sink: EventSink, plan: Plan) -> None:
         self.request = request
         self.sink = sink
         self.plan = plan
         self.output = SequenceOutput(request)
-        # Each position's token and piece, made once: per token the fake engine does no more than a model's
-        # host would (bench.service_ceiling counts its work as the service's).
-        self.tokens = [(BYTE_BASE + b, bytes([b])) for b in plan.output or output_text(request.prompt_token_ids)]
+        self.tokens = _positions(plan.output or output_text(request.prompt_token_ids))
         self.prompt_length = len(request.prompt_token_ids)
         self.paused_since: float | None = None
 
