@@ -252,7 +252,8 @@ class GenerationCall:
                     elif isinstance(batch, ErrorEvent):
                         raise self._failed(batch)
                     else:
-                        for index, events in by_sample(batch, samples.n):
+                        # One sample (nearly every call): its batch as it is, not regrouped per message.
+                        for index, events in ((0, batch),) if samples.n == 1 else by_sample(batch):
                             message = samples.message(index, events)
                             if request_trace is None:
                                 await send(message)

@@ -25,33 +25,34 @@ class Samples:
         self._outputs: dict[int, ChatOutput] = {}
         self._request_id = request_id
         self.n = generation.n
+        self._with_tokens = generation.output.return_tokens
         self._started: set[int] = set()
         self.finishes: dict[int, Finish] = {}
+        self.done = False
+        """Every sample has finished (an attribute, not a property: read after every message)."""
         constraint = generation.constraint
         self._approximated: ConstraintSpec | None = None if constraint is None or constraint.spec.strict else constraint.spec
         self._texts: dict[int, list[str]] = collections.defaultdict(list)
 
-    @property
-    def done(self) -> bool:
-        return len(self.finishes) == self.n
-
     def message(self, index: int, events: list[TokenEvent]) -> pb.GenerateStreamResponse:
         """One sample's events as a message. Raises DEADLINE_EXCEEDED when the caller's deadline ended the sample."""
-        generation = self._generation
-        first = index not in self._started
-        self._started.add(index)
-        message = convert.stream_response(self._request_id, events, generation.output.return_tokens,
-                                          len(generation.prompt_token_ids) if first else 0)
+        if index in self._started:  # every message but a sample's first: nothing more to set than the events
+            message = convert.stream_response(self._request_id, events, self._with_tokens)
+        else:
+            self._started.add(index)
+            generation = self._generation
+            message = convert.stream_response(self._request_id, events, self._with_tokens,
+                                              len(generation.prompt_token_ids))
+            message.truncated_input_tokens = generation.truncated_tokens
         if index:  # 0 is the field's default: nothing to set
             message.index = index
-        if first:
-            message.truncated_input_tokens = generation.truncated_tokens
         if self._chat_output is not None:
             self._outputs.setdefault(index, self._chat_output()).rewrite(message, events)
         finish = events[-1].finish
         if finish is not None:
             self.finishes[index] = finish
-            if finish.reason is FinishReason.TIME_LIMIT and generation.ends_at_deadline:
+            self.done = len(self.finishes) == self.n
+            if finish.reason is FinishReason.TIME_LIMIT and self._generation.ends_at_deadline:
                 # gRPC's contract: a call past the caller's deadline fails. Ending it OK would
                 # race the caller's own timer, so a loaded client could see either outcome.
                 raise deadline_exceeded(self._request_id, events[-1].generated_tokens)
@@ -70,10 +71,8 @@ class Samples:
             message.finish.constraint_message = problem
 
 
-def by_sample(batch: list[TokenEvent], samples: int) -> list[tuple[int, list[TokenEvent]]]:
+def by_sample(batch: list[TokenEvent]) -> list[tuple[int, list[TokenEvent]]]:
     """A batch's events grouped by sample, each sample's in order, the samples in order of first event."""
-    if samples == 1:
-        return [(0, batch)]
     grouped: dict[int, list[TokenEvent]] = {}
     for event in batch:
         grouped.setdefault(event.index, []).append(event)

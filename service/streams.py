@@ -75,6 +75,9 @@ class RequestStream:
                 finally:
                     self._waiter = None
         first = events.popleft()
+        if not events and type(first) is TokenEvent and first.finish is None and not flush_s and not self._paused:
+            if len(first.tokens) >= min_tokens:  # a caller that keeps up: one event, nothing to wait for
+                return [first]
         flush_at = asyncio.get_running_loop().time() + flush_s if flush_s else None
         batch: list[Any] = [first]
         last = first

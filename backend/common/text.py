@@ -22,6 +22,8 @@ class Utf8Stream:
         # "replace" only fires on bytes that can never be valid, not on a split code point.
         if self._pending:
             data = self._pending + data
+        elif data.isascii():  # most tokens: nothing to hold back, and ASCII decodes fastest
+            return data.decode("ascii")
         text, used = codecs.utf_8_decode(data, "replace", False)
         self._pending = data[used:]
         return text

@@ -99,10 +99,13 @@ _UNPLANNED = Plan()
 
 
 @functools.lru_cache(maxsize=256)
-def _positions(text: bytes) -> tuple[tuple[int, bytes], ...]:
-    """Each position's token and piece, made once per text: per token the fake engine does no more than a
-    model's host would (bench.service_ceiling counts its work as the service's)."""
-    return tuple((BYTE_BASE + b, bytes([b])) for b in text)
+def _positions(text: bytes, logprob: float | None) -> tuple[GeneratedToken, ...]:
+    """Each position's token, made once per text: per token the fake engine does no more than a model's host
+    would (bench.service_ceiling counts its work as the service's). Shared: a GeneratedToken is a value."""
+    return tuple(GeneratedToken(BYTE_BASE + b, bytes([b]), logprob) for b in text)
+
+
+_EOS_TOKENS = {logprob: GeneratedToken(EOS, b"", logprob) for logprob in (None, 0.0)}
 
 
 class FakeSequence:
@@ -111,7 +114,8 @@ class FakeSequence:
         self.sink = sink
         self.plan = plan
         self.output = SequenceOutput(request)
-        self.tokens = _positions(plan.output or output_text(request.prompt_token_ids))
+        self.logprob = 0.0 if request.output.return_logprobs else None
+        self.tokens = _positions(plan.output or output_text(request.prompt_token_ids), self.logprob)
         self.prompt_length = len(request.prompt_token_ids)
         self.paused_since: float | None = None
 
@@ -225,9 +229,8 @@ class ScriptedCore:
             return
         output.step = self.steps
         is_eos = plan.eos_after is not None and output.generated + 1 >= plan.eos_after
-        token_id, token_piece = (EOS, b"") if is_eos else seq.tokens[output.generated % len(seq.tokens)]
-        wants_logprobs = seq.request.output.return_logprobs
-        event = output.on_token(GeneratedToken(token_id, token_piece, 0.0 if wants_logprobs else None), is_eos)
+        token = _EOS_TOKENS[seq.logprob] if is_eos else seq.tokens[output.generated % len(seq.tokens)]
+        event = output.on_token(token, is_eos)
         self._outputs.append((seq.sink, event))
         if output.finished:
             self._release(seq)
