@@ -3,9 +3,11 @@
 Prints:
   1. single-stream decode tokens/s through gRPC / the same engine driven in-process (target >= 0.97)
   2. time to first token added by gRPC, median (target <= 5 ms)
-  3. aggregate tokens/s at 1, 2, 4 and 8 concurrent streams through gRPC
-  4. with --llama-server PATH: the same aggregate from llama.cpp's own C++ server on the same GGUF,
-     and our figure divided by it (target >= 1.0 at every concurrency)
+  3. aggregate tokens/s at 1, 2, 4 and 8 concurrent streams through gRPC, start to last token, and
+     its two phases: until the last stream's first token (the prompts), and from then to the end
+     (decode tokens/s: every stream's tokens after its first, over that time)
+  4. with --llama-server PATH: the same from llama.cpp's own C++ server on the same GGUF, and ours
+     divided by it (target >= 1.0 at every concurrency)
   5. time to first token at 1 and 8 concurrent streams (short prompts, each rep unique so neither
      server finds it cached), and with --llama-server, ours divided by llama-server's (target <= 1.0)
 
@@ -22,6 +24,7 @@ import queue
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import grpc
@@ -30,7 +33,7 @@ from backend.common.models import default_model_path
 from backend.config import EngineConfig
 from backend.llamacpp.engine import LlamaCppEngine
 from backend.types import GenerationRequest, SamplingParams, StopParams
-from bench.common import aggregate_rate, greedy_request, timed_stream
+from bench.common import greedy_request, timed_stream
 from bench.llama_server import LlamaServer, start_llama_server
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -66,6 +69,7 @@ def engine_run(engine: LlamaCppEngine, prompt: str, tokens: int) -> tuple[float,
         tuple(engine.tokenize(prompt)),
         SamplingParams(temperature=0.0),
         StopParams(max_new_tokens=tokens, ignore_eos=True),
+        speculation=engine.info.default_speculation,  # as the server fills in for a request that names none
     )
     start = time.perf_counter()
     engine.submit(request, lambda event: events.put((time.perf_counter(), event)))
@@ -78,17 +82,40 @@ def engine_run(engine: LlamaCppEngine, prompt: str, tokens: int) -> tuple[float,
     return stamps[0] - start, (tokens - 1) / (stamps[-1] - stamps[0])
 
 
-def llama_server_aggregate(server: LlamaServer, streams: int, tokens: int) -> float:
-    """The same workload through llama-server's streaming (SSE) completion endpoint."""
+class Phases(NamedTuple):
+    """A burst of concurrent streams, all started together."""
 
-    def one(prompt: str) -> None:
-        received = server.stream(prompt, tokens, cache_prompt=False).tokens
-        assert received >= tokens, received
+    aggregate: float
+    """Tokens/s, start to the last token."""
+    prompts_s: float
+    """Until the last stream's first token."""
+    decode: float
+    """Every stream's tokens after its first, over the time from the last first token to the end."""
 
+
+def burst_phases(first_token_s: Callable[[str], float], streams: int, tokens: int) -> Phases:
+    """`streams` concurrent streams of `tokens` tokens, one per prompt; `first_token_s` runs one to its end
+    and returns its time to first token."""
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        list(pool.map(one, PROMPTS[:streams]))
-    return streams * tokens / (time.perf_counter() - start)
+        prompts_s = max(pool.map(first_token_s, PROMPTS[:streams]))
+    whole = time.perf_counter() - start
+    return Phases(streams * tokens / whole, prompts_s, streams * (tokens - 1) / (whole - prompts_s))
+
+
+def our_first_token_s(stub, tokens: int) -> Callable[[str], float]:
+    return lambda prompt: timed_stream(stub, prompt, tokens)[0]
+
+
+def llama_server_first_token_s(server: LlamaServer, tokens: int) -> Callable[[str], float]:
+    """The same through llama-server's streaming (SSE) completion endpoint."""
+
+    def one(prompt: str) -> float:
+        completion = server.stream(prompt, tokens, cache_prompt=False)
+        assert completion.tokens >= tokens, completion.tokens
+        return completion.ttft_s
+
+    return one
 
 
 def ttft_comparison(stub, reference: LlamaServer | None, reps: int) -> dict[int, tuple[Burst, Burst | None]]:
@@ -123,18 +150,20 @@ def ttft_comparison(stub, reference: LlamaServer | None, reps: int) -> dict[int,
     return results
 
 
-def aggregate_comparison(stub, reference_server, args) -> tuple[dict[int, float], dict[int, float]]:
-    """Median aggregate tokens/s per concurrency, alternating the two servers so noise hits both alike."""
-    ours: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
-    reference: dict[int, list[float]] = {n: [] for n in CONCURRENCY}
+def aggregate_comparison(stub, reference_server, args) -> tuple[dict[int, Phases], dict[int, Phases]]:
+    """Medians of each burst figure per concurrency, alternating the two servers so noise hits both alike."""
+    ours: dict[int, list[Phases]] = {n: [] for n in CONCURRENCY}
+    reference: dict[int, list[Phases]] = {n: [] for n in CONCURRENCY}
     if reference_server is not None:
-        llama_server_aggregate(reference_server, 1, 8)  # warm-up
+        burst_phases(llama_server_first_token_s(reference_server, 8), 1, 8)  # warm-up
     for _ in range(args.reps):
         for n in CONCURRENCY:
-            ours[n].append(aggregate_rate(stub, n, args.tokens, PROMPTS))
+            ours[n].append(burst_phases(our_first_token_s(stub, args.tokens), n, args.tokens))
             if reference_server is not None:
-                reference[n].append(llama_server_aggregate(reference_server, n, args.tokens))
-    median = lambda runs: {n: statistics.median(v) for n, v in runs.items() if v}  # noqa: E731
+                reference[n].append(burst_phases(llama_server_first_token_s(reference_server, args.tokens), n, args.tokens))
+    median = lambda runs: {  # noqa: E731
+        n: Phases(*(statistics.median(column) for column in zip(*bursts))) for n, bursts in runs.items() if bursts
+    }
     return median(ours), median(reference)
 
 
@@ -188,11 +217,15 @@ def main() -> int:
         engine.close()
         stop_server(server)
 
-    print("aggregate tokens/s by concurrent streams:")
-    for n, value in ours.items():
-        line = f"  {n} streams: tokenspout {value:.1f}"
+    print("aggregate tokens/s by concurrent streams (medians: start to last token; prompts until the last first"
+          " token; decode tokens/s after it):")
+    for n, burst in ours.items():
+        line = f"  {n} streams: tokenspout {burst.aggregate:.1f} ({burst.prompts_s * 1000:.0f} ms, {burst.decode:.1f})"
         if reference:
-            line += f", llama-server {reference[n]:.1f}, ratio {value / reference[n]:.2f} (target >= 1.0)"
+            theirs = reference[n]
+            line += (f", llama-server {theirs.aggregate:.1f} ({theirs.prompts_s * 1000:.0f} ms, {theirs.decode:.1f}), "
+                     f"ratio {burst.aggregate / theirs.aggregate:.2f} (target >= 1.0; decode phase "
+                     f"{burst.decode / theirs.decode:.2f})")
         print(line)
     print("time to first token by concurrent streams (median over reps of each burst's median / slowest):")
     for n, (mine, theirs) in ttfts.items():
