@@ -16,14 +16,15 @@ class RangeChecker:
 
     def __init__(self, prefix: str, message: Message, violations: list[FieldViolation]) -> None:
         self._prefix = prefix
-        self._message = message
+        # The set fields, read once: a request sets few of the many a check looks at.
+        self._set = {field.name: value for field, value in message.ListFields()}
         self._violations = violations
         self._values: dict[str, float | int] = {}
 
     def range(self, name: str, low: float, high: float, low_open: bool = False) -> None:
-        if not self._message.HasField(name):
+        if name not in self._set:
             return
-        value = getattr(self._message, name)
+        value = self._set[name]
         in_range = (low < value if low_open else low <= value) and value <= high
         if isinstance(value, float) and not math.isfinite(value) or not in_range:
             bracket = "(" if low_open else "["

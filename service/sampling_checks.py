@@ -13,6 +13,7 @@ from service.limits import Limits
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
+_NO_DRY = DryParams()
 
 
 def sampling_params(s: pb.SamplingParams, info: ModelInfo, limits: Limits, violations: list[FieldViolation]) -> SamplingParams:
@@ -47,8 +48,10 @@ def sampling_params(s: pb.SamplingParams, info: ModelInfo, limits: Limits, viola
         seed = check.integer("seed", 0)
     else:
         seed = 0 if temperature == 0.0 else secrets.randbelow(MAX_SEED + 1)
-    xtc = checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5))
-    mirostat = checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True))
+    # The sub-messages are checked only when set: a request rarely sets them.
+    xtc = checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5)) if s.HasField("xtc") else {}
+    mirostat = (checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True))
+                if s.HasField("mirostat") else None)
     return SamplingParams(
         temperature=temperature,
         top_k=check.integer("top_k", default.top_k),
@@ -65,9 +68,9 @@ def sampling_params(s: pb.SamplingParams, info: ModelInfo, limits: Limits, viola
         skew=check.real("skew", default.skew),
         smoothing_factor=check.real("smoothing_factor", default.smoothing_factor),
         logit_bias=dict(s.logit_bias),
-        dry=_dry(s.dry, info, limits, violations),
+        dry=_dry(s.dry, info, limits, violations) if s.HasField("dry") else _NO_DRY,
         xtc=XtcParams(**xtc),
-        mirostat=MirostatParams(**mirostat) if s.HasField("mirostat") else None,
+        mirostat=MirostatParams(**mirostat) if mirostat is not None else None,
         banned_strings=tuple(s.banned_strings),
         token_healing=s.token_healing,
     )
