@@ -34,8 +34,14 @@ Done = tuple[list[float], list[np.ndarray]]
 """When each prompt was done (seconds from the start), and its last row's logits."""
 
 
+def _emptied(ctx: llama_cpp.llama_context_p) -> None:
+    """Every sequence's cells gone, so each way computes its prompts from nothing."""
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+
+
 def one_by_one(model: GgufModel, ctx: llama_cpp.llama_context_p, batch: Batch, prompts: list[list[int]]) -> Done:
     """Each prompt in llama_decode calls of its own, its rows grouped as its layout says (as tokenspout does)."""
+    _emptied(ctx)
     start = time.perf_counter()
     done: list[float] = []
     logits: list[np.ndarray] = []
@@ -55,6 +61,7 @@ def one_by_one(model: GgufModel, ctx: llama_cpp.llama_context_p, batch: Batch, p
 
 def together(model: GgufModel, ctx: llama_cpp.llama_context_p, batch: Batch, prompts: list[list[int]]) -> Done:
     """Every prompt in one llama_decode, as llama-server batches them."""
+    _emptied(ctx)
     start = time.perf_counter()
     batch.clear()
     last = [batch.add(slot, 0, tokens, [i == len(tokens) - 1 for i in range(len(tokens))])[-1]
@@ -73,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     model = GgufModel(default_model_path())
     ctx = model.new_context(args.prompts, 256, BATCH_TOKENS, args.threads)
-    memory, batch = llama_cpp.llama_get_memory(ctx), Batch(BATCH_TOKENS)
+    batch = Batch(BATCH_TOKENS)
     ways = {"one by one": one_by_one, "together": together}
     done: dict[str, list[list[float]]] = {name: [] for name in ways}
     identical = compared = 0
@@ -86,8 +93,6 @@ def main() -> None:
         lengths = [len(tokens) for tokens in prompts]
         logits = []
         for name in list(ways)[:: 1 if rep % 2 == 0 else -1]:
-            for slot in range(args.prompts):
-                llama_cpp.llama_memory_seq_rm(memory, slot, -1, -1)
             times, rows = ways[name](model, ctx, batch, prompts)
             logits.append(rows)
             if rep >= 0:

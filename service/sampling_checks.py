@@ -13,7 +13,6 @@ from service.limits import Limits
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_SEED = 2**32 - 2  # llama.cpp reserves 2**32 - 1 for "random"
-_NO_DRY = DryParams()
 
 
 def sampling_params(s: pb.SamplingParams, info: ModelInfo, limits: Limits, violations: list[FieldViolation]) -> SamplingParams:
@@ -68,7 +67,7 @@ def sampling_params(s: pb.SamplingParams, info: ModelInfo, limits: Limits, viola
         skew=check.real("skew", default.skew),
         smoothing_factor=check.real("smoothing_factor", default.smoothing_factor),
         logit_bias=dict(s.logit_bias),
-        dry=_dry(s.dry, info, limits, violations) if s.HasField("dry") else _NO_DRY,
+        dry=_dry(s.dry, info, limits, violations) if s.HasField("dry") else default.dry,
         xtc=XtcParams(**xtc),
         mirostat=MirostatParams(**mirostat) if mirostat is not None else None,
         banned_strings=tuple(s.banned_strings),

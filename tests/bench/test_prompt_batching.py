@@ -16,12 +16,8 @@ def test_both_ways_compute_every_prompt_to_the_same_logits(model) -> None:  # ty
     ctx = model.new_context(len(prompts), 128, BATCH_TOKENS, 2)
     batch = Batch(BATCH_TOKENS)
     try:
-        results = []
-        for way in (one_by_one, together):
-            for slot in range(len(prompts)):
-                llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), slot, -1, -1)
-            results.append(way(model, ctx, batch, prompts))
-        (alone_done, alone_logits), (together_done, together_logits) = results
+        alone_done, alone_logits = one_by_one(model, ctx, batch, prompts)
+        together_done, together_logits = together(model, ctx, batch, prompts)
         assert len(alone_done) == len(together_done) == len(prompts)
         assert alone_done == sorted(alone_done) and len(set(together_done)) == 1
         for a, b in zip(alone_logits, together_logits):
