@@ -11,7 +11,7 @@ Prints:
   5. time to first token at 1 and 8 concurrent streams (short prompts, each rep unique so neither
      server finds it cached), and with --llama-server, ours divided by llama-server's (target <= 1.0)
 
-    python -m bench.streaming [--tokens 128] [--reps 5] [--threads 2] [--llama-server PATH]
+    python -m bench.streaming [--tokens 128] [--reps 5] [--threads 2] [--llama-server PATH [--llama-server-args FLAGS]]
 """
 
 from __future__ import annotations
@@ -174,6 +174,9 @@ def main() -> int:
     parser.add_argument("--ttft-reps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=THREADS, help="for both servers")
     parser.add_argument("--llama-server", help="path to llama.cpp's llama-server binary, for the reference")
+    parser.add_argument("--llama-server-args", default="",
+                        help="its extra flags, e.g. bench.speculation.BEST_SPEC (default none: on these prompts it "
+                             "decodes fastest plain, docs/benchmarks.md)")
     args = parser.parse_args()
     model = default_model_path()
     print(f"model {model.name}, {args.threads} threads, {SLOTS} slots, {args.tokens} tokens per stream, {os.cpu_count()} cores")
@@ -205,7 +208,8 @@ def main() -> int:
             )
 
             reference_server = (
-                start_llama_server(args.llama_server, model, CONTEXT, SLOTS, args.threads) if args.llama_server else None
+                start_llama_server(args.llama_server, model, CONTEXT, SLOTS, args.threads, args.llama_server_args.split())
+                if args.llama_server else None
             )
             try:
                 ours, reference = aggregate_comparison(stub, reference_server, args)
