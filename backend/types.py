@@ -102,15 +102,13 @@ class SamplingParams:
 
     def in_effect(self) -> set[str]:
         """The samplers this request turns on, by field name: the ones an engine must honour."""
-        names = {name for name in self.__dataclass_fields__ if getattr(self, name) != getattr(_DEFAULT_SAMPLING, name)}
+        defaults = SamplingParams()
+        names = {name for name in self.__dataclass_fields__ if getattr(self, name) != getattr(defaults, name)}
         if not self.dry_on:
             names.discard("dry")
         if self.xtc.probability == 0.0:
             names.discard("xtc")
         return names - {"seed"}
-
-
-_DEFAULT_SAMPLING = SamplingParams()
 
 
 @dataclass(frozen=True)
