@@ -1,6 +1,7 @@
 """The engine contract: what the service (or any caller) needs from a model backend.
 
-    types      requests, events and what an engine says about its model (neutral: no gRPC)
+    types      requests and what an engine says about its model (neutral: no gRPC)
+    events     what comes back for each sequence: tokens, finish, errors (neutral too)
     engine     the Engine protocol: submit, cancel, pause, resume, stats
     worker     the one thread that owns a model, driving an engine core step by step
     config     the engine's settings, checked when built
@@ -38,6 +39,18 @@ from backend.config import (
     SpeculationSetting,
 )
 from backend.engine import Engine, EngineUnavailable, EventBatcher, EventSink
+from backend.events import (
+    ErrorEvent,
+    ErrorKind,
+    Event,
+    Finish,
+    FinishReason,
+    GeneratedToken,
+    Timings,
+    TokenEvent,
+    TopLogprob,
+    Usage,
+)
 from backend.registry import build_engine
 from backend.types import (
     ALL_REQUEST_FEATURES,
@@ -48,12 +61,6 @@ from backend.types import (
     ChatContext,
     ChatMessage,
     DryParams,
-    ErrorEvent,
-    ErrorKind,
-    Event,
-    Finish,
-    FinishReason,
-    GeneratedToken,
     GenerationRequest,
     MirostatParams,
     ModelInfo,
@@ -63,10 +70,6 @@ from backend.types import (
     SpeculationMode,
     SpeculationParams,
     StopParams,
-    Timings,
-    TokenEvent,
-    TopLogprob,
-    Usage,
     XtcParams,
 )
 from backend.worker import EngineCore, EngineWorker, Output, WorkerEngine

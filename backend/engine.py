@@ -14,7 +14,8 @@ from typing import Protocol
 from backend.common.cache_events import CacheEventHub
 from backend.common.stats import EngineStats
 from backend.constraints import ConstraintCompiler
-from backend.types import ChatContext, ChatMessage, Event, GenerationRequest, ModelInfo
+from backend.events import Event
+from backend.types import ChatContext, ChatMessage, GenerationRequest, ModelInfo
 
 EventSink = Callable[[Event], None]
 """Receives one request's events on the engine thread; must not block."""

@@ -1,7 +1,7 @@
-"""Neutral request and event types shared by every engine and the service.
+"""Neutral request types shared by every engine and the service, and what an engine says about its model.
 
 Nothing here knows about gRPC or about a particular engine: the service turns
-protobuf into these, and an engine turns its own results into events.
+protobuf into these. What comes back, token by token, is in backend.events.
 """
 
 from __future__ import annotations
@@ -13,18 +13,6 @@ from dataclasses import dataclass, field
 
 from backend.constraints import CompiledConstraint
 from backend.tools import ToolCall
-
-
-class FinishReason(enum.Enum):
-    EOS_TOKEN = "eos_token"
-    STOP_SEQUENCE = "stop_sequence"
-    STOP_TOKEN = "stop_token"
-    MAX_TOKENS = "max_tokens"
-    TIME_LIMIT = "time_limit"
-    CONTEXT_LIMIT = "context_limit"
-    CANCELLED = "cancelled"
-    CONSTRAINT_COMPLETE = "constraint_complete"
-
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
 SAMPLE_SEPARATOR = "\u00b7"
@@ -298,104 +286,3 @@ COMMON_SAMPLERS = (
     "frequency_penalty", "penalty_last_n", "seed", "logit_bias", "dry", "xtc", "mirostat",
 )
 """SamplingParams fields every engine honours (GetModelInfo.samplers lists an engine's own)."""
-
-
-@dataclass(frozen=True)
-class TopLogprob:
-    token_id: int
-    piece: bytes
-    logprob: float
-
-
-# The two types built for every token are slotted rather than frozen: a frozen dataclass sets each field
-# through object.__setattr__, which made a TokenEvent cost 1.1 us against 0.24. Treat them as values.
-@dataclass(slots=True)
-class GeneratedToken:
-    token_id: int
-    piece: bytes
-    logprob: float | None = None
-    top_logprobs: tuple[TopLogprob, ...] = ()
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    draft_tokens: int = 0
-    """Proposed tokens checked (speculative decoding)."""
-    accepted_draft_tokens: int = 0
-    """Of those, the ones the model's own sampling agreed with: output that took no step of its own."""
-
-
-@dataclass(frozen=True)
-class Timings:
-    queue_s: float
-    time_to_first_token_s: float
-    prefill_s: float
-    decode_s: float
-    total_s: float
-    constraint_compile_s: float = 0.0
-    constraint_mask_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Finish:
-    reason: FinishReason
-    usage: Usage
-    timings: Timings
-    seed: int
-    stop_sequence: str | None = None
-    stop_token_id: int | None = None
-    constraint_satisfied: bool | None = None
-    """None without a constraint; False when the output was cut short of the grammar's end."""
-
-
-@dataclass(slots=True)
-class TokenEvent:
-    """New output of one sequence from one engine step.
-
-    `text` is complete UTF-8 that can no longer become part of a stop sequence;
-    it may be empty while text is held back. `finish` is set on the last event.
-    """
-
-    tokens: tuple[GeneratedToken, ...]
-    text: str
-    generated_tokens: int
-    finish: Finish | None = None
-    step: int = 0
-    """The engine step that produced it."""
-    mask_s: float = 0.0
-    """Constraint mask time spent on it."""
-    accepted_drafts: int = 0
-    """Of its tokens, the proposed ones that were accepted (speculative decoding)."""
-    index: int = 0
-    """The sample it belongs to (GenerationRequest.sample_index)."""
-    prompt_tokens: tuple[GeneratedToken, ...] = ()
-    """On a sample's first event, with prompt logprobs asked for: the prompt's tokens and their logprobs."""
-
-
-class ErrorKind(enum.Enum):
-    """Why one sequence failed: service.errors turns each kind into the caller's status."""
-
-    ENGINE_FAILURE = "engine_failure"
-    """The engine could not go on with it (a decode or sampling fault)."""
-    CONSTRAINT_FAILED = "constraint_failed"
-    """The caller's constraint could not be enforced any further (llguidance's limits): its input, not a fault."""
-    PAUSED_TOO_LONG = "paused_too_long"
-    """The caller read nothing for max_pause_s, so its sequence was ended to free its place."""
-    SHED = "shed"
-    """It was still waiting when the engine was over capacity, and the least entitled waiting request."""
-    QUEUE_TIMEOUT = "queue_timeout"
-    """It did not start within its queue_timeout_ms."""
-
-
-@dataclass(frozen=True)
-class ErrorEvent:
-    """This one sequence failed; other sequences carry on."""
-
-    message: str
-    kind: ErrorKind = ErrorKind.ENGINE_FAILURE
-
-
-Event = TokenEvent | ErrorEvent

@@ -24,7 +24,8 @@ from typing import Any, Protocol
 from backend.common.cache_events import CacheEventHub
 from backend.common.stats import CancelOrder, EngineStats
 from backend.engine import EventBatcher, EventSink
-from backend.types import Event, GenerationRequest, TokenEvent
+from backend.events import Event, TokenEvent
+from backend.types import GenerationRequest
 
 log = logging.getLogger(__name__)
 

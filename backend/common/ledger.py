@@ -26,7 +26,7 @@ from typing import Unpack
 
 from backend.common.fairness import Held, caller_of
 from backend.common.stats import CallerTally, CancelOrder, EngineCounters, EngineStats, LiveFigures
-from backend.types import ErrorEvent, ErrorKind
+from backend.events import ErrorEvent, ErrorKind
 
 MAX_TRACKED_CALLERS = 256
 """Callers whose totals are kept for GetServerStatus beyond those holding requests now."""

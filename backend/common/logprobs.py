@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from backend.types import GeneratedToken, TopLogprob
+from backend.events import GeneratedToken, TopLogprob
 
 
 def with_logprobs(token: int, logits: np.ndarray, piece: Callable[[int], bytes], top_n: int) -> GeneratedToken:

@@ -11,7 +11,8 @@ import time
 
 from backend.common.text import StopSequenceFilter, Utf8Stream
 from backend.constraints import ConstraintState
-from backend.types import Finish, FinishReason, GeneratedToken, GenerationRequest, Timings, TokenEvent, Usage
+from backend.events import Finish, FinishReason, GeneratedToken, Timings, TokenEvent, Usage
+from backend.types import GenerationRequest
 
 
 class ConstraintFailed(Exception):

@@ -30,10 +30,11 @@ from backend.common.ledger import Ledger
 from backend.common.stats import CancelOrder, EngineStats
 from backend.config import EngineConfig
 from backend.engine import EventSink
+from backend.events import ErrorEvent, FinishReason
 from backend.exllamav2.admission import Admission
 from backend.exllamav2.figures import engine_stats
 from backend.exllamav2.held import HeldJob, JobFactory, hold
-from backend.types import ErrorEvent, FinishReason, GenerationRequest
+from backend.types import GenerationRequest
 from backend.worker import Output
 
 log = logging.getLogger(__name__)

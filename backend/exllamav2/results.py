@@ -28,9 +28,10 @@ import numpy as np
 
 from backend.common.logprobs import with_logprobs
 from backend.common.output import make_finish
+from backend.events import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, Timings, TokenEvent
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.exllamav2.jobs import heals
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GeneratedToken, GenerationRequest, Timings, TokenEvent
+from backend.types import GenerationRequest
 
 
 class JobResults:

@@ -33,6 +33,7 @@ from backend.common.output import ConstraintFailed
 from backend.common.stats import CancelOrder, EngineStats
 from backend.config import EngineConfig
 from backend.engine import EventSink
+from backend.events import ErrorEvent, ErrorKind, Event, FinishReason, TokenEvent
 from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.cache_events import LlamaCppCacheEvents
@@ -47,7 +48,7 @@ from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
 from backend.llamacpp.speculation import Speculator, ThreadTuner
-from backend.types import ErrorEvent, ErrorKind, Event, FinishReason, GenerationRequest, TokenEvent
+from backend.types import GenerationRequest
 from backend.worker import Output
 
 log = logging.getLogger(__name__)

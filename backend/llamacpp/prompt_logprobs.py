@@ -13,9 +13,9 @@ from collections.abc import Sequence as Rows
 import llama_cpp
 
 from backend.common.logprobs import with_logprobs
+from backend.events import GeneratedToken
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sequence import Sequence
-from backend.types import GeneratedToken
 
 
 def wants_prompt_logprobs(seq: Sequence) -> bool:

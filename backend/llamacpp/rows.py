@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import llama_cpp
 
+from backend.events import Event
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.prompt_logprobs import wants_prompt_logprobs
 from backend.llamacpp.sampling import TokenPicker
 from backend.llamacpp.scheduler import Feed
 from backend.llamacpp.sequence import Sequence
 from backend.llamacpp.slots import Slots
-from backend.types import Event
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ import numpy as np
 from backend.common.logprobs import with_logprobs
 from backend.common.output import SequenceOutput
 from backend.constraints import ConstraintState, apply_bitmask
+from backend.events import GeneratedToken
 from backend.llamacpp.model import GgufModel
-from backend.types import COMMON_SAMPLERS, GeneratedToken, OutputParams, SamplingParams
+from backend.types import COMMON_SAMPLERS, OutputParams, SamplingParams
 
 SUPPORTED_SAMPLERS = COMMON_SAMPLERS
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from backend.common.output import SequenceOutput
 from backend.engine import EventSink
+from backend.events import GeneratedToken
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.sampling import Sampler
-from backend.types import SAMPLE_SEPARATOR, GeneratedToken, GenerationRequest
+from backend.types import SAMPLE_SEPARATOR, GenerationRequest
 
 
 class Sequence:

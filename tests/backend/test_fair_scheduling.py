@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, Scheduling, StopParams
+from backend.events import ErrorEvent, ErrorKind, FinishReason
+from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
 from tests.backend.llamacpp.test_engine_core import Recorder, make_core, run_until_idle
 
 PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees grow", "Rivers run"]

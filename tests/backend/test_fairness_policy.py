@@ -14,8 +14,9 @@ import pytest
 from backend.common.fairness import FairnessPolicy, ServiceCounters
 from backend.common.ledger import MAX_TRACKED_CALLERS, CallerTallies, Ledger
 from backend.config import EngineConfig
+from backend.events import ErrorEvent, ErrorKind
 from backend.llamacpp.scheduler import Scheduler
-from backend.types import ErrorEvent, ErrorKind, GenerationRequest, Scheduling
+from backend.types import GenerationRequest, Scheduling
 from service.callers import Callers, parse_weights
 from service.config import load_config
 from service.errors import ServiceError

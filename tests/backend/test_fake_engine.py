@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from backend.config import EngineConfig
-from backend.types import ChatMessage, ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.events import ErrorEvent, ErrorKind, FinishReason
+from backend.types import ChatMessage, GenerationRequest, SamplingParams, StopParams
 from tests.harness.fake_engine import BOS, EOS, IM_START, FakeEngine
 
 

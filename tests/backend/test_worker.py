@@ -8,16 +8,8 @@ import threading
 import time
 
 from backend.common.stats import EngineStats
-from backend.types import (
-    ErrorEvent,
-    FinishReason,
-    GeneratedToken,
-    GenerationRequest,
-    SamplingParams,
-    Scheduling,
-    StopParams,
-    TokenEvent,
-)
+from backend.events import ErrorEvent, FinishReason, GeneratedToken, TokenEvent
+from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
 from backend.worker import EngineWorker
 from tests.harness.exllamav2_fakes import fake_core
 

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from backend.common.stats import CancelOrder
-from backend.types import ErrorEvent, GenerationRequest, SamplingParams, StopParams, TokenEvent
+from backend.events import ErrorEvent, TokenEvent
+from backend.types import GenerationRequest, SamplingParams, StopParams
 from backend.worker import deliver_all
 
 _COMMANDS = frozenset({"add", "cancel", "pause", "resume", "expire", "step", "close"})

@@ -31,18 +31,8 @@ from backend.config import EngineConfig
 from backend.constraints import ConstraintCompiler
 from backend.constraints.tokenizer import build_tokenizer
 from backend.engine import EventSink
-from backend.types import (
-    COMMON_SAMPLERS,
-    CONSTRAINT_KINDS,
-    ChatContext,
-    ChatMessage,
-    ErrorEvent,
-    ErrorKind,
-    FinishReason,
-    GeneratedToken,
-    GenerationRequest,
-    ModelInfo,
-)
+from backend.events import ErrorEvent, ErrorKind, FinishReason, GeneratedToken
+from backend.types import COMMON_SAMPLERS, CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
 from backend.worker import EngineWorker, Output, WorkerEngine
 
 FAKE_MODEL_ID = "fake-bytes"

@@ -23,8 +23,9 @@ import time
 from backend import worker
 from backend.config import EngineConfig
 from backend.engine import Engine, EventSink
+from backend.events import Event, TokenEvent
 from backend.registry import build_engine
-from backend.types import Event, GenerationRequest, TokenEvent
+from backend.types import GenerationRequest
 from service import cli
 from tests.harness.fake_engine import FakeEngine
 

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from backend.types import ErrorEvent, ErrorKind
+from backend.events import ErrorEvent, ErrorKind
 from service.errors import from_engine
 from service.telemetry import Telemetry, from_environment
 from tests.harness.fake_engine import FAKE_MODEL_ID, FakeEngine

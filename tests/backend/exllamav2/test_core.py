@@ -15,6 +15,7 @@ import math
 import grpc
 import pytest
 
+from backend.events import ErrorEvent, FinishReason
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.jobs import budget_problem, job_fields
 from backend.exllamav2.settings import (
@@ -26,8 +27,6 @@ from backend.exllamav2.settings import (
 )
 from backend.types import (
     DryParams,
-    ErrorEvent,
-    FinishReason,
     GenerationRequest,
     MirostatParams,
     ModelInfo,

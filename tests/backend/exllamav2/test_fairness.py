@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 
-from backend.types import ErrorEvent, ErrorKind, GenerationRequest, SamplingParams, Scheduling, StopParams
+from backend.events import ErrorEvent, ErrorKind
+from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
 from tests.harness.core_driver import run_until_idle
 from tests.harness.exllamav2_fakes import fake_core
 

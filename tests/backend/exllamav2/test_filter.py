@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintSpec
+from backend.events import ErrorEvent, FinishReason
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore
-from backend.types import ErrorEvent, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.types import GenerationRequest, SamplingParams, StopParams
 from tests.harness.core_driver import Delivering
 from tests.harness.exllamav2_fakes import FakeGenerators, FakeJobs, eos, streaming
 

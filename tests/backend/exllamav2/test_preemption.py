@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import types
 
+from backend.events import FinishReason, TokenEvent
 from backend.exllamav2.jobs import job_fields, job_input
-from backend.types import FinishReason, GenerationRequest, SamplingParams, Scheduling, StopParams, TokenEvent
+from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
 from tests.harness.core_driver import run_until_idle
 from tests.harness.exllamav2_fakes import EOS, fake_core
 

@@ -7,18 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from backend.events import ErrorEvent, ErrorKind, FinishReason, TokenEvent
 from backend.exllamav2.engine import EXLLAMAV2_REQUEST_FEATURES
-from backend.types import (
-    ErrorEvent,
-    ErrorKind,
-    FinishReason,
-    GenerationRequest,
-    ModelInfo,
-    SamplingParams,
-    Scheduling,
-    StopParams,
-    TokenEvent,
-)
+from backend.types import GenerationRequest, ModelInfo, SamplingParams, Scheduling, StopParams
 from service.validate import RequestValidator
 from tests.harness.exllamav2_fakes import EOS, fake_core
 from tokenspout.v1 import generation_pb2 as pb

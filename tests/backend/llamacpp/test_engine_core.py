@@ -6,10 +6,11 @@ import llama_cpp
 import pytest
 
 from backend.config import EngineConfig
+from backend.events import ErrorEvent, ErrorKind, FinishReason, TokenEvent
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
 from backend.llamacpp.sampling import Sampler
-from backend.types import ErrorEvent, ErrorKind, FinishReason, GenerationRequest, SamplingParams, StopParams, TokenEvent
+from backend.types import GenerationRequest, SamplingParams, StopParams
 from tests.harness.core_driver import Recorder, make_core, request, run_until_idle
 
 

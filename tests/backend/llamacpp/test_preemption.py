@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from backend.types import ErrorEvent, ErrorKind, FinishReason
+from backend.events import ErrorEvent, ErrorKind, FinishReason
 from tests.harness.core_driver import Recorder, make_core, request, run_until_idle, token_ids
 from tests.harness.helpers import SMALL_WINDOW, greedy, rpc_error, stream, text_of
 from tests.harness.servers import start_server, stop_server

@@ -7,9 +7,10 @@ import llama_cpp
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintSpec
+from backend.events import FinishReason
 from backend.llamacpp.layout import TILE_ROWS
 from backend.llamacpp.slots import MIN_REUSE_TOKENS
-from backend.types import ChatMessage, FinishReason, GenerationRequest, SamplingParams, StopParams
+from backend.types import ChatMessage, GenerationRequest, SamplingParams, StopParams
 from tests.harness.core_driver import Recorder, make_core, run_until_idle, token_ids
 from tests.harness.helpers import greedy, stream
 from tokenspout.v1 import generation_pb2 as pb

@@ -159,7 +159,8 @@ def test_the_python_client_streams_samples_and_tokenizes_with_offsets(server):
 def _core_samples(model, core, request_id: str, seeds: tuple[int, ...], **fields):
     import dataclasses
 
-    from backend.types import GenerationRequest, SamplingParams, StopParams, TokenEvent
+    from backend.events import TokenEvent
+    from backend.types import GenerationRequest, SamplingParams, StopParams
     from tests.backend.llamacpp.test_prefix_cache import check_cells
     from tests.harness.core_driver import Recorder
 

@@ -12,22 +12,14 @@ import grpc
 import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintSpec
+from backend.events import FinishReason, TokenEvent
 from backend.llamacpp.sampling import TokenPicker
 from backend.llamacpp.speculation import speculator as speculator_module
 from backend.llamacpp.speculation.costs import DecodeCosts
 from backend.llamacpp.speculation.drafts import AcceptanceRates, DraftState, proposal
 from backend.llamacpp.speculation.planner import Candidate, plan_drafts
 from backend.llamacpp.speculation.proposers import CopyCursor, NgramIndex, PastNgrams
-from backend.types import (
-    ChatMessage,
-    FinishReason,
-    GenerationRequest,
-    SamplingParams,
-    SpeculationMode,
-    SpeculationParams,
-    StopParams,
-    TokenEvent,
-)
+from backend.types import ChatMessage, GenerationRequest, SamplingParams, SpeculationMode, SpeculationParams, StopParams
 from tests.backend.llamacpp.test_prefix_cache import check_cells
 from tests.harness.core_driver import Recorder, make_core
 from tests.harness.helpers import greedy, rpc_error, stream, text_of
