@@ -32,6 +32,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.gpu.ties import TIE_MARGIN  # noqa: E402
+
 PROVIDER_SETTING = "sdpa"
 PAGE = 256  # exllamav2's page: a shared prefix longer than this shares whole pages
 NEW_TOKENS = 32
@@ -41,8 +43,6 @@ PAGED_BATCH = 8  # all five jobs at once
 CHUNK = 256  # prefill chunk, a multiple of the page: the shared prompts take two chunks each
 MIN_ACTIVE_JOBS = 4
 MIN_ATTENTION_BATCH = 2
-# The reference's top-two logit gap under which a parting is FP16 rounding, not a fault (as model_check.py).
-TIE_MARGIN = 0.03
 PASSAGE = " ".join(
     f"Chapter {i}: the printing press let a town print books, pamphlets and news far faster than scribes."
     for i in range(60)

@@ -26,6 +26,7 @@ import types
 import grpc
 import pytest
 
+from bench.gpu import checks, rates
 from tests.harness.servers import ROOT, start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -54,16 +55,15 @@ def load_check_module():
 
 
 def test_the_gpu_checks_pass_against_the_llama_cpp_engine(stub):
-    checks = load_check_module().Checks
-    results = checks(stub, expect_exllamav2=False).run_all()
-    assert [r["check"] for r in results] == list(checks.NAMES)
+    results = checks.Checks(stub, expect_exllamav2=False).run_all()
+    assert [r["check"] for r in results] == list(checks.Checks.NAMES)
     assert [r["check"] for r in results if not r["ok"]] == [], results
     assert [r["check"] for r in results if r["skipped"]] == ["over_budget_is_out_of_range"]  # exllamav2's own
 
 
 def test_the_gpu_checks_fail_an_engine_that_is_not_exllamav2(stub):
     with pytest.raises(AssertionError, match="llama.cpp"):
-        load_check_module().Checks(stub, expect_exllamav2=True).model_info()
+        checks.Checks(stub, expect_exllamav2=True).model_info()
 
 
 class WithTheOldMistakes:
@@ -88,15 +88,15 @@ class WithTheOldMistakes:
 
 
 def test_the_gpu_checks_fail_the_mistakes_they_are_there_to_catch(stub, tmp_path):
-    checks = load_check_module().Checks(WithTheOldMistakes(stub), expect_exllamav2=False)
+    mistaken = checks.Checks(WithTheOldMistakes(stub), expect_exllamav2=False)
     with pytest.raises(AssertionError, match=r"\('eos', 0, 1, 1\)"):  # EOS counted, not delivered
-        checks.token_ids_add_up_at_every_finish()
+        mistaken.token_ids_add_up_at_every_finish()
     with pytest.raises(AssertionError):
-        checks.include_stop_sequence_keeps_it()
+        mistaken.include_stop_sequence_keeps_it()
     forging = start_server(tmp_path, "--special-tokens-in-chat-content")  # chat content's special text as tokens
     try:
         with grpc.insecure_channel(forging.address) as channel:
-            opted_in = load_check_module().Checks(pb_grpc.GenerationServiceStub(channel), expect_exllamav2=False)
+            opted_in = checks.Checks(pb_grpc.GenerationServiceStub(channel), expect_exllamav2=False)
             with pytest.raises(AssertionError, match="special-token text became tokens"):
                 opted_in.chat_content_stays_text()
     finally:
@@ -104,10 +104,9 @@ def test_the_gpu_checks_fail_the_mistakes_they_are_there_to_catch(stub, tmp_path
 
 
 def test_checks_left_without_time_are_reported_as_not_run(stub):
-    check = load_check_module()
     seen = []
-    results = check.Checks(stub, expect_exllamav2=False).run_all(seconds_left=lambda: 1.0, on_result=seen.append)
-    assert seen == results and len(results) == len(check.Checks.NAMES)
+    results = checks.Checks(stub, expect_exllamav2=False).run_all(seconds_left=lambda: 1.0, on_result=seen.append)
+    assert seen == results and len(results) == len(checks.Checks.NAMES)
     assert all(not r["ok"] and r["detail"].startswith("not run") for r in results)
 
 
@@ -177,7 +176,7 @@ def test_the_paged_smoke_self_check_passes_without_torch():
 
 
 def test_decode_rates_count_the_time_every_stream_was_decoding():
-    window_rate = load_check_module().window_rate
+    window_rate = rates.window_rate
     assert window_rate([[(0.0, 1), (1.0, 101)]]) == 100  # one stream: tokens after the first, over their time
     early = [(0.0, 1)] + [(0.01 * i, 1 + i) for i in range(1, 101)]
     late = [(t + 0.1, n) for t, n in early]  # started 10 steps later: only the overlap counts
@@ -194,15 +193,15 @@ def test_the_attention_provider_decides_what_counts_as_paged_and_what_the_baseli
 
     paged = pb.GetModelInfoResponse(engine="exllamav2", limits=pb.Limits(max_batch_size=16))
     unpaged = pb.GetModelInfoResponse(engine="exllamav2 (unpaged: one request at a time)", limits=pb.Limits(max_batch_size=1))
-    assert check.attention_provider(paged) == "unknown"  # not said (or a proto without the field)
+    assert checks.attention_provider(paged) == "unknown"  # not said (or a proto without the field)
     if "attention_provider" in pb.GetModelInfoResponse.DESCRIPTOR.fields_by_name:
-        assert check.attention_provider(pb.GetModelInfoResponse(attention_provider="sdpa")) == "sdpa"
-    assert check.runs_paged(paged, "unknown") and not check.runs_paged(unpaged, "unknown")
-    assert check.runs_paged(unpaged, "sdpa") and not check.runs_paged(paged, "none")
+        assert checks.attention_provider(pb.GetModelInfoResponse(attention_provider="sdpa")) == "sdpa"
+    assert checks.runs_paged(paged, "unknown") and not checks.runs_paged(unpaged, "unknown")
+    assert checks.runs_paged(unpaged, "sdpa") and not checks.runs_paged(paged, "none")
     assert [check.direct_setting(p, True) for p in ("sdpa", "flash-attn", "none", "unknown")] == [
         "sdpa", "flash-attn", "off", "auto"]
     assert check.direct_setting("unknown", False) == "off"
-    table = check.rate_table({"1": 97.0, "16": 900.0}, {"1": 100.0, "16": 1000.0})
+    table = rates.rate_table({"1": 97.0, "16": 900.0}, {"1": 100.0, "16": 1000.0})
     assert table["ratio"] == pytest.approx({"1": 0.97, "16": 0.9}) and table["below_target"] == [16]
 
 
@@ -403,10 +402,9 @@ def test_the_direct_baseline_runs_through_on_a_fake_exllamav2(fake_exl, monkeypa
 
     module = fake_exl()
     monkeypatch.setattr(attention_provider, "import_exllamav2", lambda setting: (module, "sdpa"))
-    check = load_module("check")
-    rates = check.direct_rates(pathlib.Path("/nonexistent"), "sdpa", [[0, 5, 6]] * 16, tokens=24, reps=1)
-    assert rates["provider"] == "sdpa" and rates["paged"] and set(rates["tok_s"]) == {"1", "4", "16"}
-    assert rates["tok_s"]["16"] > 2 * rates["tok_s"]["1"] > 0  # sixteen decode in the time of one
+    measured = rates.direct_rates(pathlib.Path("/nonexistent"), "sdpa", [[0, 5, 6]] * 16, tokens=24, reps=1)
+    assert measured["provider"] == "sdpa" and measured["paged"] and set(measured["tok_s"]) == {"1", "4", "16"}
+    assert measured["tok_s"]["16"] > 2 * measured["tok_s"]["1"] > 0  # sixteen decode in the time of one
 
 
 def run_gpu_check(tmp_path, **env) -> tuple[int, str, dict[str, list[str]]]:
