@@ -1,5 +1,6 @@
 """bench.service_ceiling kept honest: its baseline streams the messages tokenspout streams (the same fields set,
-the same batching), and one measuring run of each side reports coherent figures (seconds, a fast pace)."""
+the same batching), and one measuring run of each side reports coherent figures (seconds, a fast pace), as
+bench.first_message's calls do against the same two servers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pathlib
 
 import grpc
 
+from bench import first_message
 from bench.common import greedy_request
 from bench.service_ceiling import measure, report, start_minimal
 from tests.harness.servers import start_server, stop_server
@@ -51,6 +53,13 @@ def test_the_minimal_server_streams_what_tokenspout_streams_and_a_run_reports_co
             # /proc counts CPU in 10 ms ticks: a short run of the minimal server may show none.
             assert 0 < run["whole_of_ideal"] <= 1.05 and run["server_cpu_s"] >= 0 and run["client_cpu_s"] > 0
         assert report(4, runs).startswith("| 4 | ")
+
+        channels = [grpc.insecure_channel(tokenspout.address), grpc.insecure_channel(minimal_address)]
+        latencies = first_message.measure(dict(zip(first_message.SIDES, map(pb_grpc.GenerationServiceStub, channels))), 4)
+        assert all(len(values) == 4 and all(0 < s < 5 for s in values) for values in latencies.values())
+        assert "added by the service" in first_message.summary(latencies)
+        for channel in channels:
+            channel.close()
     finally:
         stop_server(tokenspout)
         minimal.terminate()
