@@ -50,7 +50,6 @@ SAMPLER_SETTINGS = {
 }
 
 
-
 class Skipped(Exception):
     """A check that does not apply to the engine being checked."""
 
