@@ -69,6 +69,7 @@ SERVER_START_S = 180
 GRPC_RATES_S = 20  # the gRPC rates are not started with less left (they take ~10 s on the H200)
 DIRECT_RATES_S = 25  # nor the direct baseline (a child: torch and exllamav2 imports, the load, ~15 s)
 
+
 def direct_setting(provider: str, paged: bool) -> str:
     """The exllamav2.attention setting that gives the direct baseline the server's provider."""
     return {"sdpa": "sdpa", "flash-attn": "flash-attn", "none": "off"}.get(provider, "auto" if paged else "off")
