@@ -68,10 +68,13 @@ def test_four_samples_compute_the_prompt_once_and_each_is_its_own(stub):
     assert computed_by_usage == computed_by_engine == length
     assert computed_by_engine / (4 * length) <= 0.3
     outputs = [tuple(ids(samples[i])) for i in range(4)]
-    assert len(set(outputs)) == 4, "different seeds gave the same sample"
-    # The same seed alone reproduces a sample.
-    alone = by_sample(stub.GenerateStream(sampled(prompt, 1, seed=1002), timeout=120))
-    assert tuple(ids(alone[0])) == outputs[2]
+    # Each sample is its own seed's: that seed alone reproduces it. Two samples may still agree by chance
+    # (12 tokens at temperature 1 where the model is sure of them), so distinctness asks only that the
+    # seeds made a difference at all.
+    for index, output in enumerate(outputs):
+        alone = by_sample(stub.GenerateStream(sampled(prompt, 1, seed=1000 + index), timeout=120))
+        assert tuple(ids(alone[0])) == output, f"seed {1000 + index} alone gave another sample"
+    assert len(set(outputs)) > 1, "four seeds gave one sample"
     again = by_sample(stub.GenerateStream(sampled(prompt, 4, seed=1000), timeout=120))
     assert [tuple(ids(again[i])) for i in range(4)] == outputs
 
