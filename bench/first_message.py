@@ -1,7 +1,7 @@
 """What the service adds to one call's first message: tokenspout on the fake engine against
 bench.minimal_server (the same step loop behind a bare grpc.aio server), one call at a time from the
-same synchronous Python client, each call going to each server in turn (which goes first alternates),
-in one run.
+same synchronous Python client (bench.first_token's call: 8 tokens, timed to the first), each call
+going to each server in turn (which goes first alternates), in one run.
 
 Both engines are paced at a short `--step-s`, so a call waits for the next step alike on both; the
 difference between the medians is the service's own share of a first token's latency (checks,
@@ -17,11 +17,10 @@ import argparse
 import pathlib
 import statistics
 import tempfile
-import time
 
 import grpc
 
-from bench.common import greedy_request
+from bench.first_token import first_token_s
 from bench.service_ceiling import start_minimal
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -29,27 +28,16 @@ from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 SIDES = ("tokenspout", "minimal")
 
 
-def first_message_s(stub: pb_grpc.GenerationServiceStub, index: int) -> float:
-    """Seconds from sending one 2-token call to its first message (the call is then read to its end)."""
-    start = time.perf_counter()
-    messages = stub.GenerateStream(greedy_request(f"Hello there {index}", 2), timeout=30)
-    next(messages)
-    first = time.perf_counter() - start
-    for _ in messages:
-        pass
-    return first
-
-
 def measure(stubs: dict[str, pb_grpc.GenerationServiceStub], calls: int) -> dict[str, list[float]]:
     """Each side's first-message latencies, `calls` of them, the sides taking turns."""
     for stub in stubs.values():  # warm: channels, the first calls' paths
         for index in range(20):
-            first_message_s(stub, index)
+            first_token_s(stub, f"Hello there {index}")
     latencies: dict[str, list[float]] = {side: [] for side in stubs}
     for index in range(calls):
         order = list(stubs) if index % 2 == 0 else list(stubs)[::-1]
         for side in order:
-            latencies[side].append(first_message_s(stubs[side], index))
+            latencies[side].append(first_token_s(stubs[side], f"Hello there {index}"))
     return latencies
 
 
