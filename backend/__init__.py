@@ -23,6 +23,7 @@ from backend.common.cache_events import (
     CacheEventHub,
 )
 from backend.common.chat import ChatTemplateError
+from backend.common.core import Output
 from backend.common.models import ModelError, default_model_path
 from backend.common.stats import CallerTally, EngineStats
 from backend.common.tokens import common_prefix
@@ -38,11 +39,13 @@ from backend.config import (
     SchedulingPolicy,
     SpeculationSetting,
 )
-from backend.engine import Engine, EngineUnavailable, EventBatcher, EventSink
+from backend.engine import Engine, EngineGone, EngineUnavailable, Vocabulary
 from backend.events import (
     ErrorEvent,
     ErrorKind,
     Event,
+    EventBatcher,
+    EventSink,
     Finish,
     FinishReason,
     GeneratedToken,
@@ -72,7 +75,7 @@ from backend.types import (
     StopParams,
     XtcParams,
 )
-from backend.worker import EngineCore, EngineWorker, Output, WorkerEngine
+from backend.worker import EngineCore, EngineWorker, WorkerEngine
 
 __all__ = [
     "ALL_REQUEST_FEATURES",
@@ -98,6 +101,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineCore",
+    "EngineGone",
     "EngineKind",
     "EngineStats",
     "EngineUnavailable",
@@ -132,6 +136,7 @@ __all__ = [
     "TokenEvent",
     "TopLogprob",
     "Usage",
+    "Vocabulary",
     "WorkerEngine",
     "XtcParams",
 ]

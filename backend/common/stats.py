@@ -57,6 +57,12 @@ class EngineStats:
     """Proposed tokens checked (speculative decoding) ..."""
     accepted_draft_tokens_total: int = 0
     """... and the ones accepted: output that took no step of its own."""
+    shed_total: int = 0
+    """Waiting requests that gave their place to a more entitled one (backend.common.fairness)."""
+    refused_total: int = 0
+    """Requests refused at the door (backend.common.door) ..."""
+    refused_callers: tuple[tuple[str, int], ...] = ()
+    """... and per caller (fairness key)."""
     callers: tuple[CallerTally, ...] = ()
     """Per caller (fairness key): running, queued and preempted now, and totals (backend.common.fairness)."""
 
@@ -105,6 +111,7 @@ class EngineCounters:
     retiled_tokens_total: int = 0
     draft_tokens_total: int = 0
     accepted_draft_tokens_total: int = 0
+    shed_total: int = 0
 
     def started(self, prompt_tokens: int) -> None:
         self.started_total += 1

@@ -62,7 +62,7 @@ def test_a_held_sequence_keeps_its_slot_until_released_or_cancelled(engine):
     waiting = submit(engine, "other", max_new_tokens=3)
     assert until_the_end(waiting)[-1].finish.reason is FinishReason.MAX_TOKENS  # the second slot is free
     assert events.empty() and engine.stats.running_sequences == 1
-    engine.release(held)
+    engine.let_go(held)
     assert until_the_end(events)[-1].generated_tokens == 8
     engine.plan("held-", hold_after=1)
     events = submit(engine, "held-2")
@@ -77,7 +77,7 @@ def test_a_paused_sequence_takes_no_step_until_resumed(engine):
     events = submit(engine, "slow-1")
     events.get(timeout=10)
     engine.pause("slow-1")
-    engine.release(held)  # released, but paused: still nothing
+    engine.let_go(held)  # released, but paused: still nothing
     assert until_the_end(submit(engine, "meanwhile", max_new_tokens=2))[-1].finish is not None
     assert events.empty() and engine.stats.paused_sequences == 1
     engine.resume("slow-1")

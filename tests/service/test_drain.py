@@ -160,7 +160,7 @@ def test_the_drain_moves_on_as_soon_as_the_last_stream_ends():
             drained = server.drain()
             wait_for(lambda: server.on_loop(lambda: lifecycle.phase) is Phase.DRAINING, what="the drain to start")
             assert not drained.done()  # it waits for the running stream
-            server.engine.release(held)
+            server.engine.let_go(held)
             rest = list(call)
         assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 50
         drained.result(timeout=60)
