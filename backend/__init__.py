@@ -21,6 +21,7 @@ from backend.common.cache_events import (
     CacheEvent,
     CacheEventBatch,
     CacheEventHub,
+    CacheWatching,
 )
 from backend.common.chat import ChatTemplateError
 from backend.common.core import Output
@@ -54,7 +55,9 @@ from backend.events import (
     TopLogprob,
     Usage,
 )
-from backend.registry import build_engine
+from backend.process.host import EngineHost
+from backend.process.remote import RemoteEngine
+from backend.registry import MODEL_RECIPE, EngineRecipe, build_engine
 from backend.types import (
     ALL_REQUEST_FEATURES,
     COMMON_SAMPLERS,
@@ -88,6 +91,7 @@ __all__ = [
     "CacheEventBatch",
     "CacheEventHub",
     "CacheType",
+    "CacheWatching",
     "CallerTally",
     "ChatContext",
     "ChatMessage",
@@ -102,7 +106,9 @@ __all__ = [
     "EngineConfig",
     "EngineCore",
     "EngineGone",
+    "EngineHost",
     "EngineKind",
+    "EngineRecipe",
     "EngineStats",
     "EngineUnavailable",
     "EngineWorker",
@@ -120,10 +126,12 @@ __all__ = [
     "LlamaCppSettings",
     "MAX_DRAFT_TOKENS",
     "MirostatParams",
+    "MODEL_RECIPE",
     "ModelError",
     "ModelInfo",
     "Output",
     "OutputParams",
+    "RemoteEngine",
     "SAMPLE_SEPARATOR",
     "SamplingParams",
     "Scheduling",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from backend.common.cache_events import CacheEventHub
+from backend.common.cache_events import CacheWatching
 from backend.common.stats import EngineStats
 from backend.constraints import CompileReport, ConstraintSpec
 from backend.events import EventSink
@@ -55,8 +55,11 @@ class Vocabulary(Protocol):
 
 class Engine(Vocabulary, Protocol):
     info: ModelInfo
-    cache_events: CacheEventHub | None
-    """Its KV-cache events (see backend.common.cache_events), when the cache_events setting is on."""
+
+    @property
+    def cache_events(self) -> CacheWatching | None:
+        """Its KV-cache events (see backend.common.cache_events), when the cache_events setting is on."""
+        ...
 
     async def compile(self, spec: ConstraintSpec) -> CompileReport:
         """Compiles a constraint against the engine's own vocabulary, where the engine keeps it for the requests that

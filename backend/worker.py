@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from backend.common.cache_events import CacheEventHub
@@ -39,7 +39,7 @@ from backend.constraints import (
     ConstraintSpec,
 )
 from backend.events import ErrorEvent, ErrorKind, Event, EventBatcher, EventSink
-from backend.types import GenerationRequest, ModelInfo
+from backend.types import ChatContext, ChatMessage, GenerationRequest, ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -274,3 +274,20 @@ class WorkerEngine:
         """Stops the engine thread (ending every request) and the compile lanes."""
         self._worker.close()
         self.compiles.close()
+
+    # The vocabulary (backend.engine.Vocabulary) and the model are each engine's own.
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        raise NotImplementedError
+
+    def token_piece(self, token_id: int) -> bytes:
+        raise NotImplementedError
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
+    ) -> list[int]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError

@@ -76,6 +76,14 @@ class LogLevel(enum.StrEnum):
 class ServeConfig:
     listen: str = "127.0.0.1:50051"
     engine: EngineConfig = field(default_factory=EngineConfig)
+    engine_process: bool = True
+    """Run the engine in a process of its own, supervised, beside the gRPC front ends (false: in the server's
+    process, as one front end with it)."""
+    front_ends: int = 1
+    """gRPC front-end processes, all on `listen` (SO_REUSEPORT spreads connections, not calls), one engine."""
+    max_engine_restarts: int = 5
+    """Times in a row the engine process is started again after dying before the server gives up and exits
+    (a run of an hour without dying starts the count again)."""
     caller_weights: tuple[CallerWeight, ...] = ()
     """`name=weight` per fairness key (comma-separated, or a TOML list): its share relative to others (default 1)."""
     priority_callers: tuple[str, ...] = (ANY_CALLER,)
@@ -128,6 +136,9 @@ class ServeConfig:
             (self.stream_buffer_events < 2, "stream_buffer_events must be at least 2"),
             (self.caller_metric_labels < 0, "caller_metric_labels must not be negative"),
             (self.grace_period_s < 0, "grace_period_s must not be negative"),
+            (not 1 <= self.front_ends <= 64, "front_ends must be 1 to 64"),
+            (self.front_ends > 1 and not self.engine_process, "front_ends above 1 needs engine_process = true"),
+            (self.max_engine_restarts < 0, "max_engine_restarts must not be negative"),
             (self.max_input_bytes < 1 or self.compile_timeout_s <= 0,
              "max_input_bytes and compile_timeout_s must be positive"),
             (not 0 <= self.prometheus_port <= 65535, "prometheus_port must be 0 to 65535"),

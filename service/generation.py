@@ -98,13 +98,12 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return response
 
     async def GetServerStatus(self, request: pb.GetServerStatusRequest, context: Context) -> pb.GetServerStatusResponse:
-        stats = self._engine.stats
-        hub = self._engine.cache_events
+        stats = await self._engine.current_stats()
         return convert.server_status(
             stats, self._engine.info, max_queued_requests=self._config.engine.max_queued_requests,
             rejected_total=stats.refused_total + stats.shed_total, draining=self._lifecycle.phase is Phase.DRAINING,
             callers=self._calls.caller_statuses(stats),
-            cache_events_sequence=hub.last_sequence if hub is not None else 0,
+            cache_events_sequence=stats.cache_events_sequence,
         )
 
     async def WatchCacheEvents(

@@ -63,6 +63,10 @@ class EngineStats:
     """Requests refused at the door (backend.common.door) ..."""
     refused_callers: tuple[tuple[str, int], ...] = ()
     """... and per caller (fairness key)."""
+    cache_events_sequence: int = 0
+    """The last KV-cache event batch published (backend.common.cache_events), with cache_events on."""
+    engine_restarts: int = 0
+    """Times the engine's process was started again after it died (its totals count from its latest start)."""
     callers: tuple[CallerTally, ...] = ()
     """Per caller (fairness key): running, queued and preempted now, and totals (backend.common.fairness)."""
 
@@ -84,6 +88,7 @@ class LiveFigures(TypedDict, total=False):
     prefix_cache_entries: int
     prefix_cache_tokens: int
     preempted_sequences: int
+    cache_events_sequence: int
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,7 @@ class LlamaCppCore(CoreBase[Sequence]):
             self.scheduler.running.values(), self.scheduler.waiting, self.scheduler.preempted.values(),
             steps=self.steps, cache_tokens_total=self._cache_tokens_total, prefix_cache_entries=len(self.slots.prefixes),
             prefix_cache_tokens=self.slots.prefixes.tokens_held, **self.scheduler.occupancy(),
+            cache_events_sequence=self.cache_events.hub.last_sequence if self.cache_events is not None else 0,
         )
 
     def close(self) -> None:

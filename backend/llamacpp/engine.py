@@ -57,7 +57,7 @@ class LlamaCppEngine(WorkerEngine):
         return self.model.tokenize(text, add_special=add_special)
 
     def token_piece(self, token_id: int) -> bytes:
-        return self.model.pieces[token_id]
+        return self.model.token_piece(token_id)
 
     def render_chat(
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,

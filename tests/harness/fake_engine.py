@@ -98,6 +98,15 @@ def _positions(text: bytes, logprob: float | None) -> tuple[GeneratedToken, ...]
 _EOS_TOKENS = {logprob: GeneratedToken(EOS, b"", logprob) for logprob in (None, 0.0)}
 
 
+def _hold_the_gil_for(seconds: float) -> None:
+    """Pure Python for `seconds` of this thread's CPU time: the GIL held all along, but for the interpreter's own
+    switches (another thread asking for it gets it every 5 ms), as a Python engine launching kernels holds it."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        for _ in range(200):
+            pass
+
+
 class FakeSequence:
     def __init__(self, request: GenerationRequest, sink: EventSink, plan: Plan, constraint: CompiledConstraint | None) -> None:
         self.request = request
@@ -125,12 +134,13 @@ class FakeSequence:
 class ScriptedCore(CoreBase[FakeSequence]):
     """An EngineCore (backend.worker) that steps every running sequence by one scripted token."""
 
-    def __init__(self, config: EngineConfig, plans: dict[str, Plan], step_s: float = 0.0) -> None:
+    def __init__(self, config: EngineConfig, plans: dict[str, Plan], step_s: float = 0.0, step_cpu_s: float = 0.0) -> None:
         super().__init__(EngineStats(cache_tokens_total=config.context_length * config.max_batch_size))
         self.context_length = config.context_length
         self.max_batch_size = config.max_batch_size
         self.max_pause_s = config.llamacpp.max_pause_s
         self.step_s = step_s
+        self.step_cpu_s = step_cpu_s
         self._paced_until = 0.0
         """When the step in progress is due to end, on a paced engine (see _pace)."""
         self._plans = plans
@@ -178,7 +188,10 @@ class ScriptedCore(CoreBase[FakeSequence]):
 
     def step(self) -> None:
         self._check_alive()
-        if self.step_s:
+        if self.step_cpu_s:
+            _hold_the_gil_for(self.step_cpu_s)
+            time.sleep(self.step_s)  # then the kernels' wait, after it (a step takes both, one after the other)
+        elif self.step_s:
             self._pace()
         self.steps += 1
         self._expire()
@@ -269,12 +282,38 @@ class ScriptedCore(CoreBase[FakeSequence]):
         )
 
 
+class FakeVocabulary:
+    """The fake model's vocabulary (backend.engine.Vocabulary): bytes, and the real chat template code over them."""
+
+    def __init__(self) -> None:
+        self._chat = ChatTemplate(CHAT_TEMPLATE, "<s>", "</s>")
+        self._specials = SpecialTokens((text.decode(), token) for token, text in SPECIALS.items())
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return [BOS, *encode(text.encode())] if add_special else encode(text.encode())
+
+    def token_piece(self, token_id: int) -> bytes:
+        return piece(token_id)
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
+    ) -> list[int]:
+        plain = lambda text: encode(text.encode())  # noqa: E731
+        if special_tokens_in_content:  # every special token's text is that token, the callers' too
+            chat = RenderedChat(self._chat.render(messages, add_generation_prompt, context), content_spans=())
+            return tokenize_chat(chat, messages, self._specials, plain)
+        return tokenize_chat(self._chat.render_marked(messages, add_generation_prompt, context), messages, self._specials, plain)
+
+
 class FakeEngine(WorkerEngine):
     """The Engine protocol over a ScriptedCore on a real EngineWorker thread."""
 
-    def __init__(self, config: EngineConfig = EngineConfig(), step_s: float = 0.0) -> None:
+    def __init__(self, config: EngineConfig = EngineConfig(), step_s: float = 0.0, step_cpu_s: float = 0.0) -> None:
+        """`step_s`: seconds each step waits with the GIL released (a kernel's wait); `step_cpu_s`: seconds of pure
+        Python before it, holding the GIL (as exllamav2's own Python does launching a step's kernels)."""
         self._plans: dict[str, Plan] = {}
-        self.core = ScriptedCore(config, self._plans, step_s)
+        self.core = ScriptedCore(config, self._plans, step_s, step_cpu_s)
         self.info = ModelInfo(
             model_id=config.model_id or FAKE_MODEL_ID,
             engine="fake",
@@ -289,8 +328,7 @@ class FakeEngine(WorkerEngine):
         )
         pieces = [SPECIALS.get(t) or piece(t) for t in range(VOCAB_SIZE)]
         tokenizer = build_tokenizer(pieces, list(SPECIALS), EOS_TOKEN_IDS, BOS, encode)
-        self._chat = ChatTemplate(CHAT_TEMPLATE, "<s>", "</s>")
-        self._specials = SpecialTokens((text.decode(), token) for token, text in SPECIALS.items())
+        self.vocabulary = FakeVocabulary()
         self._serve(self.core, ConstraintCompiler(tokenizer, limits=config.constraint), config, name="fake-engine")
 
     # -- the script ------------------------------------------------------------
@@ -326,7 +364,7 @@ class FakeEngine(WorkerEngine):
     # -- the vocabulary --------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return [BOS, *encode(text.encode())] if add_special else encode(text.encode())
+        return self.vocabulary.tokenize(text, add_special)
 
     def token_piece(self, token_id: int) -> bytes:
         return piece(token_id)
@@ -335,11 +373,7 @@ class FakeEngine(WorkerEngine):
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
         context: ChatContext = ChatContext(),
     ) -> list[int]:
-        plain = lambda text: encode(text.encode())  # noqa: E731
-        if special_tokens_in_content:  # every special token's text is that token, the callers' too
-            chat = RenderedChat(self._chat.render(messages, add_generation_prompt, context), content_spans=())
-            return tokenize_chat(chat, messages, self._specials, plain)
-        return tokenize_chat(self._chat.render_marked(messages, add_generation_prompt, context), messages, self._specials, plain)
+        return self.vocabulary.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
         self._stop()

@@ -104,9 +104,9 @@ def test_streams_still_running_at_the_grace_end_get_unavailable(tmp_path):
     assert "Traceback" not in log and "CancelledError" not in log, log
 
 
-def test_a_dead_engine_thread_flips_health_and_the_process_exits_non_zero(tmp_path):
+def test_a_dead_engine_thread_in_the_servers_process_flips_health_and_the_process_exits_non_zero(tmp_path):
     # One slot: the second request waits in the queue when the engine dies.
-    server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512",
+    server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512", "--engine-process", "false",
                           faults=("--kill-engine-after-steps", "20", *MODEL_PACE), fake_engine=True)
     try:
         assert health_of(server.address) == SERVING
