@@ -293,6 +293,8 @@ class EngineHost:
                 push.setsockopt(zmq.SNDHWM, 0)  # a step's events are never dropped (backpressure is the streams')
                 push.setsockopt(zmq.LINGER, 0)
                 push.connect(what.address)
+                stats_due = 0.0  # a new front end gets the figures at once: after its Welcome, queued next
+                continue
             elif kind == "forget":
                 if (push := pushes.pop(what, None)) is not None:
                     push.close()

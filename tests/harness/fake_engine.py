@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from backend.common.chat import ChatTemplate, RenderedChat, SpecialTokens, tokenize_chat
 from backend.common.core import CoreBase
-from backend.common.output import SequenceOutput
+from backend.common.output import ConstraintFailed, SequenceOutput
 from backend.common.stats import EngineStats
 from backend.config import EngineConfig
 from backend.constraints import CompiledConstraint, ConstraintCompiler
@@ -220,7 +220,11 @@ class ScriptedCore(CoreBase[FakeSequence]):
         output.step = self.steps
         is_eos = plan.eos_after is not None and output.generated + 1 >= plan.eos_after
         token = _EOS_TOKENS[seq.logprob] if is_eos else seq.tokens[output.generated % len(seq.tokens)]
-        event = output.on_token(token, is_eos)
+        try:
+            event = output.on_token(token, is_eos)
+        except ConstraintFailed as exc:  # its script is not the grammar's: the stream ends as a real core ends it
+            self._fail(seq, str(exc), ErrorKind.CONSTRAINT_FAILED)
+            return
         if event.tokens:
             self.ledger.generated(seq, len(event.tokens))
         self._emit(seq.sink, event)

@@ -204,3 +204,30 @@ def test_one_callers_flood_through_two_front_ends_is_one_caller_at_the_door(tmp_
         for channel in channels:
             channel.close()
         assert stop_server(server) == 0, server.log()
+
+
+def test_a_front_end_started_again_finds_the_constraints_the_engine_compiled(tmp_path):
+    server = start_server(tmp_path, "--context-length", "512", fake_engine=True)
+    constraint = pb.Constraint(json_schema='{"type": "object", "properties": {"n": {"type": "integer"}}}')
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            first = pb_grpc.GenerationServiceStub(channel).CompileConstraint(
+                pb.CompileConstraintRequest(constraint=constraint), timeout=30)
+        assert not first.cached
+        (old,) = front_end_pids(server, 1).values()
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: re.search(r"front end 0 \(pid (?!%d\b)\d+\) connected" % old, server.log()), 60, "a new front end")
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            again = wait_for(lambda: _compiled(stub, constraint), 60, "the new front end serving")
+        assert again.cached and again.compile_ms == 0
+    finally:
+        assert stop_server(server) == 0, server.log()
+
+
+def _compiled(stub, constraint: pb.Constraint) -> pb.CompileConstraintResponse | None:
+    try:
+        return stub.CompileConstraint(pb.CompileConstraintRequest(constraint=constraint), timeout=30)
+    except grpc.RpcError as error:  # the port is closed until the new front end listens
+        assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+        return None
