@@ -55,6 +55,7 @@ from backend.events import (
     TopLogprob,
     Usage,
 )
+from backend.local_engine import WorkerEngine
 from backend.process.host import EngineHost
 from backend.process.remote import RemoteEngine
 from backend.registry import MODEL_RECIPE, EngineRecipe, build_engine
@@ -78,7 +79,7 @@ from backend.types import (
     StopParams,
     XtcParams,
 )
-from backend.worker import EngineCore, EngineWorker, WorkerEngine
+from backend.worker import EngineCore, EngineWorker
 
 __all__ = [
     "ALL_REQUEST_FEATURES",

@@ -4,7 +4,7 @@ Every engine is job-based and owns its model from exactly one worker thread:
 `submit` and `cancel` are commands into that thread, and each request's events
 come back through the `EventSink` it was submitted with. The service never
 touches model objects itself. An engine runs in the service's process
-(backend.worker.WorkerEngine), or in a process of its own that the service
+(backend.local_engine.WorkerEngine), or in a process of its own that the service
 reaches through backend.process (RemoteEngine, the same contract); the
 `Vocabulary` part is then the service's own, loaded from the model's files.
 """

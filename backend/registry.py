@@ -13,8 +13,8 @@ from backend.common.models import DEFAULT_MODEL_ID, resolve_model_path
 from backend.config import EngineConfig, EngineKind
 from backend.engine import Vocabulary
 from backend.exllamav2.model_files import find_model_dir
+from backend.local_engine import WorkerEngine
 from backend.types import ModelInfo
-from backend.worker import WorkerEngine
 
 
 class EngineRecipe(Protocol):

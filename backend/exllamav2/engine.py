@@ -36,9 +36,9 @@ from backend.exllamav2.settings import (
     token_bias_values,
 )
 from backend.exllamav2.sizes import PAGE_SIZE, generator_fields, generator_sizes, speculation
+from backend.local_engine import WorkerEngine
 from backend.tools import detect_format, detect_reasoning
 from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
-from backend.worker import WorkerEngine
 
 log = logging.getLogger(__name__)
 

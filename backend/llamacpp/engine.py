@@ -11,6 +11,7 @@ from backend.llamacpp.cache_events import BLOCK_SIZE
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
+from backend.local_engine import WorkerEngine
 from backend.tools import ReasoningFormat, ToolFormat, detect_format, detect_reasoning
 from backend.types import (
     ALL_REQUEST_FEATURES,
@@ -21,7 +22,6 @@ from backend.types import (
     SpeculationMode,
     SpeculationParams,
 )
-from backend.worker import WorkerEngine
 
 
 class LlamaCppEngine(WorkerEngine):

@@ -33,9 +33,9 @@ from backend.common.cache_events import CacheEventBatch
 from backend.common.stats import EngineStats
 from backend.constraints import CompiledConstraint, ConstraintError, TooManyCompiles
 from backend.events import Event, EventSink
+from backend.local_engine import WorkerEngine
 from backend.process import protocol as wire
 from backend.types import GenerationRequest
-from backend.worker import WorkerEngine
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from backend.config import EngineConfig
 from backend.constraints import CompiledConstraint, ConstraintCompiler
 from backend.constraints.tokenizer import build_tokenizer
 from backend.events import ErrorEvent, ErrorKind, EventSink, FinishReason, GeneratedToken
+from backend.local_engine import WorkerEngine
 from backend.types import COMMON_SAMPLERS, CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
-from backend.worker import WorkerEngine
 
 FAKE_MODEL_ID = "fake-bytes"
 BOS, EOS, IM_START, IM_END = 0, 1, 2, 3

@@ -26,9 +26,9 @@ from backend import worker
 from backend.config import EngineConfig
 from backend.engine import Engine, EventSink, Vocabulary
 from backend.events import Event, TokenEvent
+from backend.local_engine import WorkerEngine
 from backend.registry import MODEL_RECIPE, build_engine
 from backend.types import GenerationRequest, ModelInfo
-from backend.worker import WorkerEngine
 from service import cli
 from tests.harness.fake_engine import FakeEngine, FakeVocabulary
 
