@@ -121,6 +121,29 @@ def test_sdpa_runs_exllamav2_paged_on_tokenspouts_functions_and_leaves_no_flash_
     assert os.environ["EXLLAMA_NO_FLASH_ATTN"] == "1"
 
 
+def test_triton_runs_exllamav2_paged_on_the_kernel_for_kvcache_and_sdpa_for_the_rest(site, no_flash_attn):
+    pytest.importorskip("triton")
+    from backend.exllamav2 import paged_attention_triton
+
+    module, provider = import_exllamav2(AttentionSetting.TRITON)
+    attn = sys.modules["exllamav2.attn"]
+    assert provider == "triton" and attn.has_flash_attn_with_paged
+    assert attn.flash_attn_with_kvcache is paged_attention_triton.flash_attn_with_kvcache
+    assert attn.flash_attn_func is paged_attention.flash_attn_func
+    assert "flash_attn" not in sys.modules and importlib.util.find_spec("flash_attn") is None
+
+
+def test_triton_without_triton_installed_refuses_before_importing_exllamav2(site, no_flash_attn, monkeypatch):
+    import backend.exllamav2
+
+    monkeypatch.setitem(sys.modules, "backend.exllamav2.paged_attention_triton", None)  # as if triton were missing
+    monkeypatch.delattr(backend.exllamav2, "paged_attention_triton", raising=False)
+    with pytest.raises(EngineUnavailable, match="attention = triton needs the triton package") as refused:
+        import_exllamav2("triton")
+    assert "attention = sdpa" in str(refused.value)
+    assert "exllamav2" not in sys.modules
+
+
 def test_off_runs_exllamav2_unpaged_and_leaves_the_environment_as_it_was(site, monkeypatch):
     monkeypatch.delenv("EXLLAMA_NO_FLASH_ATTN", raising=False)
     _, provider = import_exllamav2("off")
@@ -164,9 +187,13 @@ def test_a_second_import_with_a_conflicting_setting_is_refused(site, no_flash_at
         import_exllamav2("off")
     with pytest.raises(EngineUnavailable, match="already imported with sdpa"):
         import_exllamav2("flash-attn")
+    with pytest.raises(EngineUnavailable, match="already imported with sdpa"):
+        import_exllamav2("triton")
 
 
 def test_the_start_line_names_the_provider_and_whether_it_batches():
     assert attention_provider.describe("sdpa", True, 8) == (
         "exllamav2 attention: sdpa (tokenspout's paged attention on torch SDPA), paged, batch 8")
+    assert attention_provider.describe("triton", True, 64) == (
+        "exllamav2 attention: triton (tokenspout's paged attention kernel, each page read once), paged, batch 64")
     assert attention_provider.describe("none", False, 1) == "exllamav2 attention: none, unpaged, one request at a time"
