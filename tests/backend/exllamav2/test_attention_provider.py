@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pathlib
 import sys
 import textwrap
 
@@ -21,45 +22,8 @@ from backend.engine import EngineUnavailable
 from backend.exllamav2 import attention_provider, paged_attention
 from backend.exllamav2.attention_provider import import_exllamav2
 
-ATTN_PY = '''
-import inspect
-import os
-
-import torch
-
-has_flash_attn = False
-has_flash_attn_with_paged = False
-has_flash_attn_with_window = False
-has_flash_attn_with_softcap = False
-
-if 'EXLLAMA_NO_FLASH_ATTN' not in os.environ:
-
-    try:
-        import flash_attn
-        flash_attn_ver = [int(t) for t in flash_attn.__version__.split(".") if t.isdigit()]
-        is_ampere_or_newer_gpu = any(torch.cuda.get_device_properties(i).major >= 8 for i in range(torch.cuda.device_count()))
-
-        if [2, 2, 1] <= flash_attn_ver < [2, 5, 7]:
-            from flash_attn import flash_attn_func, flash_attn_varlen_func
-            has_flash_attn = True
-
-        if [2, 5, 7] <= flash_attn_ver:
-            from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
-
-            signature = list(inspect.signature(flash_attn_func).parameters)
-            has_flash_attn_with_window = "window_size" in signature
-            has_flash_attn_with_softcap = "softcap" in signature
-
-            import flash_attn_2_cuda as flash_attn_cuda
-
-            has_flash_attn = True
-            has_flash_attn_with_paged = True
-
-    except ModuleNotFoundError:
-        pass
-    except NameError:
-        pass
-'''
+# exllamav2 0.3.2's attn.py detection, as the CPU stand-in for exllamav2 runs it (bench/gpu/rehearse.sh).
+ATTN_PY = (pathlib.Path(__file__).resolve().parents[2] / "harness" / "stand_ins" / "exllamav2" / "attn.py").read_text()
 
 # A flash-attn built for another torch or CUDA: its import fails with an ImportError that is not a
 # ModuleNotFoundError, which 0.3.2's attn.py does not catch.
