@@ -1,3 +1,4 @@
+# ruff: noqa: F401, F841  # 0.3.2's detection as it reads: imports and names it never uses
 """exllamav2 0.3.2's attention detection (exllamav2/attn.py, lines 25-64), run at import as the real
 one runs it: which paged attention backend.exllamav2.attention_provider lends it is what this decides.
 The paged generator stand-in calls `flash_attn_with_kvcache` from here, looked up at each call, so a
