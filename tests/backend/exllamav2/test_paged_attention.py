@@ -6,6 +6,10 @@ the GPU check covers fp16 kernels compiled and exllamav2."""
 from __future__ import annotations
 
 import inspect
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -347,3 +351,36 @@ def test_the_kernel_at_a_llama_head_size_in_half_precision():
     assert out.dtype == torch.float16 and out.is_contiguous()
     for b, want in enumerate(expected_for(cache, q, cache.lengths, causal=True, scale=128**-0.5)):
         torch.testing.assert_close(out[b].double(), want, rtol=2e-3, atol=2e-3)
+
+
+COMPILE_FOR_HOPPER = """
+import sys
+from triton import compile as triton_compile
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from backend.exllamav2 import paged_attention_triton as pt
+
+kernel = pt._paged_attention_kernel
+pointers = dict(Q="*fp16", K="*fp16", V="*fp16", Out="*fp16", Table="*i64", KeyLengths="*i32", scale="fp32", softcap="fp32")
+for rows, paged, softcap in ((pt.DECODE_ROWS, True, False), (pt.PREFILL_ROWS, True, True), (pt.DECODE_ROWS, False, False)):
+    constants = dict(GROUP=4, BLOCK_D=128, PAGE_SIZE=256 if paged else 1, PAGED=paged, SOFTCAP=softcap, BLOCK_M=rows,
+                     BLOCK_N=pt.KEYS_PER_TILE, PRECISION=None)
+    signature = {name: "constexpr" if name in constants else pointers.get(name, "i32") for name in kernel.arg_names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
+    ptx = triton_compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert ".target sm_90" in ptx, ptx[:200]
+    print("compiled", rows, paged, softcap)
+"""
+
+
+@pytest.mark.skipif(pt is None, reason="triton is not installed")
+def test_the_kernel_compiles_for_an_h100_in_half_precision(tmp_path):
+    # Ahead of time, with no GPU: Triton's own compiler down to sm_90 code, as the first call there would
+    # (the interpreter above checks the numerics, not what the compiler accepts: tile sides, types). In a
+    # process of its own: the interpreter this one runs the kernel in replaces parts of triton.language.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], capture_output=True, text=True, env=env,
+                          cwd=pathlib.Path(__file__).resolve().parents[3], timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("compiled") == 3
