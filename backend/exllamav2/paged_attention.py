@@ -18,6 +18,8 @@ what lies past each sequence; tokens per second measured with this provider say 
 ALiBi, cache_batch_idx, cache_leftpad, dropout and the softmax
 LSE are not implemented (exllamav2 passes none of them on one GPU) and raise NotImplementedError.
 `stats` counts the calls so that a GPU check can show that batched paged calls happened.
+`kvcache_call` (checks, in-place append, counting) is shared with backend.exllamav2.paged_attention_triton,
+the `triton` setting's flash_attn_with_kvcache, which reads the pages through the block table instead.
 """
 
 from __future__ import annotations
