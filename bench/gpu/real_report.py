@@ -51,11 +51,15 @@ def format_lines(fmt: str, direct: dict, served: dict, gb_s: float | None) -> li
             if gain is not None:
                 cells.append(f"{providers[0]}/{providers[1]} {gain:.2f}x")
         out.append(f"  {n:>3} streams: " + "; ".join(cells))
+    for n, results in (direct.get("attention") or {}).items():
+        cells = [f"{p} {cell(r.get('ms_per_call'))} ms (differs by {r.get('max_diff')})" for p, r in results.items()]
+        out.append(f"  attention alone, 8B shape, {n} streams, one call (a step makes 32): " + "; ".join(cells))
     return out
 
 
 def cell(value) -> str:
-    return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
+    return f"{value:.1f}" if isinstance(value, (int, float)) and value >= 1 else (
+        f"{value:.3f}" if isinstance(value, (int, float)) else "-")
 
 
 def ratio_of(top, bottom) -> float | None:

@@ -112,6 +112,8 @@ def direct(args, report: Report) -> None:
     report.data.update(load_s=round(time.perf_counter() - started, 1), provider_imported=loaded.provider,
                        paged=loaded.sizes.paged, cache_tokens=loaded.sizes.cache_tokens)
     report.data["load_check"] = report.step("load_check", load_check, loaded)
+    report.data["attention"] = report.step("attention alone", attention_alone, loaded.torch, providers, args.streams,
+                                           args.attention_calls)
     report.data["raw_forward"] = report.step("raw_forward", raw_forward, loaded, args.warmup_steps, args.tokens)
     bos = [loaded.tokenizer.bos_token_id]
     prompt_ids = [bos + loaded.tokenizer.encode(p, add_bos=False).flatten().tolist() for p in rate_prompts(max(args.streams))]
@@ -142,6 +144,42 @@ def provider_function(provider: str):
 def warm_up(loaded, prompt_ids: list[list[int]], single_steps: int, most: int) -> None:
     loaded.together(prompt_ids, 1, single_steps)
     loaded.together(prompt_ids, most, 16)
+
+
+def attention_alone(torch, providers: list[str], streams: list[int], calls: int, keys: int = 272) -> dict:
+    """One decode step's attention call at Llama-3-8B's shape (32/8 heads, head dim 128, 256-token
+    pages, `keys` keys a sequence) on each provider: the largest difference from the first provider's
+    output, and milliseconds per call (a step makes one per layer, 32)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    out: dict = {}
+    for count in streams:
+        pages = -(-(keys + 1) // 256)
+        gen = torch.Generator(device=device).manual_seed(count)
+        k_cache = torch.randn(count * pages + 1, 256, 8, 128, generator=gen, device=device, dtype=dtype)
+        v_cache = torch.randn(count * pages + 1, 256, 8, 128, generator=gen, device=device, dtype=dtype)
+        table = (torch.randperm(count * pages, generator=gen, device=device) + 1).to(torch.int32).view(count, pages)
+        q = torch.randn(count, 1, 32, 128, generator=gen, device=device, dtype=dtype)
+        k, v = (torch.randn(count, 1, 8, 128, generator=gen, device=device, dtype=dtype) for _ in range(2))
+        lengths = torch.full((count,), keys, dtype=torch.int32, device=device)
+        arguments = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, cache_seqlens=lengths, block_table=table,
+                         causal=True, softmax_scale=128**-0.5)  # the same rows appended each call: the cache settles
+        results, first = {}, None
+        for provider in providers:
+            function = provider_function(provider)
+            result = function(**arguments)
+            first = result if first is None else first
+            sync(torch)
+            started = time.perf_counter()
+            for _ in range(calls):
+                function(**arguments)
+            sync(torch)
+            seconds = time.perf_counter() - started
+            results[provider] = {"ms_per_call": round(seconds * 1000 / calls, 3) if calls else None,
+                                 "max_diff": float(f"{float((result.float() - first.float()).abs().max()):.3g}")}
+        out[str(count)] = results
+        print(f"  attention alone, {count} streams: {results}", flush=True)
+    return out
 
 
 def load_check(loaded) -> dict:
@@ -230,6 +268,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=2048, help="context_length (the generator's max_seq_len)")
     parser.add_argument("--cache-tokens", type=int, default=64 * 512, help="the paged cache's tokens (0: the engine's default)")
     parser.add_argument("--providers", default="triton,sdpa", help="direct: paged attention providers, in order")
+    parser.add_argument("--attention-calls", type=int, default=20,
+                        help="direct: timed calls of each provider alone at the 8B attention shape (0: compared, not timed)")
     parser.add_argument("--attention", default="triton", help="grpc: the server's attention setting")
     parser.add_argument("--fake-engine", action="store_true",
                         help="grpc: serve tests/harness/fake_engine.py's scripted engine instead (the CPU rehearsal)")

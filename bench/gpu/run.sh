@@ -74,8 +74,13 @@ PLAN=${GPU_CHECK_PLAN:-check}
 STAND_INS=${GPU_CHECK_STAND_INS:-}
 REAL_SIZE_SHAPE=${REAL_SIZE_SHAPE:-llama3-8b}
 REAL_SIZE_ARGS=${REAL_SIZE_ARGS:---streams 1,16,64 --tokens 128 --reps 2 --warmup-steps 240 --cache-tokens 32768}
-if [ -z "${MODELS:-}" ]; then
-    if [ -d /dev/shm ] && [ -w /dev/shm ]; then MODELS=/dev/shm/tokenspout-models; else MODELS=$WORK/models; fi
+if [ -z "${MODELS:-}" ]; then  # memory-backed when it can hold the largest (FP16: 16 GB), else the disk
+    shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1)
+    if [ -w /dev/shm ] && [ "${shm_free:-0}" -gt 20000000000 ] 2>/dev/null; then
+        MODELS=/dev/shm/tokenspout-models
+    else
+        MODELS=$WORK/models
+    fi
 fi
 
 mkdir -p "$OUT"
@@ -298,7 +303,7 @@ finish() {
 trap finish EXIT
 trap 'stamp "stopped by a signal"; exit 143' TERM INT HUP
 
-stamp "GPU check ($PLAN): OUT=$OUT WORK=$WORK, ${BUDGET_S}s budget, GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)${STAND_INS:+ (stand-ins from $STAND_INS)}"
+stamp "GPU check ($PLAN): OUT=$OUT WORK=$WORK, ${BUDGET_S}s budget, GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)${STAND_INS:+ (stand-ins from $STAND_INS)}$([ "$PLAN" = real-size ] && echo ", models in $MODELS")"
 : >"$REPORT/stages.tsv"
 
 # Limits: about twice what each took on the H200 (# N s: the first run there, 2026-12-04; serve_fp16
