@@ -232,7 +232,7 @@ def grpc(args, report: Report) -> None:
         flags += ("--cache-tokens", str(args.cache_tokens))
     started = time.perf_counter()
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="tokenspout-real-"))
-    paced = ("--step-s", "0.005") if args.fake_engine else ()  # the scripted engine at a model's pace
+    paced = ("--step-s", "0.02") if args.fake_engine else ()  # the scripted engine at an 8B model's pace
     server = report.step("server start", start_server, scratch, *flags, timeout_s=args.start_s, faults=paced,
                          fake_engine=args.fake_engine)
     if server is None:

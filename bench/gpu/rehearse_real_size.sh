@@ -36,7 +36,7 @@ rehearse() {  # rehearse NAME EXPECTED_RC "stage=STATUS ..." [VAR=value ...]
     env GPU_CHECK_PLAN=real-size GPU_CHECK_STAND_INS="$ROOT/tests/harness/stand_ins" PYTHON="$PYTHON" \
         WHEELS="$SCRATCH/wheels" PREBUILT="$SCRATCH/prebuilt" MODELS="$SCRATCH/$name/models" OUT="$out" WORK="$work" \
         GPU_CHECK_SKIP=preflight REAL_SIZE_SHAPE=tiny REAL_SIZE_PROBE="--probe-mib 16 --probe-reps 2" \
-        REAL_SIZE_ARGS="--streams 1,4 --tokens 4 --reps 1 --warmup-steps 3 --cache-tokens 2048 --attention-calls 0" \
+        REAL_SIZE_ARGS="--streams 1,4 --tokens 8 --reps 1 --warmup-steps 3 --cache-tokens 2048 --attention-calls 0" \
         GPU_CHECK_BUDGET_S=600 GPU_CHECK_SLOWDOWN=2 "$@" bash bench/gpu/run.sh >"$SCRATCH/$name.log" 2>&1
     rc=$?
     [ "$rc" = "$expected_rc" ] || problems+=("exit $rc, expected $expected_rc")
