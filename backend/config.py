@@ -51,6 +51,9 @@ class AttentionSetting(enum.StrEnum):
     SDPA = "sdpa"
     """tokenspout's own paged attention on torch's scaled_dot_product_attention
     (backend.exllamav2.paged_attention), whatever else is installed."""
+    TRITON = "triton"
+    """tokenspout's own paged attention as a Triton kernel that reads each page once through the block
+    table (backend.exllamav2.paged_attention_triton); needs triton, which CUDA builds of torch bring."""
     OFF = "off"
     """No paged attention: exllamav2's own unpaged path, one request at a time."""
 
