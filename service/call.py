@@ -214,7 +214,7 @@ class GenerationCall:
             sample_seeds=params.sample_seeds,
             prompt_logprobs=params.prompt_logprobs,
             turn_end=prompt.turn_end,
-            cache_salt=cache_salt(self._calls.cache_scope, self._key, request.cache_salt),
+            cache_salt=cache_salt(self._calls.cache_scope, self._key, params.cache_salt),
         )
         return self._generation
 

@@ -49,6 +49,8 @@ class RequestParams:
     sample_seeds: tuple[int, ...]
     prompt_logprobs: int
     queue_timeout_s: float | None
+    cache_salt: str = ""
+    """The caller's salt as it sent it (service.cache_scope mixes in who the caller is)."""
     chat: ChatTurn | None = None
     """A chat's turn, checked (None for other inputs); service.prompt completes it."""
 
@@ -118,6 +120,7 @@ class RequestValidator:
             sample_seeds=sample_seeds(request, sampling) if request.n > 1 else (),
             prompt_logprobs=request.output.prompt_top_logprobs if _wants_prompt_logprobs(request) else -1,
             queue_timeout_s=request.queue_timeout_ms / 1000 if request.queue_timeout_ms else None,
+            cache_salt=request.cache_salt,
             chat=chat,
         )
 
