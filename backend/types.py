@@ -74,9 +74,14 @@ class SamplingParams:
     banned_strings: tuple[str, ...] = ()
     token_healing: bool = False
 
+    @staticmethod
+    def greedy_at(temperature: float) -> bool:
+        """Temperature 0 always takes the most likely token: the one spelling of greedy."""
+        return temperature == 0.0
+
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.greedy_at(self.temperature)
 
     @property
     def penalized(self) -> bool:

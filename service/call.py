@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -36,13 +35,9 @@ from backend import (
     Scheduling,
     TokenEvent,
 )
-from backend.constraints import ConstraintError, ConstraintSpec
-from backend.tools import GrammarBuilder
 from service import auth, convert
 from service.cache_scope import CacheScope, cache_salt
 from service.callers import Callers
-from service.chat_output import ChatOutput, wants_parsing
-from service.chat_tools import COMPOSED, ToolPlan, grammar_spec
 from service.compiles import CompileGate
 from service.config import ServeConfig
 from service.errors import (
@@ -51,12 +46,11 @@ from service.errors import (
     ServiceError,
     already_exists,
     from_engine,
-    invalid_argument,
     unimplemented,
 )
 from service.lifecycle import Lifecycle
 from service.prompt import Prompt, PromptBuilder, off_loop_if_large
-from service.samples import Samples, by_sample
+from service.samples import OutputParser, Samples, by_sample
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
 from service.tracing import RequestTrace
@@ -163,8 +157,8 @@ class GenerationCall:
         self._trace: RequestTrace | None = None
         self._ended = False
         """The engine ended the request: every sample finished, or it failed."""
-        self._plan = ToolPlan()
-        self._reasoning_opened = False
+        self._output_parser: Callable[[], OutputParser] | None = None
+        """Makes each sample's output parser (a chat turn's, when its output holds reasoning or tool calls)."""
 
     @property
     def generation(self) -> GenerationRequest:
@@ -198,11 +192,11 @@ class GenerationCall:
             if isinstance(header, str):  # always: gRPC gives bytes only for a -bin header
                 request.request_id = header[: self._calls.validator.limits.max_request_id_length]
         params, prompt, arrival_time = await off_loop_if_large(self._prepare, request)
-        self._plan = params.tool_plan
         self.request_id = params.request_id
         CURRENT_REQUEST_ID.set(params.request_id)
-        spec = await self._chat_constraint(params, prompt)
+        spec = params.constraint if prompt.chat is None else await prompt.chat.constraint(self._calls.compiles)
         report = None if spec is None else await self._calls.compiles.compile(spec)
+        self._output_parser = None if prompt.chat is None else prompt.chat.output_parser()
         self._generation = GenerationRequest(
             request_id=self._calls.engine_id(params.request_id),  # claimed in run(), with no await between
             prompt_token_ids=prompt.token_ids,
@@ -220,7 +214,7 @@ class GenerationCall:
             sample_seeds=params.sample_seeds,
             prompt_logprobs=params.prompt_logprobs,
             turn_end=prompt.turn_end,
-            cache_salt=cache_salt(self._calls.cache_scope, self._key, request.cache_salt),
+            cache_salt=cache_salt(self._calls.cache_scope, self._key, params.cache_salt),
         )
         return self._generation
 
@@ -232,7 +226,7 @@ class GenerationCall:
         lifecycle, request_trace = self._calls.lifecycle, self._trace
         try:
             with lifecycle.interruptible(stream.interrupt):
-                samples = Samples(self.generation, self.request_id, self._chat_output_factory())
+                samples = Samples(self.generation, self.request_id, self._output_parser)
                 pacing = self._pacing()
                 while not samples.done:
                     batch = await stream.next_batch(*pacing)
@@ -264,41 +258,8 @@ class GenerationCall:
         """The checks and the prompt (on a worker thread when the input is large), and when they were done:
         the request's arrival, from which its queue time counts."""
         params = self._calls.validator.params(request)
-        prompt = self._calls.prompts.prompt(request, params.stopping.max_new_tokens, params.tool_plan)
-        self._reasoning_opened = prompt.reasoning_opened
+        prompt = self._calls.prompts.prompt(request, params.stopping.max_new_tokens, params.chat)
         return params, prompt, time.monotonic()
-
-    async def _chat_constraint(self, params: RequestParams, prompt: Prompt) -> ConstraintSpec | None:
-        """The caller's constraint, or the grammar of a chat's tools and reasoning (service.chat_tools) with
-        each tool's schema compiled first, so one llguidance cannot enforce is named."""
-        plan, formats = params.tool_plan, self._calls.validator.formats
-        for i, tool in enumerate(plan.tools if plan.calls_parsed else ()):
-            if isinstance(tool.parameters, dict):
-                schema = ConstraintSpec("json_schema", json.dumps(tool.parameters))
-                try:
-                    await self._calls.compiles.compile(schema)
-                except ConstraintError as exc:
-                    where = f"chat.tools[{i}].parameters"
-                    raise invalid_argument([FieldViolation(where, f"cannot be enforced: {exc}")]) from None
-        builder = GrammarBuilder(lambda marker: False)  # markers are spelled as text (see docs/api.md)
-        spec = grammar_spec(plan, formats, params.constraint, prompt.reasoning_opened, builder)
-        if spec is not None and spec.kind == COMPOSED:
-            if params.constraint is not None:  # its own problems name its own field
-                await self._calls.compiles.compile(params.constraint)
-            try:
-                await self._calls.compiles.compile(spec)
-            except ConstraintError as exc:
-                raise invalid_argument([FieldViolation("chat", f"the grammar of its tools and reasoning: {exc}")]) from None
-        return spec
-
-    def _chat_output_factory(self) -> Callable[[], ChatOutput] | None:
-        """Makes each sample's output parser, for a chat whose output holds reasoning or tool calls."""
-        plan, formats = self._plan, self._calls.validator.formats
-        if not wants_parsing(formats, plan, self._request.HasField("chat")):
-            return None
-        opened = self._reasoning_opened and plan.reasoning_mode != pb.REASONING_MODE_OFF
-        caller_constraint = self._request.HasField("constraint")
-        return lambda: ChatOutput(formats, plan, opened, caller_constraint)
 
     def _deadline(self) -> float | None:
         """The caller's gRPC deadline on the engine's clock: a request still queued then never starts."""

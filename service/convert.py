@@ -15,7 +15,7 @@ from backend import (
     SpeculationParams,
     TokenEvent,
 )
-from service.chat_tools import ChatFormats
+from service.chat import ChatFormats
 from service.limits import Limits
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -117,11 +117,11 @@ def speculation_pb(params: SpeculationParams) -> pb.Speculation:
     return pb.Speculation(mode=SPECULATION_MODES[params.mode], max_draft_tokens=params.max_draft_tokens)
 
 
-def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats | None = None) -> pb.GetModelInfoResponse:
+def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats) -> pb.GetModelInfoResponse:
     return pb.GetModelInfoResponse(
-        tool_call_format=formats.tools.name if formats and formats.tools else "",
-        template_renders_tools=bool(formats and formats.template_renders_tools),
-        reasoning_format=formats.reasoning.name if formats and formats.reasoning else "",
+        tool_call_format=formats.tools.name if formats.tools else "",
+        template_renders_tools=formats.template_renders_tools,
+        reasoning_format=formats.reasoning.name if formats.reasoning else "",
         model_id=info.model_id,
         engine=info.engine,
         context_length=info.context_length,

@@ -30,7 +30,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from backend import MODEL_RECIPE, CacheEventHub, Engine, EngineRecipe, EngineStats, RemoteEngine
 from service import auth
 from service.boundary import ErrorBoundary
-from service.chat_tools import ChatFormats
+from service.chat import ChatFormats
 from service.config import ServeConfig
 from service.generation import GenerationServicer
 from service.kv_publisher import ZmqCachePublisher, cache_publisher

@@ -1,10 +1,11 @@
 """The exllamav2 engine: an EXL2 or GPTQ model directory served by one worker thread.
 
 Everything exllamav2 (and torch) is imported inside `ExLlamaV2Engine.__init__`:
-`import exllamav2` compiles a CUDA extension. Not yet exercised on a GPU: the
-parts it builds on (ExLlamaV2Core, JobResults, job and sampler fields, the filter
-core, the generator's sizes, the model-then-cache order, the vocabulary) are
-tested on CPU, against fakes that behave like exllamav2 0.3.2 and a real tokenizer.
+`import exllamav2` compiles a CUDA extension. bench/gpu/ serves it on a GPU and checks the
+serving contract there (README.md, "What is proven"); on CPU the parts it builds on
+(ExLlamaV2Core, JobResults, job and sampler fields, the filter core, the generator's sizes,
+the model-then-cache order, the vocabulary) are tested against fakes that behave like
+exllamav2 0.3.2 and a real tokenizer.
 """
 
 from __future__ import annotations

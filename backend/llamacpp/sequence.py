@@ -66,8 +66,8 @@ class Sequence:
         return self.id.rpartition(SAMPLE_SEPARATOR)[0] if self.request.sample_index else self.id
 
     @property
-    def salt(self) -> str:
-        """Its cells are shared only with sequences of the same salt (see PrefixIndex)."""
+    def cache_salt(self) -> str:
+        """Its cells are shared only with sequences of the same cache salt (see PrefixIndex)."""
         return self.request.cache_salt
 
     @property
