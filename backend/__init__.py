@@ -52,6 +52,7 @@ from backend.events import (
     Usage,
 )
 from backend.registry import build_engine
+from backend.setting import Group, SettingHelp, setting
 from backend.types import (
     ALL_REQUEST_FEATURES,
     COMMON_SAMPLERS,
@@ -113,6 +114,7 @@ __all__ = [
     "FinishReason",
     "GeneratedToken",
     "GenerationRequest",
+    "Group",
     "LlamaCppSettings",
     "MAX_DRAFT_TOKENS",
     "MirostatParams",
@@ -124,6 +126,8 @@ __all__ = [
     "SamplingParams",
     "Scheduling",
     "SchedulingPolicy",
+    "setting",
+    "SettingHelp",
     "SpeculationMode",
     "SpeculationParams",
     "SpeculationSetting",

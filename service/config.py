@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from backend import EngineConfig
+from backend import EngineConfig, Group, SettingHelp, setting
 from service.cache_scope import CacheScope
 from service.callers import ANY_CALLER, CallerWeight, parse_weights
 from service.keys import ApiKey, parse_keys
@@ -74,60 +74,102 @@ class LogLevel(enum.StrEnum):
 
 @dataclass(frozen=True)
 class ServeConfig:
-    listen: str = "127.0.0.1:50051"
+    listen: str = setting(
+        "127.0.0.1:50051", "Address to bind. Port 0 picks a free one.", Group.SERVER, values="`host:port`")
     engine: EngineConfig = field(default_factory=EngineConfig)
-    max_queued_per_caller: int = 0
-    """Requests one caller may have waiting beyond max_running_per_caller (0: max_queued_requests)."""
-    caller_weights: tuple[CallerWeight, ...] = ()
-    """`name=weight` per fairness key (comma-separated, or a TOML list): its share relative to others (default 1)."""
-    priority_callers: tuple[str, ...] = (ANY_CALLER,)
-    """The callers (identities) that may send a priority above 0; "*" is everyone, empty is no one."""
-    fairness_header: str = ""
-    """A header the proxy in front sets to name the tenant (x-gateway-inference-fairness-id); empty: off."""
-    cache_scope: CacheScope = CacheScope.SHARED
-    """Whose requests share cached prefixes: everyone's (`shared`), or each caller's own (`caller`: its
-    fairness key); a request's cache_salt narrows either (see service.cache_scope)."""
-    caller_metric_labels: int = 20
-    """Callers that get their own label on per-caller metrics (the first seen); the rest share "_other"."""
-    stream_buffer_events: int = 64
-    """Token events buffered for a caller that reads slowly before its sequence is paused."""
-    grace_period_s: float = 30.0
-    max_input_bytes: int = 1 << 20
-    """Largest prompt, chat (all contents) or Tokenize text in UTF-8 bytes; more is INVALID_ARGUMENT."""
-    compile_threads: int = 1
-    """Threads for constraint compiles, apart from tokenization and everything else."""
-    max_concurrent_compiles: int = 4
-    """Constraint compiles running at once; more are refused with RESOURCE_EXHAUSTED and RetryInfo."""
-    compile_timeout_s: float = 10.0
-    """How long a caller waits for its constraint to compile (it finishes and is cached regardless)."""
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    """When set, clients must present a certificate signed by this CA (mTLS)."""
-    api_keys_file: str = ""
-    """API keys, one `name:sha256hex` per line; re-read when it changes and on SIGHUP."""
-    api_keys: tuple[ApiKey, ...] = ()
-    """API keys as comma-separated `name:sha256hex` (usually TOKENSPOUT_API_KEYS)."""
-    reflection_requires_auth: bool = False
-    """With API keys configured, reflection also needs a key (health stays open)."""
-    special_tokens_in_chat_content: bool = False
-    """Opt-in, unsafe: special-token text inside chat messages becomes real special tokens."""
-    tool_call_format: ToolCallFormat = ToolCallFormat.AUTO
-    """The tool-call markup parsed and enforced: auto takes the template's (hermes for the fallback prompt)."""
-    reasoning_format: ReasoningFormatSetting = ReasoningFormatSetting.AUTO
-    """The reasoning markup parsed out of text and enforced: auto is the template's, else think."""
-    log_level: LogLevel = LogLevel.INFO
-    log_format: LogFormat = LogFormat.TEXT
-    trace_content: bool = False
-    """Opt-in: record prompt and output text in spans (gen_ai.input/output.messages)."""
-    prometheus_port: int = 0
-    """Serve Prometheus metrics on this port (0: off). OTLP export follows the OTEL_* variables."""
-    cache_events_endpoint: str = ""
-    """Publish the KV-cache events over ZMQ PUB here (tcp://*:5557 binds, tcp://host:port connects); needs cache_events."""
-    cache_events_replay_endpoint: str = ""
-    """A ZMQ ROUTER address where a subscriber asks for missed batches or a snapshot (tcp://*:5558); empty: none."""
-    cache_events_topic: str = ""
-    """The ZMQ topic of every batch; empty: kv@<POD_IP or host name>@<model id>, as llm-d's indexer parses it."""
+    max_queued_per_caller: int = setting(
+        0, "One caller's requests waiting beyond those. `0`: `max_queued_requests`. Past both: "
+        "`RESOURCE_EXHAUSTED` (`CALLER_OVER_LIMIT`).", Group.SCHEDULING, values="0 or more")
+    caller_weights: tuple[CallerWeight, ...] = setting(
+        (), "`name=weight` per caller: its share relative to others.", Group.SCHEDULING,
+        values="`name=weight` entries, comma-separated (or a TOML list); weights above 0",
+        shown_default="every caller 1")
+    priority_callers: tuple[str, ...] = setting(
+        (ANY_CALLER,), "Callers that may send `priority` above 0. `*` is everyone; empty is no one. Others get "
+        "`PERMISSION_DENIED`.", Group.SCHEDULING, values="caller names, comma-separated (or a TOML list)")
+    fairness_header: str = setting(
+        "", "A header a trusted proxy sets to name the tenant (e.g. `x-gateway-inference-fairness-id`). Its value "
+        "becomes the caller's fairness key. Set it only where every call comes through that proxy.",
+        Group.SCHEDULING, values="a header name")
+    cache_scope: CacheScope = setting(
+        CacheScope.SHARED, "Whose requests share cached prefixes: `shared` (everyone's; a request's `cache_salt` "
+        "narrows it) or `caller` (each caller's own, by fairness key; `cache_salt` divides further, and no salt "
+        "reaches another caller's cells). `caller` closes the first-token-time side channel between callers; the "
+        "llama.cpp engine only (exllamav2 refuses it at start-up).", Group.SCHEDULING)
+    caller_metric_labels: int = setting(
+        20, "Callers that get their own `tokenspout.caller` metric label (the first seen). The rest share "
+        "`_other`.", Group.SCHEDULING, values="0 or more")
+    stream_buffer_events: int = setting(
+        64, "Token events buffered for a slow reader before its sequence is paused.", Group.STREAMS,
+        values="at least 2")
+    grace_period_s: float = setting(
+        30.0, "On SIGTERM or SIGINT, how long running streams may finish.", Group.STREAMS,
+        values="seconds, 0 or more")
+    max_input_bytes: int = setting(
+        1 << 20, "Largest prompt, chat (all messages) or Tokenize input, in UTF-8 bytes. More is "
+        "`INVALID_ARGUMENT`.", Group.STREAMS, values="at least 1")
+    compile_threads: int = setting(
+        1, "Threads for large constraint compiles. Sources up to 16 kB compile on one separate thread.",
+        Group.CONSTRAINTS, values="at least 1")
+    max_concurrent_compiles: int = setting(
+        4, "Large compiles running or waiting at once. Beyond: `RESOURCE_EXHAUSTED` (`TOO_MANY_COMPILES`).",
+        Group.CONSTRAINTS, values="at least 1")
+    compile_timeout_s: float = setting(
+        10.0, "How long a caller waits for a compile (`COMPILE_BUDGET_EXCEEDED` after). The compile still "
+        "finishes into the cache.", Group.CONSTRAINTS, values="seconds, above 0")
+    tls_cert: str = setting(
+        "", "Serve TLS with this certificate (PEM). Goes with `tls_key`.", Group.SECURITY, values="a PEM file")
+    tls_key: str = setting(
+        "", "The certificate's private key (PEM, unencrypted). Goes with `tls_cert`.", Group.SECURITY,
+        values="a PEM file")
+    tls_client_ca: str = setting(
+        "", "Also require client certificates signed by this CA (mTLS). Needs `tls_cert`.", Group.SECURITY,
+        values="a PEM file")
+    api_keys_file: str = setting(
+        "", "API keys, one `name:sha256hex` per line, `#` comments allowed. Re-read when it changes and on "
+        "SIGHUP; a file that does not parse keeps the previous keys.", Group.SECURITY, values="a file")
+    api_keys: tuple[ApiKey, ...] = setting(
+        (), "More keys, as text (also in the TOML file).", Group.SECURITY,
+        values="`name:sha256hex` entries, comma-separated")
+    reflection_requires_auth: bool = setting(
+        False, "With API keys, reflection needs a key too. Health stays open. Needs keys.", Group.SECURITY)
+    special_tokens_in_chat_content: bool = setting(
+        False, "Unsafe opt-in: special-token text inside chat messages becomes special tokens. For trusted "
+        "callers only.", Group.SECURITY)
+    tool_call_format: ToolCallFormat = setting(
+        ToolCallFormat.AUTO, "How the model writes tool calls, parsed out of its output and enforced: `auto` (the "
+        "chat template's own markup; `hermes` with the fallback prompt when the template takes no tools), "
+        "`hermes`, `llama3_json`, `mistral`, or `none` (chats with tools are refused). See "
+        "[API](api.md#tool-calls-and-reasoning).", Group.TOOLS)
+    reasoning_format: ReasoningFormatSetting = setting(
+        ReasoningFormatSetting.AUTO, "The reasoning markup parsed out of text and enforced: `auto` (the "
+        "template's, else `think`), `think` (`<think>`...`</think>`), or `none` (reasoning stays in text; "
+        "`REASONING_MODE_ON` is refused).", Group.TOOLS)
+    log_level: LogLevel = setting(LogLevel.INFO, "The least severe level logged.", Group.TELEMETRY,
+                                  values="`DEBUG`, `INFO`, `WARNING`, `ERROR` or `CRITICAL`, any case")
+    log_format: LogFormat = setting(
+        LogFormat.TEXT, "`text`: time, level, logger and message. `json`: one object per line, with "
+        "`request_id`, `trace_id` and `caller`.", Group.TELEMETRY)
+    trace_content: bool = setting(
+        False, "Record prompt and output text in spans (`gen_ai.input.messages`, `gen_ai.output.messages`).",
+        Group.TELEMETRY)
+    prometheus_port: int = setting(
+        0, "Serve Prometheus metrics on this port, at `/metrics`. `0` is off. OTLP export follows the `OTEL_*` "
+        "variables.", Group.TELEMETRY, values="0 to 65535")
+    prometheus_host: str = setting(
+        "", "The address the metrics listener binds. By default the host of `listen`, so a server that listens "
+        "on loopback keeps its metrics there too; `0.0.0.0` (or `::`) exposes them on every interface.",
+        Group.TELEMETRY, values="a host name or address", shown_default="the host of `listen`")
+    cache_events_endpoint: str = setting(
+        "", "Also publish the events over ZMQ PUB, in vLLM's msgpack format. An address with `*` (`tcp://*:5557`), "
+        "`ipc://` or `inproc://` is bound; any other is connected to (a central subscriber that binds).",
+        Group.CACHE_EVENTS, values="a ZMQ address")
+    cache_events_replay_endpoint: str = setting(
+        "", "A ZMQ ROUTER address (bound) where a subscriber asks for missed batches or a snapshot "
+        "(`tcp://*:5558`).", Group.CACHE_EVENTS, values="a ZMQ address")
+    cache_events_topic: str = setting(
+        "", "The topic of every ZMQ message, as llm-d's indexer parses it.", Group.CACHE_EVENTS, values="text",
+        shown_default="`kv@<POD_IP or host name>@<model id>`")
 
     def __post_init__(self) -> None:
         rules = [
@@ -161,6 +203,16 @@ class ServeConfig:
         return engine.max_running_per_caller + (self.max_queued_per_caller or engine.max_queued_requests)
 
     @property
+    def metrics_host(self) -> str:
+        """Where the Prometheus listener binds: prometheus_host, else the host gRPC listens on (all interfaces
+        for an empty host, loopback for a unix socket), so metrics are never more exposed than the API."""
+        if self.prometheus_host:
+            return self.prometheus_host
+        if self.listen.startswith("unix"):
+            return "127.0.0.1"
+        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
     def authenticates(self) -> bool:
         """Keys are configured (even an empty keys file keeps authentication on)."""
         return bool(self.api_keys or self.api_keys_file)
@@ -176,6 +228,7 @@ class Setting:
     """Attribute names from ServeConfig down to the value."""
     kind: Any
     default: Any
+    help: SettingHelp
 
 
 def _settings(cls: type, path: tuple[str, ...] = (), prefix: str = "") -> dict[str, Setting]:
@@ -193,7 +246,8 @@ def _settings(cls: type, path: tuple[str, ...] = (), prefix: str = "") -> dict[s
             assert callable(f.default_factory), f"setting {name} has no default"
             default = f.default_factory()
         assert name not in found, f"two settings named {name}"
-        found[name] = Setting(name, (*path, f.name), kind, default)
+        assert "help" in f.metadata, f"setting {name} has no help: declare it with backend.setting(...)"
+        found[name] = Setting(name, (*path, f.name), kind, default, f.metadata["help"])
     return found
 
 
@@ -238,7 +292,8 @@ def parse_bool(text: str) -> bool:
 
 
 def _coerce(setting: Setting, value: Any) -> Any:
-    """A value from any source as its setting's type; TOML values must already have that type."""
+    """A value from any source as its setting's type: text from a flag or variable is parsed, a TOML value
+    must already have that type (see _check_typed)."""
     name, kind = setting.name, setting.kind
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         try:
@@ -270,6 +325,20 @@ def _coerce(setting: Setting, value: Any) -> Any:
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}" if kind is bool else f"{name}: expected {_KIND_NAMES[kind]}, got {value!r}") from exc
     raise ValueError(f"{name}: expected {_KIND_NAMES[kind]}, got {value!r}")
+
+
+def _check_typed(setting: Setting, value: Any, path: str) -> None:
+    """A TOML value of a boolean or number setting must be one: a quoted "2" is refused, as TOML loaders
+    that check types refuse it, rather than read as text the way a flag or variable is."""
+    kind = setting.kind
+    if kind in (bool, int, float) and isinstance(value, str):
+        try:
+            parsed = _coerce(setting, value)
+            written = str(parsed).lower() if kind is bool else value.strip()
+            hint = f" (write {setting.name} = {written}, without quotes)"
+        except ValueError:
+            hint = ""
+        raise ValueError(f"{path}: {setting.name} must be {_KIND_NAMES[kind]}, not the text {value!r}{hint}")
 
 
 def _strings(name: str, value: Any) -> tuple[str, ...]:
@@ -310,6 +379,8 @@ def load_config(
         unknown = set(from_file) - set(SETTINGS)
         if unknown:
             raise ValueError(f"unknown settings in {path}: {', '.join(sorted(unknown))}")
+        for name, value in from_file.items():
+            _check_typed(SETTINGS[name], value, path)
         values.update(from_file)
     for name in SETTINGS:
         if ENV_PREFIX + name.upper() in environ:

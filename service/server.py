@@ -111,7 +111,7 @@ class TokenspoutServer:
         _check_port(config.listen)  # before anything else, so a busy port is the only line printed
         self.config = config
         self.telemetry = telemetry = telemetry or from_environment(
-            config.trace_content, config.prometheus_port, config.caller_metric_labels
+            config.trace_content, config.prometheus_port, config.caller_metric_labels, config.metrics_host
         )
         try:
             self.auth = auth.interceptor(config)
