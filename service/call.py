@@ -239,9 +239,9 @@ class GenerationCall:
         generator the handler iterates: one frame less to suspend and resume for each of its messages."""
         stream = self._submit()
         lifecycle, request_trace = self._calls.lifecycle, self._trace
+        samples = Samples(self.generation, self.request_id, self._chat_output_factory())
         try:
             with lifecycle.interruptible(stream.interrupt):
-                samples = Samples(self.generation, self.request_id, self._chat_output_factory())
                 pacing = self._pacing()
                 while not samples.done:
                     batch = await stream.next_batch(*pacing)
@@ -266,7 +266,7 @@ class GenerationCall:
             self._calls.close(self._identity, self.request_id)
             if not self._ended:  # the caller left, or the server ended the call: free its sequences now
                 self._calls.engine.cancel(self.generation.request_id)
-                self._ended_early()
+                self._ended_early(samples.generated_tokens)
 
     def _prepare(self, request: pb.GenerateStreamRequest) -> tuple[RequestParams, Prompt, float]:
         """The checks and the prompt (on a worker thread when the input is large), and when they were done:
@@ -353,17 +353,19 @@ class GenerationCall:
         log.info("request %s finished: %s, %d tokens", self.request_id, finish.reason.value,
                  finish.usage.completion_tokens, extra=_ids(self.request_id))
 
-    def _ended_early(self) -> None:
+    def _ended_early(self, tokens: int) -> None:
         """Says who ended the call before the engine did, and why: the server (its reason), or the caller
-        (time_limit once its deadline has passed, else cancelled)."""
+        (time_limit once its deadline has passed, else cancelled); and the tokens it had been sent."""
         deadline = self.generation.deadline
         reason = "time_limit" if deadline is not None and time.monotonic() >= deadline else "cancelled"
         ending = self._calls.lifecycle.ending
         if ending is not None:
             reason = ending.reason.lower()
-            log.info("request %s ended by the server: %s", self.request_id, reason, extra=_ids(self.request_id))
+            log.info("request %s ended by the server: %s, %d tokens", self.request_id, reason, tokens,
+                     extra=_ids(self.request_id))
         else:
-            log.info("request %s ended by the caller: %s", self.request_id, reason, extra=_ids(self.request_id))
+            log.info("request %s ended by the caller: %s, %d tokens", self.request_id, reason, tokens,
+                     extra=_ids(self.request_id))
         if self._trace:
             self._trace.ended_early(reason)
 

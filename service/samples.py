@@ -27,6 +27,7 @@ class Samples:
         self.n = generation.n
         self._with_tokens = generation.output.return_tokens
         self._started: set[int] = set()
+        self._generated: dict[int, int] = {}
         self.finishes: dict[int, Finish] = {}
         self.done = False
         """Every sample has finished (an attribute, not a property: read after every message)."""
@@ -48,6 +49,7 @@ class Samples:
             message.index = index
         if self._chat_output is not None:
             self._outputs.setdefault(index, self._chat_output()).rewrite(message, events)
+        self._generated[index] = events[-1].generated_tokens
         finish = events[-1].finish
         if finish is not None:
             self.finishes[index] = finish
@@ -59,6 +61,11 @@ class Samples:
         if self._approximated is not None:
             self._check_output(index, message, self._approximated)
         return message
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the samples' messages have carried so far, all samples together."""
+        return sum(self._generated.values())
 
     def _check_output(self, index: int, message: pb.GenerateStreamResponse, spec: ConstraintSpec) -> None:
         """Non-strict JSON constraints were approximated: say honestly, at the end, whether the output complies."""
