@@ -9,14 +9,11 @@ import shutil
 import subprocess
 import sys
 
-import jsonschema
-
 from tests.harness.faults import StepGate
 from tests.harness.helpers import wait_for
 from tests.harness.servers import start_server, stop_server
 
 GRPCURL = shutil.which("grpcurl", path=str(pathlib.Path(sys.executable).parent)) or "grpcurl"
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def grpcurl(server, *args: str, data: dict | None = None) -> subprocess.CompletedProcess:
@@ -92,40 +89,6 @@ def test_sampler_messages_in_json_and_unimplemented_ones(server):
         server, "tokenspout.v1.GenerationService/GenerateStream", data={"prompt": "hi", "sampling": {"topA": 0.2}}
     )
     assert "Code: Unimplemented" in top_a.stderr and "sampling.top_a" in top_a.stderr
-
-
-def readme_call(key: str) -> tuple[str, str]:
-    """The README's one `grpcurl -d '<json>' 127.0.0.1:50051 <method>` example whose JSON has `key`:
-    its JSON text as printed and its method, so the README's examples stay tested as written."""
-    calls = re.findall(r"grpcurl -plaintext -d '(\{.*?\})' 127\.0\.0\.1:50051 (\S+)", README.read_text(), re.S)
-    (found,) = [(data, method) for data, method in calls if f'"{key}"' in data]
-    return found
-
-
-def run_readme_call(server, key: str) -> dict:
-    data, method = readme_call(key)
-    result = subprocess.run([GRPCURL, "-plaintext", "-d", data, server.address, method], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def test_the_readme_tool_call(server):
-    answer = run_readme_call(server, "tools")
-    assert answer["finish"]["reason"] == "FINISH_REASON_TOOL_CALLS", answer
-    (call,) = answer["toolCalls"]
-    assert call["name"] == "get_weather" and re.fullmatch(r"call_[A-Za-z0-9]{24}", call["id"])
-    assert isinstance(json.loads(call["arguments"])["city"], str)
-    assert not answer.get("text")
-
-
-def test_the_readme_reasoning_with_a_json_answer(server):
-    answer = run_readme_call(server, "reasoning")
-    assert answer.get("reasoning"), answer
-    # The constraint's JSON alone is the answer, the thinking kept apart.
-    schema = json.loads(json.loads(readme_call("reasoning")[0])["constraint"]["jsonSchema"])
-    jsonschema.validate(json.loads(answer["text"]), schema)
-    assert answer["finish"]["reason"] == "FINISH_REASON_CONSTRAINT_COMPLETE", answer
 
 
 def details(stderr: str) -> list[dict]:
