@@ -204,10 +204,19 @@ class EngineConfig:
     max_queued_requests: int = setting(
         16, "Requests that may wait for a batch place. Beyond them a request is refused at once (see "
         "[fair sharing](engines.md#scheduling-and-fair-sharing)).", Group.SERVER, values="0 or more")
+    max_queued_per_caller: int = setting(
+        0, "One caller's requests waiting beyond those. `0`: `max_queued_requests`. Past both: "
+        "`RESOURCE_EXHAUSTED` (`CALLER_OVER_LIMIT`).", Group.SCHEDULING, values="0 or more")
     fairness: FairnessSettings = field(default_factory=FairnessSettings)
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
     exllamav2: ExLlamaV2Settings = field(default_factory=ExLlamaV2Settings)
     constraint: ConstraintLimits = field(default_factory=ConstraintLimits, metadata={"prefix": "constraint_"})
+    compile_threads: int = setting(
+        1, "Threads for large constraint compiles. Sources up to 16 kB compile on one separate thread.",
+        Group.CONSTRAINTS, values="at least 1")
+    max_concurrent_compiles: int = setting(
+        4, "Large compiles running or waiting at once. Beyond: `RESOURCE_EXHAUSTED` (`TOO_MANY_COMPILES`).",
+        Group.CONSTRAINTS, values="at least 1")
     cache_events: bool = setting(
         False, "Track the cached prompt blocks and serve them as `WatchCacheEvents`. llama.cpp only, and needs "
         "`prefix_cache`.", Group.CACHE_EVENTS)
@@ -224,7 +233,10 @@ class EngineConfig:
             (self.cache_events_replay_batches < 1, "cache_events_replay_batches must be at least 1"),
             (self.context_length < 16, "context_length must be at least 16"),
             (self.max_batch_size < 1, "max_batch_size must be at least 1"),
-            (self.max_queued_requests < 0, "max_queued_requests must not be negative"),
+            (min(self.compile_threads, self.max_concurrent_compiles) < 1,
+             "compile_threads and max_concurrent_compiles must be positive"),
+            (self.max_queued_requests < 0 or self.max_queued_per_caller < 0,
+             "max_queued_requests and max_queued_per_caller must not be negative"),
             (self.llamacpp.batch_tokens < self.max_batch_size, "batch_tokens must be at least max_batch_size"),
             (not 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS, f"max_draft_tokens must be 1 to {MAX_DRAFT_TOKENS}"),
             (bool(self.exllamav2.draft_model) and self.speculation is SpeculationSetting.NGRAM,
@@ -239,6 +251,11 @@ class EngineConfig:
     @property
     def max_running_per_caller(self) -> int:
         return self.fairness.max_running_per_caller or self.max_batch_size
+
+    @property
+    def per_caller_limit(self) -> int:
+        """Requests one caller may hold, running or queued."""
+        return self.max_running_per_caller + (self.max_queued_per_caller or self.max_queued_requests)
 
     def speculation_mode(self, auto: SpeculationMode) -> SpeculationMode:
         """The server's mode, `auto` standing for the engine's own choice."""

@@ -12,7 +12,7 @@ from service import logs, settings_help
 from service.config import ServeConfig, load_config
 
 if TYPE_CHECKING:  # the server is imported only to serve (fetch-model needs none of it)
-    from service.server import EngineBuilder
+    from backend import EngineRecipe
 
 
 _SERVE_HELP = """\
@@ -52,8 +52,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None, build: EngineBuilder | None = None) -> int:
-    """`build` replaces backend.registry.build_engine (tests wrap the engine it builds)."""
+def main(argv: list[str] | None = None, recipe: EngineRecipe | None = None) -> int:
+    """`recipe` replaces backend.registry.MODEL_RECIPE (tests wrap the engine it builds, or serve a fake one)."""
     args = _parse(argv)
     if args.command == "fetch-model":
         from backend import default_model_path
@@ -67,13 +67,17 @@ def main(argv: list[str] | None = None, build: EngineBuilder | None = None) -> i
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)
-    from backend import EngineUnavailable, ModelError
+    from backend import MODEL_RECIPE, EngineUnavailable, ModelError
     from service import server
-    from service.telemetry import MetricsListenError
 
+    recipe = recipe or MODEL_RECIPE
     try:
-        return asyncio.run(server.run(config, build) if build else server.run(config))
-    except (ModelError, EngineUnavailable, server.StartupError, MetricsListenError) as exc:
+        if config.engine_process:  # the engine in a process of its own, beside the front ends
+            from service import supervisor
+
+            return supervisor.supervise(config, recipe)
+        return asyncio.run(server.run_in_process(config, recipe))
+    except (ModelError, EngineUnavailable, server.StartupError) as exc:
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
 

@@ -77,9 +77,16 @@ class ServeConfig:
     listen: str = setting(
         "127.0.0.1:50051", "Address to bind. Port 0 picks a free one.", Group.SERVER, values="`host:port`")
     engine: EngineConfig = field(default_factory=EngineConfig)
-    max_queued_per_caller: int = setting(
-        0, "One caller's requests waiting beyond those. `0`: `max_queued_requests`. Past both: "
-        "`RESOURCE_EXHAUSTED` (`CALLER_OVER_LIMIT`).", Group.SCHEDULING, values="0 or more")
+    engine_process: bool = setting(
+        True, "The engine in a process of its own, supervised and started again if it dies "
+        "([the engine process](engines.md#the-engine-process)); `false`: on a thread of the server's process, "
+        "whose death then ends the server.", Group.SERVER)
+    front_ends: int = setting(
+        1, "gRPC front-end processes on `listen`, one engine. The kernel spreads connections, not calls, among "
+        "them. Needs `engine_process`.", Group.SERVER, values="1 to 64")
+    max_engine_restarts: int = setting(
+        5, "Deaths of the engine process in a row after which the server exits (status 3) instead of starting "
+        "it again; an hour up starts the count again.", Group.SERVER, values="0 or more")
     caller_weights: tuple[CallerWeight, ...] = setting(
         (), "`name=weight` per caller: its share relative to others.", Group.SCHEDULING,
         values="`name=weight` entries, comma-separated (or a TOML list); weights above 0",
@@ -108,12 +115,6 @@ class ServeConfig:
     max_input_bytes: int = setting(
         1 << 20, "Largest prompt, chat (all messages) or Tokenize input, in UTF-8 bytes. More is "
         "`INVALID_ARGUMENT`.", Group.STREAMS, values="at least 1")
-    compile_threads: int = setting(
-        1, "Threads for large constraint compiles. Sources up to 16 kB compile on one separate thread.",
-        Group.CONSTRAINTS, values="at least 1")
-    max_concurrent_compiles: int = setting(
-        4, "Large compiles running or waiting at once. Beyond: `RESOURCE_EXHAUSTED` (`TOO_MANY_COMPILES`).",
-        Group.CONSTRAINTS, values="at least 1")
     compile_timeout_s: float = setting(
         10.0, "How long a caller waits for a compile (`COMPILE_BUDGET_EXCEEDED` after). The compile still "
         "finishes into the cache.", Group.CONSTRAINTS, values="seconds, above 0")
@@ -154,8 +155,8 @@ class ServeConfig:
         False, "Record prompt and output text in spans (`gen_ai.input.messages`, `gen_ai.output.messages`).",
         Group.TELEMETRY)
     prometheus_port: int = setting(
-        0, "Serve Prometheus metrics on this port, at `/metrics`. `0` is off. OTLP export follows the `OTEL_*` "
-        "variables.", Group.TELEMETRY, values="0 to 65535")
+        0, "Serve Prometheus metrics on this port, at `/metrics` (front end i of several on this port + i). `0` "
+        "is off. OTLP export follows the `OTEL_*` variables.", Group.TELEMETRY, values="0 to 65535")
     prometheus_host: str = setting(
         "", "The address the metrics listener binds. By default the host of `listen`, so a server that listens "
         "on loopback keeps its metrics there too; `0.0.0.0` (or `::`) exposes them on every interface.",
@@ -174,12 +175,13 @@ class ServeConfig:
     def __post_init__(self) -> None:
         rules = [
             (self.stream_buffer_events < 2, "stream_buffer_events must be at least 2"),
-            (self.max_queued_per_caller < 0 or self.caller_metric_labels < 0,
-             "max_queued_per_caller and caller_metric_labels must not be negative"),
+            (self.caller_metric_labels < 0, "caller_metric_labels must not be negative"),
             (self.grace_period_s < 0, "grace_period_s must not be negative"),
-            (min(self.max_input_bytes, self.compile_threads, self.max_concurrent_compiles) < 1
-             or self.compile_timeout_s <= 0,
-             "max_input_bytes, compile_threads, max_concurrent_compiles and compile_timeout_s must be positive"),
+            (not 1 <= self.front_ends <= 64, "front_ends must be 1 to 64"),
+            (self.front_ends > 1 and not self.engine_process, "front_ends above 1 needs engine_process = true"),
+            (self.max_engine_restarts < 0, "max_engine_restarts must not be negative"),
+            (self.max_input_bytes < 1 or self.compile_timeout_s <= 0,
+             "max_input_bytes and compile_timeout_s must be positive"),
             (not 0 <= self.prometheus_port <= 65535, "prometheus_port must be 0 to 65535"),
             (":" not in self.listen, "listen must be host:port (port 0 picks a free one)"),
             (bool(self.tls_cert) != bool(self.tls_key), "tls_cert and tls_key go together"),
@@ -195,12 +197,6 @@ class ServeConfig:
         for broken, message in rules:
             if broken:
                 raise ValueError(message)
-
-    @property
-    def per_caller_limit(self) -> int:
-        """Requests one caller may hold, running or queued."""
-        engine = self.engine
-        return engine.max_running_per_caller + (self.max_queued_per_caller or engine.max_queued_requests)
 
     @property
     def metrics_host(self) -> str:

@@ -210,6 +210,7 @@ def server_status(
         preempted_sequences=stats.preempted_sequences,
         recomputed_tokens_total=stats.recomputed_tokens_total,
         retiled_tokens_total=stats.retiled_tokens_total,
+        engine_restarts=stats.engine_restarts,
         draft_tokens_total=stats.draft_tokens_total,
         accepted_draft_tokens_total=stats.accepted_draft_tokens_total,
         cache_block_size=info.cache_block_size,

@@ -70,7 +70,7 @@ class PromptBuilder:
             messages, context = [], ChatContext()
             tokens, truncated = _last(self._text_tokens(request), keep)
         self._check_fits(tokens, field_name)
-        problem = self._engine.budget_problem(len(tokens), max_new_tokens)
+        problem = self._engine.info.budget_problem(len(tokens), max_new_tokens)
         if problem:
             raise out_of_range("stopping.max_new_tokens", problem)
         opened = field_name == "chat" and reasoning_opened(

@@ -32,7 +32,7 @@ class Samples:
         self.done = False
         """Every sample has finished (an attribute, not a property: read after every message)."""
         constraint = generation.constraint
-        self._approximated: ConstraintSpec | None = None if constraint is None or constraint.spec.strict else constraint.spec
+        self._approximated: ConstraintSpec | None = None if constraint is None or constraint.strict else constraint
         self._texts: dict[int, list[str]] = collections.defaultdict(list)
 
     def message(self, index: int, events: list[TokenEvent]) -> pb.GenerateStreamResponse:

@@ -18,13 +18,13 @@ from typing import Any
 
 from backend.common.chat import ChatTemplate
 from backend.config import EngineConfig
-from backend.constraints import ConstraintCompiler
+from backend.constraints import CompiledConstraint, ConstraintCompiler
 from backend.engine import EngineUnavailable
 from backend.exllamav2.attention_provider import NONE, describe, import_exllamav2
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
 from backend.exllamav2.held import Resume
-from backend.exllamav2.jobs import budget_problem, job_fields, job_input
+from backend.exllamav2.jobs import job_fields, job_input
 from backend.exllamav2.loading import load_model_and_cache, unavailable_message
 from backend.exllamav2.model_files import adds_bos, end_token_ids, find_model_dir, unloadable_weights, weight_format
 from backend.exllamav2.preemption import continue_with
@@ -35,10 +35,10 @@ from backend.exllamav2.settings import (
     settings_fields,
     token_bias_values,
 )
-from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
+from backend.exllamav2.sizes import PAGE_SIZE, generator_fields, generator_sizes, speculation
+from backend.local_engine import WorkerEngine
 from backend.tools import detect_format, detect_reasoning
 from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
-from backend.worker import EngineWorker, WorkerEngine
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,10 @@ class ExLlamaV2Engine(WorkerEngine):
             draft = {"draft_model": draft_model, "draft_cache": draft_cache}
         drafts = speculation(config, bool(draft))
         self.tokenizer = exllamav2.ExLlamaV2Tokenizer(xconfig, lazy_init=False)
-        self.max_seq_len = sizes.max_seq_len
-        self.cache_tokens = sizes.cache_tokens
         self.eos_token_ids = end_token_ids(model_dir, self.tokenizer.eos_token_id)
         tokenizer_json = (model_dir / "tokenizer.json").read_text()
         ll_tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=xconfig.vocab_size, eos_token=list(self.eos_token_ids))
-        self.constraints = ConstraintCompiler(ll_tokenizer, limits=config.constraint)
+        constraints = ConstraintCompiler(ll_tokenizer, limits=config.constraint)
         template = (self.tokenizer.tokenizer_config_dict or {}).get("chat_template")
         chat = (
             ChatTemplate(template, self.tokenizer.bos_token or "", self.tokenizer.eos_token or "")
@@ -113,7 +111,7 @@ class ExLlamaV2Engine(WorkerEngine):
         self.info = ModelInfo(
             model_id=config.model_id or model_dir.name,
             engine="exllamav2" if self.paged else "exllamav2 (unpaged: one request at a time)",
-            context_length=self.max_seq_len,
+            context_length=sizes.max_seq_len,
             vocab_size=xconfig.vocab_size,
             max_batch_size=sizes.batch,
             bos_token_id=self.tokenizer.bos_token_id,
@@ -132,6 +130,8 @@ class ExLlamaV2Engine(WorkerEngine):
             request_features=EXLLAMAV2_REQUEST_FEATURES,
             attention_provider=provider,
             reuses_decoded_cells=self.paged,  # its cache pages keep generated tokens as decoded
+            cache_tokens=sizes.cache_tokens,  # the generator reserves whole pages for prompt + max_new_tokens up front
+            cache_page_tokens=PAGE_SIZE,
         )
         filter_type = filter_class()
         pieces_with_special = self.tokenizer.get_id_to_piece_list(True)
@@ -145,11 +145,13 @@ class ExLlamaV2Engine(WorkerEngine):
                 model=self.model, cache=self.cache, tokenizer=self.tokenizer, **draft, **generator_fields(sizes, drafts)
             )
 
-        def make_job(request: GenerationRequest, resume: Resume | None = None) -> tuple[Any, GrammarFilterCore | None]:
+        def make_job(
+            request: GenerationRequest, resume: Resume | None, compiled: CompiledConstraint | None,
+        ) -> tuple[Any, GrammarFilterCore | None]:
             """A request's job; given a Resume, the one that continues it after a preemption (never constrained)."""
             constraint = filters = None
-            if request.constraint is not None:
-                constraint = GrammarFilterCore(request.constraint, self.eos_token_ids, xconfig.vocab_size)
+            if compiled is not None:
+                constraint = GrammarFilterCore(compiled, self.eos_token_ids, xconfig.vocab_size)
                 filters = [filter_type(self.model, self.tokenizer, constraint)]
             if resume is not None:
                 settings = resume.previous.gen_settings  # with what it carries (mirostat's mu)
@@ -169,17 +171,15 @@ class ExLlamaV2Engine(WorkerEngine):
             )
             return (job if resume is None else continue_with(job, resume.previous)), constraint
 
-        self.core = ExLlamaV2Core(
+        batched = dataclasses.replace(config, max_batch_size=sizes.batch)
+        core = ExLlamaV2Core(
             make_generator, make_job, self.eos_token_ids, self.token_piece, len(self.vocabulary.pieces), sizes.cache_tokens,
-            dataclasses.replace(config, max_batch_size=sizes.batch),
+            batched,
         )
-        self._worker = EngineWorker(self.core, name="exllamav2-engine")
+        self._serve(core, constraints, batched, name="exllamav2-engine")
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self.vocabulary.tokenize(text, add_special)
-
-    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
-        return budget_problem(prompt_tokens, max_new_tokens, self.max_seq_len, self.cache_tokens)
 
     def token_piece(self, token_id: int) -> bytes:
         return self.vocabulary.piece(token_id)
@@ -191,5 +191,5 @@ class ExLlamaV2Engine(WorkerEngine):
         return self.vocabulary.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
-        self._worker.close()
+        self._stop()
         self.model.unload()

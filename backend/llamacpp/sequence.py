@@ -9,15 +9,18 @@ the batch feeds `tokens[cached:]`; its sampler picks what comes next.
 from __future__ import annotations
 
 from backend.common.output import SequenceOutput
-from backend.engine import EventSink
-from backend.events import GeneratedToken
+from backend.constraints import CompiledConstraint
+from backend.events import EventSink, GeneratedToken
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.sampling import Sampler
 from backend.types import SAMPLE_SEPARATOR, GenerationRequest
 
 
 class Sequence:
-    def __init__(self, request: GenerationRequest, sink: EventSink, sampler: Sampler, layout: PromptLayout) -> None:
+    def __init__(
+        self, request: GenerationRequest, sink: EventSink, sampler: Sampler, layout: PromptLayout,
+        constraint: CompiledConstraint | None = None,
+    ) -> None:
         self.request = request
         self.sink = sink
         self.sampler = sampler
@@ -25,7 +28,7 @@ class Sequence:
         self.groups = layout
         """How the prompt rows it has yet to compute are grouped: as its layout, unless it took a decoded answer's
         cells as they are (its output no longer follows the layout's guarantee; the rest goes in few groups)."""
-        self.output = SequenceOutput(request)
+        self.output = SequenceOutput(request, constraint)
         self.tokens: list[int] = list(request.prompt_token_ids)
         self.prompt_length = len(request.prompt_token_ids)
         self.slot = -1

@@ -1,0 +1,204 @@
+"""The engine process's protocol (backend.process), both sides in this process: an EngineHost serving the fake
+engine on a thread, RemoteEngines on the test's event loop, raw ZMQ peers where a test plays a front end by
+hand. The real processes, their deaths and restarts are tests/service/test_engine_process.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from backend.constraints import ConstraintError, ConstraintSpec
+from backend.events import ErrorEvent, Event, TokenEvent
+from backend.process import protocol as wire
+from backend.process.host import EngineHost
+from backend.process.remote import RemoteEngine
+from backend.types import GenerationRequest, SamplingParams, StopParams
+from tests.harness.fake_engine import FakeEngine, FakeVocabulary
+from tests.harness.helpers import wait_for
+
+
+class Stream:
+    """A request's sink on the loop: its events, and a future done at its last."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.ended = asyncio.get_running_loop().create_future()
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if (isinstance(event, ErrorEvent) or event.finish is not None) and not self.ended.done():
+            self.ended.set_result(event)
+
+    @property
+    def text(self) -> str:
+        return "".join(event.text for event in self.events if isinstance(event, TokenEvent))
+
+
+def request(request_id: str, tokens: int = 8, prompt: str = "Hello") -> GenerationRequest:
+    return GenerationRequest(request_id, tuple(FakeVocabulary().tokenize(prompt)), SamplingParams(temperature=0.0),
+                             StopParams(max_new_tokens=tokens, ignore_eos=True))
+
+
+@pytest.fixture
+def engine() -> Iterator[FakeEngine]:
+    running = FakeEngine()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def host(engine: FakeEngine, tmp_path: pathlib.Path) -> Iterator[EngineHost]:
+    served = EngineHost(engine, tmp_path, restarts=2)
+    thread = threading.Thread(target=served.serve, daemon=True)
+    thread.start()
+    yield served
+    served.stop_serving()
+    thread.join(5)
+    served.close()
+
+
+async def connected(tmp_path: pathlib.Path, index: int = 0) -> RemoteEngine:
+    remote = RemoteEngine(tmp_path, index, lambda info: FakeVocabulary())
+    await asyncio.wait_for(remote.connect(), 10)
+    return remote
+
+
+async def test_a_front_end_submits_and_its_requests_stream_back_as_in_process(host, tmp_path):
+    remote = await connected(tmp_path)
+    try:
+        assert remote.info.model_id == "fake-bytes" and remote.restarts == 2
+        assert remote.tokenize("Hi") == FakeVocabulary().tokenize("Hi")  # the front end's own vocabulary
+        streams = {name: Stream() for name in ("a", "b")}
+        for name, stream in streams.items():
+            remote.submit(request(name), stream)
+        for stream in streams.values():
+            last = await asyncio.wait_for(stream.ended, 10)
+            assert isinstance(last, TokenEvent) and last.finish is not None and last.generated_tokens == 8
+        local = FakeEngine()
+        try:  # the same events as the engine gives a caller in its own process
+            alone, loop = Stream(), asyncio.get_running_loop()
+            local.submit(request("a"), lambda event: loop.call_soon_threadsafe(alone, event))
+            await asyncio.wait_for(alone.ended, 10)
+        finally:
+            local.close()
+        assert streams["a"].text == alone.text and len(streams["a"].text) == 8
+        for name in streams:
+            remote.release(name)
+        stats = await asyncio.wait_for(remote.current_stats(), 10)
+        assert stats.started_total == 2 and stats.engine_restarts == 2 and stats.running_sequences == 0
+    finally:
+        remote.close()
+
+
+async def test_cancel_ends_a_request_at_the_next_step_and_release_frees_its_place(host, engine, tmp_path):
+    remote = await connected(tmp_path)
+    try:
+        engine.plan("held", hold_after=1)
+        stream = Stream()
+        remote.submit(request("held-1", 50), stream)
+        while not stream.events:
+            await asyncio.sleep(0.01)
+        remote.cancel("held-1")
+        last = await asyncio.wait_for(stream.ended, 10)
+        assert last.finish.reason.value == "cancelled"
+        remote.release("held-1")
+        stats = await remote.current_stats()
+        assert stats.cancelled_total == 1 and stats.running_sequences == 0
+    finally:
+        remote.close()
+
+
+async def test_constraints_compile_in_the_engine_and_their_errors_come_back_named(host, tmp_path):
+    remote = await connected(tmp_path)
+    try:
+        spec = ConstraintSpec("regex", "[0-9]{3}")
+        first = await remote.compile(spec)
+        again = await remote.compile(spec)
+        assert not first.cached and again.cached and again.fresh_compile_s == 0.0
+        with pytest.raises(ConstraintError) as caught:
+            await remote.compile(ConstraintSpec("json_schema", "{not json"))
+        assert caught.value.kind == "json_schema" and "not valid JSON" in str(caught.value)
+        stream = Stream()
+        remote.submit(GenerationRequest("digits", tuple(FakeVocabulary().tokenize("n")), SamplingParams(temperature=0.0),
+                                        StopParams(max_new_tokens=8), constraint=spec), stream)
+        last = await asyncio.wait_for(stream.ended, 10)  # the fake engine's script is no digits: its grammar refuses it
+        assert isinstance(last, ErrorEvent) and last.kind.value == "constraint_failed" and "rejected" in last.message
+    finally:
+        remote.close()
+
+
+async def test_two_front_ends_may_use_the_same_request_id(host, tmp_path):
+    first, second = await connected(tmp_path, 0), await connected(tmp_path, 1)
+    try:
+        streams = (Stream(), Stream())
+        first.submit(request("same", prompt="one"), streams[0])
+        second.submit(request("same", prompt="two"), streams[1])
+        for stream in streams:
+            await asyncio.wait_for(stream.ended, 10)
+        assert streams[0].text != streams[1].text  # each got its own request's output
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_front_end_that_dies_has_its_requests_cancelled_and_released(host, engine, tmp_path):
+    """A raw front end whose pid is a process the test then kills: the engine ends its held request."""
+    engine.plan("held", hold_after=1)
+    body = subprocess.Popen(["sleep", "60"])
+    context = zmq.Context()
+    pull = context.socket(zmq.PULL)
+    address = f"ipc://{tmp_path / wire.front_end_socket(5)}"
+    pull.bind(address)
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, wire.front_end_identity(5))
+    dealer.connect(f"ipc://{tmp_path / wire.ENGINE_SOCKET}")
+    try:
+        dealer.send(wire.encode(wire.Hello(5, body.pid, address)))
+        assert isinstance(wire.decode_to_front_end(pull.recv()), wire.Welcome)
+        dealer.send(b"\x93not a message")  # unreadable: dropped, nothing else
+        dealer.send(wire.encode(wire.Submit(request("held-by-the-dead", 50))))
+        events = wire.decode_to_front_end(pull.recv())
+        while not isinstance(events, wire.Events):
+            events = wire.decode_to_front_end(pull.recv())
+        assert events.events[0][0] == "held-by-the-dead"
+        body.kill()
+        body.wait()
+        wait_for(lambda: engine.stats.cancelled_total == 1 and engine.stats.running_sequences == 0, 30, "the cancel")
+    finally:
+        body.kill()
+        dealer.close(linger=0)
+        pull.close(linger=0)
+        context.term()
+
+
+def test_a_front_end_speaking_another_protocol_version_is_not_served(host, tmp_path):
+    """Its Hello is ignored, so its next command is dropped: the first answer it gets is the Welcome to the Hello it
+    sends in this version afterwards (the engine reads one peer's messages in order)."""
+    context = zmq.Context()
+    pull = context.socket(zmq.PULL)
+    address = f"ipc://{tmp_path / wire.front_end_socket(7)}"
+    pull.bind(address)
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, wire.front_end_identity(7))
+    dealer.connect(f"ipc://{tmp_path / wire.ENGINE_SOCKET}")
+    try:
+        dealer.send(wire.encode(wire.Hello(7, os.getpid(), address, version=wire.VERSION + 1)))
+        dealer.send(wire.encode(wire.Status(1)))
+        dealer.send(wire.encode(wire.Hello(7, os.getpid(), address)))
+        dealer.send(wire.encode(wire.Status(2)))
+        assert isinstance(wire.decode_to_front_end(pull.recv()), wire.Welcome)
+        answer = wire.decode_to_front_end(pull.recv())
+        while not (isinstance(answer, wire.StatusReport) and answer.ticket):  # unasked reports may come between
+            answer = wire.decode_to_front_end(pull.recv())
+        assert answer.ticket == 2
+    finally:
+        dealer.close(linger=0)
+        pull.close(linger=0)
+        context.term()
