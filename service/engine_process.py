@@ -47,7 +47,10 @@ def main(config: ServeConfig, recipe: EngineRecipe, run_dir: str, restarts: int,
     log.info("engine (pid %d) serving %s%s", os.getpid(), engine.info.model_id,
              f", started again after dying ({restarts})" if restarts else "")
     ready.send(("ready", engine.info.model_id))
-    host.serve()
+    try:
+        host.serve()
+    except Exception as exc:  # its output thread failed: nothing reaches the front ends any more
+        _crashed(exc)
     log.info("engine stopping")
     engine.close()
     host.close()

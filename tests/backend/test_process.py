@@ -202,3 +202,30 @@ def test_a_front_end_speaking_another_protocol_version_is_not_served(host, tmp_p
         dealer.close(linger=0)
         pull.close(linger=0)
         context.term()
+
+
+async def test_peers_that_are_no_front_end_are_dropped_and_the_engine_serves_on(host, tmp_path):
+    """A peer with an identity of its own, or none, and frames of any shape: each message dropped (and logged)."""
+    context = zmq.Context()
+    strangers = [context.socket(zmq.DEALER) for _ in range(2)]
+    strangers[0].setsockopt(zmq.IDENTITY, b"stranger")
+    try:
+        for stranger in strangers:
+            stranger.connect(f"ipc://{tmp_path / wire.ENGINE_SOCKET}")
+            stranger.send(wire.encode(wire.Submit(request("intruder"))))
+            stranger.send_multipart([b"two", b"frames"])
+            stranger.send(wire.encode(wire.Release("intruder")))
+        remote = await connected(tmp_path)
+        try:
+            stream = Stream()
+            remote.submit(request("after"), stream)
+            last = await asyncio.wait_for(stream.ended, 10)
+            assert last.finish is not None
+            stats = await remote.current_stats()
+            assert stats.started_total == 1  # the strangers' submits never reached the engine
+        finally:
+            remote.close()
+    finally:
+        for stranger in strangers:
+            stranger.close(linger=0)
+        context.term()
