@@ -52,6 +52,9 @@ class AttentionSetting(enum.StrEnum):
     SDPA = "sdpa"
     """tokenspout's own paged attention on torch's scaled_dot_product_attention
     (backend.exllamav2.paged_attention), whatever else is installed."""
+    TRITON = "triton"
+    """tokenspout's own paged attention as a Triton kernel that reads each page once through the block
+    table (backend.exllamav2.paged_attention_triton); needs triton, which CUDA builds of torch bring."""
     OFF = "off"
     """No paged attention: exllamav2's own unpaged path, one request at a time."""
 
@@ -164,8 +167,10 @@ class ExLlamaV2Settings:
     attention: AttentionSetting = setting(
         AttentionSetting.AUTO, "Which paged attention exllamav2 runs on: `auto` (flash-attn when a paged one "
         "imports, else `sdpa`), `flash-attn` (flash-attn >= 2.5.7 or no start), `sdpa` (tokenspout's own paged "
-        "attention on torch's `scaled_dot_product_attention`), `off` (unpaged: one request at a time). "
-        "`GetModelInfo.attention_provider` says which runs.", Group.EXLLAMAV2)
+        "attention on torch's `scaled_dot_product_attention`), `triton` (tokenspout's own paged attention as a "
+        "Triton kernel that reads each page once through the block table; needs `triton`, which CUDA builds of "
+        "torch install), `off` (unpaged: one request at a time). `GetModelInfo.attention_provider` says which "
+        "runs.", Group.EXLLAMAV2)
 
     def __post_init__(self) -> None:
         _require([

@@ -273,8 +273,8 @@ class ModelInfo:
     cache_block_size: int = 0
     """Tokens per block of its KV-cache events (0: it publishes none)."""
     attention_provider: str = ""
-    """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
-    attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
+    """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" or "triton" (tokenspout's
+    paged attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
     reuses_decoded_cells: bool = False
     """Whether a next turn reuses its answer's cells as decoding computed them (greedy output may then differ
     from a cold run's at a near tie); False where cached cells are reused only as a cold prompt computes them."""

@@ -2327,8 +2327,9 @@ export type GetModelInfoResponse = Message<"tokenspout.v1.GetModelInfoResponse">
 
   /**
    * The attention the engine runs on: for exllamav2 "flash-attn", "sdpa"
-   * (tokenspout's paged attention on torch's scaled_dot_product_attention), or
-   * "none" (unpaged: one request at a time); "llama.cpp" for llama.cpp.
+   * (tokenspout's paged attention on torch's scaled_dot_product_attention),
+   * "triton" (tokenspout's paged attention kernel), or "none" (unpaged: one
+   * request at a time); "llama.cpp" for llama.cpp.
    *
    * @generated from field: string attention_provider = 14;
    */
