@@ -87,7 +87,8 @@ $(DEPLOY_VENV)/.installed: deploy/requirements-tools.txt
 	touch $@
 
 deploy-tools: $(DEPLOY_VENV)/.installed
-	command -v haproxy >/dev/null && command -v curl >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy curl)
+	# openssl: docs/getting-started.md's keys and certificate, run as written by tests/test_docs_examples.py.
+	command -v haproxy >/dev/null && command -v curl >/dev/null && command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy curl openssl)
 
 # Generated clients in Go, Java and C++ (tests/clients/test_clients_generated.py, clients/README.md): Debian's
 # toolchains, protoc plugins and gRPC libraries. `NAME=VERSION*` pins bookworm's upstream version and

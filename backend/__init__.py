@@ -59,6 +59,7 @@ from backend.local_engine import WorkerEngine
 from backend.process.host import EngineHost
 from backend.process.remote import RemoteEngine
 from backend.registry import MODEL_RECIPE, EngineRecipe, build_engine
+from backend.setting import Group, SettingHelp, setting
 from backend.types import (
     ALL_REQUEST_FEATURES,
     COMMON_SAMPLERS,
@@ -124,6 +125,7 @@ __all__ = [
     "FinishReason",
     "GeneratedToken",
     "GenerationRequest",
+    "Group",
     "LlamaCppSettings",
     "MAX_DRAFT_TOKENS",
     "MirostatParams",
@@ -137,6 +139,8 @@ __all__ = [
     "SamplingParams",
     "Scheduling",
     "SchedulingPolicy",
+    "setting",
+    "SettingHelp",
     "SpeculationMode",
     "SpeculationParams",
     "SpeculationSetting",

@@ -222,11 +222,11 @@ class GenerationCall:
         """Submits the request and sends one message per batch of its events, or a heartbeat when none came
         for a while. Leaving before the engine ended it cancels it there. A coroutine that sends, not a
         generator the handler iterates: one frame less to suspend and resume for each of its messages."""
+        samples = Samples(self.generation, self.request_id, self._output_parser)
         stream = self._submit()
         lifecycle, request_trace = self._calls.lifecycle, self._trace
         try:
             with lifecycle.interruptible(stream.interrupt):
-                samples = Samples(self.generation, self.request_id, self._output_parser)
                 pacing = self._pacing()
                 while not samples.done:
                     batch = await stream.next_batch(*pacing)
@@ -251,7 +251,7 @@ class GenerationCall:
             self._calls.close(self._identity, self.request_id)
             if not self._ended:  # the caller left, or the server ended the call: free its sequences now
                 self._calls.engine.cancel(self.generation.request_id)
-                self._ended_early()
+                self._ended_early(samples.generated_tokens)
             self._calls.engine.release(self.generation.request_id)
 
     def _prepare(self, request: pb.GenerateStreamRequest) -> tuple[RequestParams, Prompt, float]:
@@ -306,17 +306,19 @@ class GenerationCall:
         log.info("request %s finished: %s, %d tokens", self.request_id, finish.reason.value,
                  finish.usage.completion_tokens, extra=_ids(self.request_id))
 
-    def _ended_early(self) -> None:
+    def _ended_early(self, tokens: int) -> None:
         """Says who ended the call before the engine did, and why: the server (its reason), or the caller
-        (time_limit once its deadline has passed, else cancelled)."""
+        (time_limit once its deadline has passed, else cancelled); and the tokens it had been sent."""
         deadline = self.generation.deadline
         reason = "time_limit" if deadline is not None and time.monotonic() >= deadline else "cancelled"
         ending = self._calls.lifecycle.ending
         if ending is not None:
             reason = ending.reason.lower()
-            log.info("request %s ended by the server: %s", self.request_id, reason, extra=_ids(self.request_id))
+            log.info("request %s ended by the server: %s, %d tokens", self.request_id, reason, tokens,
+                     extra=_ids(self.request_id))
         else:
-            log.info("request %s ended by the caller: %s", self.request_id, reason, extra=_ids(self.request_id))
+            log.info("request %s ended by the caller: %s, %d tokens", self.request_id, reason, tokens,
+                     extra=_ids(self.request_id))
         if self._trace:
             self._trace.ended_early(reason)
 

@@ -35,6 +35,7 @@ class Samples:
         self.n = generation.n
         self._with_tokens = generation.output.return_tokens
         self._started: set[int] = set()
+        self._generated: dict[int, int] = {}
         self.finishes: dict[int, Finish] = {}
         self.done = False
         """Every sample has finished (an attribute, not a property: read after every message)."""
@@ -59,6 +60,7 @@ class Samples:
             if parser is None:  # a sample's first message (setdefault would make a parser for every one)
                 parser = self._parsers[index] = self._output_parser()
             parser.rewrite(message, events)
+        self._generated[index] = events[-1].generated_tokens
         finish = events[-1].finish
         if finish is not None:
             self.finishes[index] = finish
@@ -70,6 +72,11 @@ class Samples:
         if self._approximated is not None:
             self._check_output(index, message, self._approximated)
         return message
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the samples' messages have carried so far, all samples together."""
+        return sum(self._generated.values())
 
     def _check_output(self, index: int, message: pb.GenerateStreamResponse, spec: ConstraintSpec) -> None:
         """Non-strict JSON constraints were approximated: say honestly, at the end, whether the output complies."""

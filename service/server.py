@@ -37,7 +37,7 @@ from service.kv_publisher import ZmqCachePublisher, cache_publisher
 from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, Lifecycle
 from service.limits import Limits
 from service.reflection import ReflectionServicer, load_descriptor_set
-from service.telemetry import Telemetry, from_environment
+from service.telemetry import MetricsListenError, Telemetry, from_environment
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -138,9 +138,12 @@ class TokenspoutServer:
             check_port(config.listen)  # before anything else, so a busy port is the only line printed
         self.config = config
         prometheus_port = config.prometheus_port + front_end if config.prometheus_port else 0
-        self.telemetry = telemetry = telemetry or from_environment(
-            config.trace_content, prometheus_port, config.caller_metric_labels
-        )
+        try:
+            self.telemetry = telemetry = telemetry or from_environment(
+                config.trace_content, prometheus_port, config.caller_metric_labels, config.metrics_host
+            )
+        except MetricsListenError as exc:
+            raise StartupError(str(exc)) from None
         try:
             self.auth = auth.interceptor(config)
         except (OSError, ValueError) as exc:
