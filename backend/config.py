@@ -101,17 +101,17 @@ class LlamaCppSettings:
     gpu_layers: int = 0
     """Layers to offload to a GPU (a CUDA or Metal build of llama.cpp)."""
     prefix_cache: bool = True
-    """Start each prompt from the longest cached prefix of earlier ones (greedy output is unchanged)."""
+    """Start each prompt from the longest cached prefix of earlier ones, to the token, as llama-server does."""
     prefix_cache_slots: int = 2
     """Cache streams beyond max_batch_size that only keep prefixes (context_length cells each)."""
     prefix_cache_generated: bool = True
-    """Keep what a sequence generated cached too, computed again as prompt rows once it ends (so greedy
-    output is still unchanged): a chat's next turn reuses the previous answer (backend.llamacpp.retile)."""
-    prefix_cache_decoded: bool = False
-    """Let a chat's next turn take the cells its previous answer was decoded in as they are, as llama-server
-    does, instead of computing that answer again: the next turn computes only its new message at once, but
-    its greedy output may part from a cold run's at near ties (llama.cpp rounds a token decoded alone
-    otherwise than one in a prompt group). Prompts that continue no answer keep the guarantee."""
+    """Keep what a sequence generated cached too, so a chat's next turn reuses the previous answer: its cells as
+    decoded, or with prefix_cache_exact computed again as prompt rows once it ends (backend.llamacpp.retile)."""
+    prefix_cache_exact: bool = False
+    """Greedy output equals a cold run's whatever was cached: reuse only cells computed as a cold prompt computes
+    them (whole 64-token tiles, answers computed again as prompt rows). Off, cells are reused to the token as they
+    were computed, as llama-server, vLLM and SGLang reuse them: output may part from a cold run's at near ties
+    (llama.cpp rounds a row otherwise in another group), but a prompt computes only what is new."""
     max_pause_s: float = 300.0
     """A sequence whose caller reads nothing for this long ends with ABORTED (PAUSED_TOO_LONG)."""
     first_token_hold_ms: float = 2.0

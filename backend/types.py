@@ -242,6 +242,17 @@ class ChatContext:
     """None: the template's default."""
 
 
+class PrefixReuse(enum.StrEnum):
+    """How an engine reuses cached prefixes, and so whether greedy output may depend on what was cached."""
+
+    OFF = "off"
+    AS_CACHED = "as_cached"
+    """Cells taken as they were computed (decoded ones included), as llama-server, vLLM and SGLang take them:
+    greedy output may part from a cold run's at a near tie."""
+    EXACT = "exact"
+    """Only cells a cold run computes the same way (llama.cpp's prefix_cache_exact): greedy output is a cold run's."""
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     model_id: str
@@ -273,8 +284,8 @@ class ModelInfo:
     """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
     attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
     reuses_decoded_cells: bool = False
-    """Whether a next turn reuses its answer's cells as decoding computed them (greedy output may then differ
-    from a cold run's at a near tie); False where cached cells are reused only as a cold prompt computes them."""
+    """Whether a next turn reuses its answer's cells as decoding computed them."""
+    prefix_reuse: PrefixReuse = PrefixReuse.OFF
 
 
 ALL_REQUEST_FEATURES = ("prompt_token_ids", "n", "truncate_input_tokens", "output.prompt_logprobs", "cache_salt")

@@ -37,7 +37,7 @@ from backend.exllamav2.settings import (
 )
 from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
 from backend.tools import detect_format, detect_reasoning
-from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
+from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo, PrefixReuse
 from backend.worker import EngineWorker, WorkerEngine
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,7 @@ class ExLlamaV2Engine(WorkerEngine):
             request_features=EXLLAMAV2_REQUEST_FEATURES,
             attention_provider=provider,
             reuses_decoded_cells=self.paged,  # its cache pages keep generated tokens as decoded
+            prefix_reuse=PrefixReuse.AS_CACHED if self.paged else PrefixReuse.OFF,
         )
         filter_type = filter_class()
         pieces_with_special = self.tokenizer.get_id_to_piece_list(True)

@@ -37,7 +37,7 @@ from backend.events import ErrorEvent, ErrorKind, Event, FinishReason, TokenEven
 from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.cache_events import LlamaCppCacheEvents
-from backend.llamacpp.layout import TILE_ROWS, PromptLayout
+from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prompt_logprobs import score_rows
 from backend.llamacpp.retile import retile_ended, to_retile
@@ -62,8 +62,7 @@ class LlamaCppCore:
         tuner = ThreadTuner(own.threads, plain_row_share=model.plain_row_share)
         self.ctx = model.new_context(slots, config.context_length, own.batch_tokens, tuner.threads)
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
-        self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache, self.context_length,
-                           own.prefix_cache_generated and own.batch_tokens >= 2 * TILE_ROWS, own.prefix_cache_decoded)
+        self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own, self.context_length)
         self.scheduler = Scheduler(
             config.max_batch_size, own.batch_tokens, own.max_pause_s, self.context_length, FairnessPolicy(config),
             self.slots.comeback_cost,
@@ -80,7 +79,7 @@ class LlamaCppCore:
         self._first_token_hold_s = own.first_token_hold_ms / 1000
         self.stats = EngineStats(cache_tokens_total=self._cache_tokens_total)
         self.cache_events = LlamaCppCacheEvents(
-            self.slots.prefixes, "GPU" if own.gpu_layers else "CPU", config.cache_events_replay_batches
+            self.slots, "GPU" if own.gpu_layers else "CPU", config.cache_events_replay_batches
         ) if config.cache_events else None
 
     # -- commands (each returns the events it produced) ------------------------
@@ -94,7 +93,8 @@ class LlamaCppCore:
     def _sequence(self, request: GenerationRequest, sink: EventSink) -> Sequence:
         sampler = Sampler(request.sampling, self.model, self.context_length)
         sampler.start(request.prompt_token_ids)
-        layout = PromptLayout.of(len(request.prompt_token_ids), request.last_message_start, self.scheduler.batch_tokens)
+        layout = PromptLayout.of(len(request.prompt_token_ids), request.last_message_start, self.scheduler.batch_tokens,
+                                 self.slots.exact)
         return Sequence(request, sink, sampler, layout)
 
     def _queue(self, seq: Sequence) -> None:
