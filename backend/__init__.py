@@ -21,8 +21,10 @@ from backend.common.cache_events import (
     CacheEvent,
     CacheEventBatch,
     CacheEventHub,
+    CacheWatching,
 )
 from backend.common.chat import ChatTemplateError
+from backend.common.core import Output
 from backend.common.models import ModelError, default_model_path
 from backend.common.stats import CallerTally, EngineStats
 from backend.common.tokens import common_prefix
@@ -38,11 +40,13 @@ from backend.config import (
     SchedulingPolicy,
     SpeculationSetting,
 )
-from backend.engine import Engine, EngineUnavailable, EventBatcher, EventSink
+from backend.engine import Engine, EngineGone, EngineUnavailable, Vocabulary
 from backend.events import (
     ErrorEvent,
     ErrorKind,
     Event,
+    EventBatcher,
+    EventSink,
     Finish,
     FinishReason,
     GeneratedToken,
@@ -51,7 +55,10 @@ from backend.events import (
     TopLogprob,
     Usage,
 )
-from backend.registry import build_engine
+from backend.local_engine import WorkerEngine
+from backend.process.host import EngineHost
+from backend.process.remote import RemoteEngine
+from backend.registry import MODEL_RECIPE, EngineRecipe, build_engine
 from backend.types import (
     ALL_REQUEST_FEATURES,
     COMMON_SAMPLERS,
@@ -73,7 +80,7 @@ from backend.types import (
     StopParams,
     XtcParams,
 )
-from backend.worker import EngineCore, EngineWorker, Output, WorkerEngine
+from backend.worker import EngineCore, EngineWorker
 
 __all__ = [
     "ALL_REQUEST_FEATURES",
@@ -86,6 +93,7 @@ __all__ = [
     "CacheEventBatch",
     "CacheEventHub",
     "CacheType",
+    "CacheWatching",
     "CallerTally",
     "ChatContext",
     "ChatMessage",
@@ -99,7 +107,10 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineCore",
+    "EngineGone",
+    "EngineHost",
     "EngineKind",
+    "EngineRecipe",
     "EngineStats",
     "EngineUnavailable",
     "EngineWorker",
@@ -117,11 +128,13 @@ __all__ = [
     "LlamaCppSettings",
     "MAX_DRAFT_TOKENS",
     "MirostatParams",
+    "MODEL_RECIPE",
     "ModelError",
     "ModelInfo",
     "Output",
     "OutputParams",
     "PrefixReuse",
+    "RemoteEngine",
     "SAMPLE_SEPARATOR",
     "SamplingParams",
     "Scheduling",
@@ -134,6 +147,7 @@ __all__ = [
     "TokenEvent",
     "TopLogprob",
     "Usage",
+    "Vocabulary",
     "WorkerEngine",
     "XtcParams",
 ]

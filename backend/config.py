@@ -51,6 +51,9 @@ class AttentionSetting(enum.StrEnum):
     SDPA = "sdpa"
     """tokenspout's own paged attention on torch's scaled_dot_product_attention
     (backend.exllamav2.paged_attention), whatever else is installed."""
+    TRITON = "triton"
+    """tokenspout's own paged attention as a Triton kernel that reads each page once through the block
+    table (backend.exllamav2.paged_attention_triton); needs triton, which CUDA builds of torch bring."""
     OFF = "off"
     """No paged attention: exllamav2's own unpaged path, one request at a time."""
 
@@ -169,10 +172,16 @@ class EngineConfig:
     """Most proposed tokens checked in one step, for a request that does not say."""
     max_queued_requests: int = 16
     """Requests that may wait beyond max_batch_size; more are refused with RESOURCE_EXHAUSTED."""
+    max_queued_per_caller: int = 0
+    """Requests one caller may have waiting beyond max_running_per_caller (0: max_queued_requests)."""
     fairness: FairnessSettings = field(default_factory=FairnessSettings)
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
     exllamav2: ExLlamaV2Settings = field(default_factory=ExLlamaV2Settings)
     constraint: ConstraintLimits = field(default_factory=ConstraintLimits, metadata={"prefix": "constraint_"})
+    compile_threads: int = 1
+    """Threads for large constraint compiles (small ones have a thread of their own), apart from everything else."""
+    max_concurrent_compiles: int = 4
+    """Large constraint compiles running at once; more are refused with RESOURCE_EXHAUSTED and RetryInfo."""
     cache_events: bool = False
     """Track which prompt prefixes the cache holds, as KV-cache events for routers (WatchCacheEvents,
     and ZMQ with cache_events_endpoint). llama.cpp only."""
@@ -188,7 +197,10 @@ class EngineConfig:
             (self.cache_events_replay_batches < 1, "cache_events_replay_batches must be at least 1"),
             (self.context_length < 16, "context_length must be at least 16"),
             (self.max_batch_size < 1, "max_batch_size must be at least 1"),
-            (self.max_queued_requests < 0, "max_queued_requests must not be negative"),
+            (min(self.compile_threads, self.max_concurrent_compiles) < 1,
+             "compile_threads and max_concurrent_compiles must be positive"),
+            (self.max_queued_requests < 0 or self.max_queued_per_caller < 0,
+             "max_queued_requests and max_queued_per_caller must not be negative"),
             (self.llamacpp.batch_tokens < self.max_batch_size, "batch_tokens must be at least max_batch_size"),
             (not 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS, f"max_draft_tokens must be 1 to {MAX_DRAFT_TOKENS}"),
             (bool(self.exllamav2.draft_model) and self.speculation is SpeculationSetting.NGRAM,
@@ -203,6 +215,11 @@ class EngineConfig:
     @property
     def max_running_per_caller(self) -> int:
         return self.fairness.max_running_per_caller or self.max_batch_size
+
+    @property
+    def per_caller_limit(self) -> int:
+        """Requests one caller may hold, running or queued."""
+        return self.max_running_per_caller + (self.max_queued_per_caller or self.max_queued_requests)
 
     def speculation_mode(self, auto: SpeculationMode) -> SpeculationMode:
         """The server's mode, `auto` standing for the engine's own choice."""

@@ -2,8 +2,11 @@
 
 Every engine is job-based and owns its model from exactly one worker thread:
 `submit` and `cancel` are commands into that thread, and each request's events
-come back through the `EventSink` it was submitted with, called from the
-worker thread. The service never touches model objects itself.
+come back through the `EventSink` it was submitted with. The service never
+touches model objects itself. An engine runs in the service's process
+(backend.local_engine.WorkerEngine), or in a process of its own that the service
+reaches through backend.process (RemoteEngine, the same contract); the
+`Vocabulary` part is then the service's own, loaded from the model's files.
 """
 
 from __future__ import annotations
@@ -11,35 +14,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from backend.common.cache_events import CacheEventHub
+from backend.common.cache_events import CacheWatching
 from backend.common.stats import EngineStats
-from backend.constraints import ConstraintCompiler
-from backend.events import Event
+from backend.constraints import CompileReport, ConstraintSpec
+from backend.events import EventSink
 from backend.types import ChatContext, ChatMessage, GenerationRequest, ModelInfo
-
-EventSink = Callable[[Event], None]
-"""Receives one request's events on the engine thread; must not block."""
-
-
-class EventBatcher(Protocol):
-    """Takes the events of many sinks at once. A sink with a `batcher` attribute (one of these) gets the
-    events an engine step produced through `batcher.deliver` in one call, with the other sinks of that
-    batcher, rather than one call each: a service relaying events to an event loop then wakes it once
-    per step, not once per stream (see service.streams). Each sink's events keep their order."""
-
-    def deliver(self, outputs: list[tuple[EventSink, Event]]) -> None: ...
 
 
 class EngineUnavailable(Exception):
     """The engine's own libraries are missing or fail to load on this machine."""
 
 
-class Engine(Protocol):
-    info: ModelInfo
-    constraints: ConstraintCompiler
-    """Compiles constraints against this engine's own vocabulary."""
-    cache_events: CacheEventHub | None
-    """Its KV-cache events (see backend.common.cache_events), when the cache_events setting is on."""
+class EngineGone(Exception):
+    """The engine's process exited while a request or a question waited on it."""
+
+
+class Vocabulary(Protocol):
+    """Prompts into tokens and tokens into bytes: the model's tokenizer and chat template."""
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """Thread-safe; reads only the vocabulary."""
@@ -47,10 +38,6 @@ class Engine(Protocol):
 
     def token_piece(self, token_id: int) -> bytes:
         """The bytes a token decodes to (empty for control tokens)."""
-        ...
-
-    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
-        """Why a request of this size can never run here, or "" (checked before submit)."""
         ...
 
     def render_chat(
@@ -65,12 +52,33 @@ class Engine(Protocol):
         """
         ...
 
+
+class Engine(Vocabulary, Protocol):
+    info: ModelInfo
+
+    @property
+    def cache_events(self) -> CacheWatching | None:
+        """Its KV-cache events (see backend.common.cache_events), when the cache_events setting is on."""
+        ...
+
+    async def compile(self, spec: ConstraintSpec) -> CompileReport:
+        """Compiles a constraint against the engine's own vocabulary, where the engine keeps it for the requests that
+        name it (a cache hit answers at once). Raises ConstraintError, or TooManyCompiles when the engine runs as
+        many large compiles as it allows."""
+        ...
+
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
-        """Queues a validated request; its events go to `sink`. Thread-safe, never blocks."""
+        """Queues a validated request (its constraint compiled first through `compile`); its events go to `sink`.
+        Thread-safe, never blocks."""
         ...
 
     def cancel(self, request_id: str) -> None:
         """Ends the request at the next step and frees its cache. Thread-safe, idempotent."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Its caller is done with the request (every submit is released once, after a cancel when the call ended
+        early): its places at the door are free. Thread-safe, idempotent."""
         ...
 
     def pause(self, request_id: str) -> None:
@@ -86,6 +94,11 @@ class Engine(Protocol):
 
     @property
     def stats(self) -> EngineStats:
+        """Its latest figures (an engine in another process: as it last sent them)."""
+        ...
+
+    async def current_stats(self) -> EngineStats:
+        """Its figures now."""
         ...
 
     def close(self) -> None:

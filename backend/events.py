@@ -1,13 +1,18 @@
 """What an engine sends back for each sequence: its tokens as they come, how it finished, or why it failed.
 
 Neutral like backend.types: an engine turns its own results into these, the service turns them into
-stream messages.
+stream messages. They are msgspec Structs, encoded as arrays: an engine process sends every stream's
+events of a step to its front ends in one message (backend.process.protocol), and a Struct is made,
+encoded and decoded several times faster than a dataclass (docs/engines.md, "The engine process").
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
 
 
 class FinishReason(enum.Enum):
@@ -21,25 +26,22 @@ class FinishReason(enum.Enum):
     CONSTRAINT_COMPLETE = "constraint_complete"
 
 
-@dataclass(frozen=True)
-class TopLogprob:
+class TopLogprob(msgspec.Struct, frozen=True, array_like=True, gc=False):
     token_id: int
     piece: bytes
     logprob: float
 
 
-# The two types built for every token are slotted rather than frozen: a frozen dataclass sets each field
-# through object.__setattr__, which made a TokenEvent cost 1.1 us against 0.24. Treat them as values.
-@dataclass(slots=True)
-class GeneratedToken:
+# The two types built for every token are not frozen (a frozen dataclass cost 1.1 us a TokenEvent, a slotted one
+# 0.24, a Struct less): treat them as values.
+class GeneratedToken(msgspec.Struct, array_like=True, gc=False):
     token_id: int
     piece: bytes
     logprob: float | None = None
     top_logprobs: tuple[TopLogprob, ...] = ()
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True, array_like=True, gc=False):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
@@ -49,8 +51,7 @@ class Usage:
     """Of those, the ones the model's own sampling agreed with: output that took no step of its own."""
 
 
-@dataclass(frozen=True)
-class Timings:
+class Timings(msgspec.Struct, frozen=True, array_like=True, gc=False):
     queue_s: float
     time_to_first_token_s: float
     prefill_s: float
@@ -60,8 +61,7 @@ class Timings:
     constraint_mask_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class Finish:
+class Finish(msgspec.Struct, frozen=True, array_like=True, gc=False):
     reason: FinishReason
     usage: Usage
     timings: Timings
@@ -72,8 +72,7 @@ class Finish:
     """None without a constraint; False when the output was cut short of the grammar's end."""
 
 
-@dataclass(slots=True)
-class TokenEvent:
+class TokenEvent(msgspec.Struct, tag="t", array_like=True, gc=False):
     """New output of one sequence from one engine step.
 
     `text` is complete UTF-8 that can no longer become part of a stop sequence;
@@ -109,10 +108,15 @@ class ErrorKind(enum.Enum):
     """It was still waiting when the engine was over capacity, and the least entitled waiting request."""
     QUEUE_TIMEOUT = "queue_timeout"
     """It did not start within its queue_timeout_ms."""
+    OVERLOADED = "overloaded"
+    """Refused at the engine's door: the server is full (backend.common.door)."""
+    CALLER_OVER_LIMIT = "caller_over_limit"
+    """Refused at the engine's door: its caller holds as many requests as one caller may."""
+    ENGINE_DOWN = "engine_down"
+    """The engine's process exited (it is being started again)."""
 
 
-@dataclass(frozen=True)
-class ErrorEvent:
+class ErrorEvent(msgspec.Struct, frozen=True, tag="e", array_like=True, gc=False):
     """This one sequence failed; other sequences carry on."""
 
     message: str
@@ -120,3 +124,16 @@ class ErrorEvent:
 
 
 Event = TokenEvent | ErrorEvent
+
+EventSink = Callable[[Event], None]
+"""Receives one request's events on the engine thread; must not block. A sink may carry a `batcher`
+(an EventBatcher) that takes a step's events for all its sinks in one call (see backend.worker.deliver_all)."""
+
+
+class EventBatcher(Protocol):
+    """Takes the events of many sinks at once. A sink with a `batcher` attribute (one of these) gets the
+    events an engine step produced through `batcher.deliver` in one call, with the other sinks of that
+    batcher, rather than one call each: a service relaying events to an event loop then wakes it once
+    per step, not once per stream (see service.streams). Each sink's events keep their order."""
+
+    def deliver(self, outputs: list[tuple[EventSink, Event]]) -> None: ...

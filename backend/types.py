@@ -11,7 +11,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from backend.constraints import CompiledConstraint
+from backend.constraints import ConstraintSpec
 from backend.tools import ToolCall
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
@@ -74,9 +74,14 @@ class SamplingParams:
     banned_strings: tuple[str, ...] = ()
     token_healing: bool = False
 
+    @staticmethod
+    def greedy_at(temperature: float) -> bool:
+        """Temperature 0 always takes the most likely token: the one spelling of greedy."""
+        return temperature == 0.0
+
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.greedy_at(self.temperature)
 
     @property
     def penalized(self) -> bool:
@@ -157,7 +162,10 @@ class GenerationRequest:
     sampling: SamplingParams = SamplingParams()
     stopping: StopParams = StopParams()
     output: OutputParams = OutputParams()
-    constraint: CompiledConstraint | None = None
+    constraint: ConstraintSpec | None = None
+    """What the output must match; the engine compiles it (a cache hit: the service has it compiled first)."""
+    constraint_compile_s: float = 0.0
+    """What compiling the constraint cost this request (0 when it came from the cache), for its timings."""
     speculation: SpeculationParams = SpeculationParams()
     arrival_time: float = field(default_factory=time.monotonic)
     deadline: float | None = None
@@ -281,11 +289,28 @@ class ModelInfo:
     cache_block_size: int = 0
     """Tokens per block of its KV-cache events (0: it publishes none)."""
     attention_provider: str = ""
-    """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
-    attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
+    """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" or "triton" (tokenspout's
+    paged attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
     reuses_decoded_cells: bool = False
     """Whether a next turn reuses its answer's cells as decoding computed them."""
     prefix_reuse: PrefixReuse = PrefixReuse.OFF
+    """How it reuses cached prefixes (GetModelInfo.prefix_reuse)."""
+    cache_tokens: int = 0
+    """Where every request's prompt + max_new_tokens is reserved up front in whole pages of `cache_page_tokens`
+    (exllamav2's generator), the cache's size: a request that can never fit is refused before it is queued.
+    0: no such reservation (a llama.cpp sequence owns context_length cells and ends at CONTEXT_LIMIT)."""
+    cache_page_tokens: int = 0
+
+    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
+        """Why a request of this size can never run here, or "" (checked before it is submitted)."""
+        if not self.cache_tokens:
+            return ""
+        total, page = prompt_tokens + max_new_tokens, self.cache_page_tokens
+        if total > self.context_length:
+            return f"prompt ({prompt_tokens}) + max_new_tokens ({max_new_tokens}) exceeds the {self.context_length}-token context"
+        if -(-total // page) > self.cache_tokens // page:
+            return f"prompt + max_new_tokens needs {-(-total // page)} cache pages; the cache has {self.cache_tokens // page}"
+        return ""
 
 
 ALL_REQUEST_FEATURES = ("prompt_token_ids", "n", "truncate_input_tokens", "output.prompt_logprobs", "cache_salt")

@@ -47,13 +47,13 @@ def burst(model: GgufModel | None, requests: int, batched: bool) -> tuple[list[f
     queued = [GenerationRequest(f"r{i}", prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=STEPS),
                                 scheduling=Scheduling(f"caller{i % CALLERS}", 1.0, 0)) for i in range(requests)]
     took = []
-    core.settle_later = batched
     for request in queued:
         start = time.perf_counter()
         core.add(request, lambda event: None)
+        if not batched:
+            core.settle()
         took.append(time.perf_counter() - start)
     if batched:
-        core.settle_later = False
         start = time.perf_counter()
         core.settle()
         took[-1] += time.perf_counter() - start
@@ -61,6 +61,7 @@ def burst(model: GgufModel | None, requests: int, batched: bool) -> tuple[list[f
     for _ in range(STEPS // 2 if model is None else 0):
         start = time.perf_counter()
         core.step()
+        core.settle()
         steps.append(time.perf_counter() - start)
     core.close()
     return took, steps

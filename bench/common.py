@@ -17,9 +17,28 @@ PROMPTS = ["Water boils at", "The moon is", "Cats are", "Rain falls", "Trees gro
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far, every thread included (Linux /proc)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a process and its descendants so far (a server's engine process and front
+    ends, those that ended included), every thread (Linux /proc)."""
+    return sum(_own_and_reaped_cpu(process) for process in [pid, *descendants(pid)])
+
+
+def descendants(pid: int) -> list[int]:
+    children = []
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children += [int(child) for child in (task / "children").read_text().split()]
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return [found for child in children for found in (child, *descendants(child))]
+
+
+def _own_and_reaped_cpu(pid: int) -> float:
+    """Its own CPU time, and that of the children it has waited for (stat fields 14-17)."""
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:  # it ended meanwhile: its parent's reaped time holds it
+        return 0.0
+    return sum(int(field) for field in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def settle(stub) -> None:

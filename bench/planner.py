@@ -85,10 +85,10 @@ def replay(
         speculation=SpeculationParams(mode, 16), scheduling=Scheduling(caller=name),
     )
     sink = lambda event: output.extend(t.token_id for t in getattr(event, "tokens", ()) or ())  # noqa: E731
-    for deliver, event in core.add(request, sink):
-        deliver(event)
+    core.add(request, sink)
     while core.has_work():
-        for deliver, event in core.step():
+        core.step()
+        for deliver, event in core.settle():
             deliver(event)
     return (len(output) - 1) * truth.estimate(1, 1, 1) / decodes.charged, output  # the first token comes from the prompt
 

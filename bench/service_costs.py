@@ -86,7 +86,8 @@ async def tokenspout(streams: int, tokens: int) -> tuple[float, float, _Context]
     engine_s = loop_s = 0.0
     for _ in range(tokens):
         start = time.process_time()
-        deliver_all(engine.core.step())
+        engine.core.step()
+        deliver_all(engine.core.settle())
         stepped = time.process_time()
         await _turns()
         engine_s += stepped - start

@@ -37,10 +37,12 @@ def run(core: LlamaCppCore, model: GgufModel, close_gaps: bool) -> tuple[float, 
             events[i].append,
         )
     for _ in range(10):  # past the early finisher
-        deliver_all(core.step())
+        core.step()
+        deliver_all(core.settle())
     before, start = sum(map(len, events.values())), time.perf_counter()
     while core.has_work():
-        deliver_all(core.step())
+        core.step()
+        deliver_all(core.settle())
     rate = (sum(map(len, events.values())) - before) / (time.perf_counter() - start)
     if not close_gaps:
         del core.slots.compact
@@ -58,7 +60,8 @@ def main() -> int:
         with_moves, tokens_with = run(core, model, close_gaps=True)
         print(f"gap left open {without:.0f} tok/s, gap closed {with_moves:.0f} tok/s, ratio {with_moves / without:.2f}; "
               f"same tokens: {tokens_without == tokens_with}")
-    deliver_all(core.close())
+    core.close()
+    deliver_all(core.settle())
     model.close()
     return 0
 

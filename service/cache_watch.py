@@ -1,11 +1,14 @@
 """WatchCacheEvents: the KV-cache events as a gRPC server stream, for routers that speak gRPC.
 
-Each watcher is a listener on the engine's CacheEventHub: the engine thread
-appends batches to the watcher's deque and wakes its coroutine (never
+Each watcher is a listener on the engine's CacheEventHub (or, with the engine in
+a process of its own, on its stand-in here: backend.process.remote): the engine
+thread appends batches to the watcher's deque and wakes its coroutine (never
 waiting). A watcher that falls more than `max_behind` batches behind is not
 cut off: the batches it missed are replaced by a fresh snapshot (snapshot =
-true), so it always ends up with the server's exact state. Watchers are not
-calls in flight for the drain; the server ends them cleanly when it closes.
+true), so it always ends up with the server's exact state. When the engine's
+process dies, its batches' numbering starts again with the next one: every
+watch ends with UNAVAILABLE (ENGINE_DOWN), to be started again. Watchers are
+not calls in flight for the drain; the server ends them cleanly when it closes.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import asyncio
 import collections
 from collections.abc import AsyncGenerator
 
-from backend import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheEventBatch, CacheEventHub
-from service.errors import FieldViolation, out_of_range, unimplemented
+from backend import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheEventBatch, CacheWatching
+from service.errors import FieldViolation, engine_down, out_of_range, unimplemented
 from tokenspout.v1 import generation_pb2 as pb
 
 MAX_BEHIND = 4096
@@ -44,17 +47,21 @@ class _Watcher:
         self.batches: collections.deque[CacheEventBatch] = collections.deque()
         self.wake = asyncio.Event()
         self.behind = False
+        self.engine_gone = False
         self._loop = loop
         self._max_behind = max_behind
 
     def fresh(self) -> _Watcher:
         return _Watcher(self._loop, self._max_behind)
 
-    def offer(self, batch: CacheEventBatch) -> None:
-        """The hub's listener (engine thread, or the subscribing thread for a replay): never waits."""
-        if self.behind:
+    def offer(self, batch: CacheEventBatch | None) -> None:
+        """The hub's listener (engine thread, or the subscribing thread for a replay): never waits. None: the
+        engine's process died."""
+        if batch is None:
+            self.engine_gone = True
+        elif self.behind:
             return
-        if len(self.batches) >= self._max_behind:
+        elif len(self.batches) >= self._max_behind:
             self.behind = True
         else:
             self.batches.append(batch)
@@ -62,7 +69,7 @@ class _Watcher:
 
 
 class CacheWatches:
-    def __init__(self, hub: CacheEventHub | None, engine: str, max_behind: int = MAX_BEHIND) -> None:
+    def __init__(self, hub: CacheWatching | None, engine: str, max_behind: int = MAX_BEHIND) -> None:
         self._hub = hub
         self._engine = engine
         self._max_behind = max_behind
@@ -81,7 +88,7 @@ class CacheWatches:
             raise unimplemented([FieldViolation("WatchCacheEvents", why)])
         watcher = _Watcher(asyncio.get_running_loop(), max(self._max_behind, 1))
         start = request.start_sequence if request.HasField("start_sequence") else None
-        if not hub.subscribe(watcher.offer, start=start, snapshot=request.snapshot):
+        if not await hub.watch(watcher.offer, start=start, snapshot=request.snapshot):
             raise out_of_range("start_sequence", f"batch {start} is no longer kept (the oldest kept is "
                                                  f"{hub.oldest_kept}); ask for a snapshot")
         self.watching += 1
@@ -89,13 +96,15 @@ class CacheWatches:
             while not self._closing.is_set():
                 while watcher.batches:
                     yield batch_pb(watcher.batches.popleft())
+                if watcher.engine_gone:
+                    raise engine_down("the engine's process exited: its cache events start again; watch again")
                 if watcher.behind:
                     hub.unsubscribe(watcher.offer)
                     watcher = watcher.fresh()
-                    hub.subscribe(watcher.offer, snapshot=True)
+                    await hub.watch(watcher.offer, snapshot=True)
                     continue
                 watcher.wake.clear()
-                if watcher.batches or watcher.behind:
+                if watcher.batches or watcher.behind or watcher.engine_gone:
                     continue
                 closing = asyncio.ensure_future(self._closing.wait())
                 woken = asyncio.ensure_future(watcher.wake.wait())

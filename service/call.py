@@ -1,21 +1,21 @@
 """One generation call, from the door to its last message.
 
     call = GenerationCall(calls, request, context)
-    with call.admit():                   # a place within the caller's share, held until the call ends
+    with call.admit():                   # who it is for; counted in flight until it ends
         await call.build()               # checks, prompt, constraint, deadline: one GenerationRequest
-        await call.run(send)             # submit, then send one message per batch of the engine's events
+        await call.run(send)             # submit (the engine's door may refuse it), then one message per batch
 
 Shaped like vLLM's AsyncLLM.generate: one coroutine per request over its own event stream
 (service.streams). Leaving it before the engine ended the request (the caller cancelled,
 disconnected or ran out of deadline, or the server ended the call) cancels the request in the
-engine, which frees its cache before the next step. What the calls share is `Calls`.
+engine, which frees its cache before the next step; every call's end gives its places at the engine's
+door back (backend.common.door). What the calls share is `Calls`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -25,8 +25,8 @@ import grpc
 from opentelemetry import trace
 
 from backend import (
-    CallerTally,
     Engine,
+    EngineStats,
     ErrorEvent,
     ErrorKind,
     EventSink,
@@ -35,13 +35,9 @@ from backend import (
     Scheduling,
     TokenEvent,
 )
-from backend.constraints import ConstraintError, ConstraintSpec
-from backend.tools import GrammarBuilder
 from service import auth, convert
 from service.cache_scope import CacheScope, cache_salt
 from service.callers import Callers
-from service.chat_output import ChatOutput, wants_parsing
-from service.chat_tools import COMPOSED, ToolPlan, grammar_spec
 from service.compiles import CompileGate
 from service.config import ServeConfig
 from service.errors import (
@@ -50,13 +46,11 @@ from service.errors import (
     ServiceError,
     already_exists,
     from_engine,
-    invalid_argument,
     unimplemented,
 )
 from service.lifecycle import Lifecycle
 from service.prompt import Prompt, PromptBuilder, off_loop_if_large
-from service.samples import Samples, by_sample
-from service.shares import Shares
+from service.samples import OutputParser, Samples, by_sample
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
 from service.tracing import RequestTrace
@@ -66,7 +60,7 @@ from tokenspout.v1 import generation_pb2 as pb
 # The servicer's name, which the log lines had before calls had a module of their own.
 log = logging.getLogger("service.generation")
 
-_REFUSALS = (ErrorKind.SHED, ErrorKind.QUEUE_TIMEOUT)
+_REFUSALS = (ErrorKind.OVERLOADED, ErrorKind.CALLER_OVER_LIMIT, ErrorKind.SHED, ErrorKind.QUEUE_TIMEOUT)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 """A call's gRPC context (its message types do not matter to what reads it here)."""
@@ -75,8 +69,8 @@ Send = Callable[[pb.GenerateStreamResponse], Awaitable[None]]
 
 
 class Calls:
-    """What the calls share: the engine, the door (lifecycle, callers, shares), the checks, prompts and
-    compiles, and the running calls by (caller identity, request id), so that callers see only their own."""
+    """What the calls share: the engine, the door (lifecycle, callers), the checks, prompts and compiles, and the
+    running calls by (caller identity, request id), so that callers see only their own."""
 
     def __init__(
         self, engine: Engine, validator: RequestValidator, prompts: PromptBuilder, compiles: CompileGate,
@@ -89,26 +83,20 @@ class Calls:
         self.lifecycle = lifecycle
         self.telemetry = telemetry
         self.fair = config.engine.fairness.fair
-        capacity = engine.info.max_batch_size + config.engine.max_queued_requests
-        self.shares = Shares(capacity, config.per_caller_limit, self.fair)
         self.callers = Callers(config.caller_weights, config.priority_callers, config.fairness_header)
         self.cache_scope = config.cache_scope
         if self.cache_scope is not CacheScope.SHARED and "cache_salt" not in engine.info.request_features:
             raise ValueError(f"cache_scope = {self.cache_scope.value}: this engine cannot keep callers' cached "
                              "prefixes apart (see docs/engines.md); leave cache_scope at shared")
-        self.rejected_total = 0
-        """Requests refused for load, at the door or shed from the queue (GetServerStatus)."""
         self._buffer_events = config.stream_buffer_events
         self._running: dict[tuple[str, str], RequestStream] = {}
         self._engine_ids: set[str] = set()
         """The running streams' engine ids (kept, not gathered per call: hundreds of calls start at once)."""
         self._relay: EventRelay | None = None
 
-    def refused(self, key: str, error: ServiceError, rejected: bool = True) -> None:
-        """Counts one request refused for load: in rejected_total unless not `rejected` (a queue timeout was
-        let in and waited too long), and per caller and reason in the metrics."""
-        if rejected:
-            self.rejected_total += 1
+    def refused(self, key: str, error: ServiceError) -> None:
+        """Counts one request refused for load (at the engine's door, shed, or past its queue timeout) per caller
+        and reason in the metrics."""
         if self.telemetry.enabled:
             self.telemetry.count_rejection(key, error.reason)
 
@@ -146,8 +134,8 @@ class Calls:
         self.engine.cancel(stream.request_id)
         return True
 
-    def caller_statuses(self, tallies: tuple[CallerTally, ...]) -> list[pb.CallerStatus]:
-        return convert.caller_statuses(tallies, self.shares.refused, self.callers.weight)
+    def caller_statuses(self, stats: EngineStats) -> list[pb.CallerStatus]:
+        return convert.caller_statuses(stats.callers, dict(stats.refused_callers), self.callers.weight)
 
 
 class GenerationCall:
@@ -169,8 +157,8 @@ class GenerationCall:
         self._trace: RequestTrace | None = None
         self._ended = False
         """The engine ended the request: every sample finished, or it failed."""
-        self._plan = ToolPlan()
-        self._reasoning_opened = False
+        self._output_parser: Callable[[], OutputParser] | None = None
+        """Makes each sample's output parser (a chat turn's, when its output holds reasoning or tool calls)."""
 
     @property
     def generation(self) -> GenerationRequest:
@@ -180,8 +168,9 @@ class GenerationCall:
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
-        """A place in the batch or the bounded queue for each sample, within the caller's share and limit
-        (see service.shares), held until the call ends; or a refusal now."""
+        """Who the call is for (its fairness key, weight and priority), counted in flight until it ends; or a
+        refusal now. Its places in the engine (the batch or the bounded queue, within the caller's share and
+        limit) are the engine's door's to give, at submit (backend.common.door)."""
         calls, request = self._calls, self._request
         if calls.lifecycle.refusal is not None:
             raise calls.lifecycle.refusal
@@ -190,14 +179,9 @@ class GenerationCall:
             raise unimplemented([FieldViolation("priority", "this server schedules first come, first served "
                                                 "(scheduling = fifo): leave priority at 0")])
         calls.callers.check_priority(self._identity, request.priority)
-        places = calls.validator.check_samples(request)  # before it is counted as that many places
+        calls.validator.check_samples(request)
         self._weight = calls.callers.weight(self._key)
-        try:
-            calls.shares.check(self._key, self._weight, request.priority, places)
-        except ServiceError as refusal:
-            calls.refused(self._key, refusal)
-            raise
-        with calls.shares.hold(self._key, self._weight, request.priority, places), calls.lifecycle.call():
+        with calls.lifecycle.call():
             yield
 
     async def build(self) -> GenerationRequest:
@@ -208,18 +192,19 @@ class GenerationCall:
             if isinstance(header, str):  # always: gRPC gives bytes only for a -bin header
                 request.request_id = header[: self._calls.validator.limits.max_request_id_length]
         params, prompt, arrival_time = await off_loop_if_large(self._prepare, request)
-        self._plan = params.tool_plan
         self.request_id = params.request_id
         CURRENT_REQUEST_ID.set(params.request_id)
-        spec = await self._chat_constraint(params, prompt)
-        constraint = None if spec is None else await self._calls.compiles.compile(spec)
+        spec = params.constraint if prompt.chat is None else await prompt.chat.constraint(self._calls.compiles)
+        report = None if spec is None else await self._calls.compiles.compile(spec)
+        self._output_parser = None if prompt.chat is None else prompt.chat.output_parser()
         self._generation = GenerationRequest(
             request_id=self._calls.engine_id(params.request_id),  # claimed in run(), with no await between
             prompt_token_ids=prompt.token_ids,
             sampling=params.sampling,
             stopping=params.stopping,
             output=params.output,
-            constraint=constraint,
+            constraint=spec,
+            constraint_compile_s=report.fresh_compile_s if report is not None else 0.0,
             speculation=params.speculation,
             arrival_time=arrival_time,
             deadline=self._deadline(),
@@ -229,7 +214,7 @@ class GenerationCall:
             sample_seeds=params.sample_seeds,
             prompt_logprobs=params.prompt_logprobs,
             turn_end=prompt.turn_end,
-            cache_salt=cache_salt(self._calls.cache_scope, self._key, request.cache_salt),
+            cache_salt=cache_salt(self._calls.cache_scope, self._key, params.cache_salt),
         )
         return self._generation
 
@@ -241,7 +226,7 @@ class GenerationCall:
         lifecycle, request_trace = self._calls.lifecycle, self._trace
         try:
             with lifecycle.interruptible(stream.interrupt):
-                samples = Samples(self.generation, self.request_id, self._chat_output_factory())
+                samples = Samples(self.generation, self.request_id, self._output_parser)
                 pacing = self._pacing()
                 while not samples.done:
                     batch = await stream.next_batch(*pacing)
@@ -267,46 +252,14 @@ class GenerationCall:
             if not self._ended:  # the caller left, or the server ended the call: free its sequences now
                 self._calls.engine.cancel(self.generation.request_id)
                 self._ended_early()
+            self._calls.engine.release(self.generation.request_id)
 
     def _prepare(self, request: pb.GenerateStreamRequest) -> tuple[RequestParams, Prompt, float]:
         """The checks and the prompt (on a worker thread when the input is large), and when they were done:
         the request's arrival, from which its queue time counts."""
         params = self._calls.validator.params(request)
-        prompt = self._calls.prompts.prompt(request, params.stopping.max_new_tokens, params.tool_plan)
-        self._reasoning_opened = prompt.reasoning_opened
+        prompt = self._calls.prompts.prompt(request, params.stopping.max_new_tokens, params.chat)
         return params, prompt, time.monotonic()
-
-    async def _chat_constraint(self, params: RequestParams, prompt: Prompt) -> ConstraintSpec | None:
-        """The caller's constraint, or the grammar of a chat's tools and reasoning (service.chat_tools) with
-        each tool's schema compiled first, so one llguidance cannot enforce is named."""
-        plan, formats = params.tool_plan, self._calls.validator.formats
-        for i, tool in enumerate(plan.tools if plan.calls_parsed else ()):
-            if isinstance(tool.parameters, dict):
-                schema = ConstraintSpec("json_schema", json.dumps(tool.parameters))
-                try:
-                    await self._calls.compiles.compile(schema)
-                except ConstraintError as exc:
-                    where = f"chat.tools[{i}].parameters"
-                    raise invalid_argument([FieldViolation(where, f"cannot be enforced: {exc}")]) from None
-        builder = GrammarBuilder(lambda marker: False)  # markers are spelled as text (see docs/api.md)
-        spec = grammar_spec(plan, formats, params.constraint, prompt.reasoning_opened, builder)
-        if spec is not None and spec.kind == COMPOSED:
-            if params.constraint is not None:  # its own problems name its own field
-                await self._calls.compiles.compile(params.constraint)
-            try:
-                await self._calls.compiles.compile(spec)
-            except ConstraintError as exc:
-                raise invalid_argument([FieldViolation("chat", f"the grammar of its tools and reasoning: {exc}")]) from None
-        return spec
-
-    def _chat_output_factory(self) -> Callable[[], ChatOutput] | None:
-        """Makes each sample's output parser, for a chat whose output holds reasoning or tool calls."""
-        plan, formats = self._plan, self._calls.validator.formats
-        if not wants_parsing(formats, plan, self._request.HasField("chat")):
-            return None
-        opened = self._reasoning_opened and plan.reasoning_mode != pb.REASONING_MODE_OFF
-        caller_constraint = self._request.HasField("constraint")
-        return lambda: ChatOutput(formats, plan, opened, caller_constraint)
 
     def _deadline(self) -> float | None:
         """The caller's gRPC deadline on the engine's clock: a request still queued then never starts."""
@@ -338,8 +291,8 @@ class GenerationCall:
         if self.generation.n > 1:  # one sample's failure fails the call: the others end with it
             self._calls.engine.cancel(self.generation.request_id)
         error = from_engine(event, self.request_id)
-        if event.kind in _REFUSALS:  # for load, after it was let in
-            self._calls.refused(self.generation.scheduling.caller, error, rejected=event.kind is ErrorKind.SHED)
+        if event.kind in _REFUSALS:  # for load
+            self._calls.refused(self.generation.scheduling.caller, error)
         if self._trace:
             self._trace.failed(error)
         # The engine's own fault is an error; a caller's constraint or absence is not.

@@ -11,7 +11,7 @@ from service import logs
 from service.config import SETTINGS, ServeConfig, load_config
 
 if TYPE_CHECKING:  # the server is imported only to serve (fetch-model needs none of it)
-    from service.server import EngineBuilder
+    from backend import EngineRecipe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,8 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, build: EngineBuilder | None = None) -> int:
-    """`build` replaces backend.registry.build_engine (tests wrap the engine it builds)."""
+def main(argv: list[str] | None = None, recipe: EngineRecipe | None = None) -> int:
+    """`recipe` replaces backend.registry.MODEL_RECIPE (tests wrap the engine it builds, or serve a fake one)."""
     args = _parser().parse_args(argv)
     if args.command == "fetch-model":
         from backend import default_model_path
@@ -46,11 +46,16 @@ def main(argv: list[str] | None = None, build: EngineBuilder | None = None) -> i
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)
-    from backend import EngineUnavailable, ModelError
+    from backend import MODEL_RECIPE, EngineUnavailable, ModelError
     from service import server
 
+    recipe = recipe or MODEL_RECIPE
     try:
-        return asyncio.run(server.run(config, build) if build else server.run(config))
+        if config.engine_process:  # the engine in a process of its own, beside the front ends
+            from service import supervisor
+
+            return supervisor.supervise(config, recipe)
+        return asyncio.run(server.run_in_process(config, recipe))
     except (ModelError, EngineUnavailable, server.StartupError) as exc:
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2

@@ -76,8 +76,14 @@ class LogLevel(enum.StrEnum):
 class ServeConfig:
     listen: str = "127.0.0.1:50051"
     engine: EngineConfig = field(default_factory=EngineConfig)
-    max_queued_per_caller: int = 0
-    """Requests one caller may have waiting beyond max_running_per_caller (0: max_queued_requests)."""
+    engine_process: bool = True
+    """Run the engine in a process of its own, supervised, beside the gRPC front ends (false: in the server's
+    process, as one front end with it)."""
+    front_ends: int = 1
+    """gRPC front-end processes, all on `listen` (SO_REUSEPORT spreads connections, not calls), one engine."""
+    max_engine_restarts: int = 5
+    """Times in a row the engine process is started again after dying before the server gives up and exits
+    (a run of an hour without dying starts the count again)."""
     caller_weights: tuple[CallerWeight, ...] = ()
     """`name=weight` per fairness key (comma-separated, or a TOML list): its share relative to others (default 1)."""
     priority_callers: tuple[str, ...] = (ANY_CALLER,)
@@ -94,10 +100,6 @@ class ServeConfig:
     grace_period_s: float = 30.0
     max_input_bytes: int = 1 << 20
     """Largest prompt, chat (all contents) or Tokenize text in UTF-8 bytes; more is INVALID_ARGUMENT."""
-    compile_threads: int = 1
-    """Threads for constraint compiles, apart from tokenization and everything else."""
-    max_concurrent_compiles: int = 4
-    """Constraint compiles running at once; more are refused with RESOURCE_EXHAUSTED and RetryInfo."""
     compile_timeout_s: float = 10.0
     """How long a caller waits for its constraint to compile (it finishes and is cached regardless)."""
     tls_cert: str = ""
@@ -132,12 +134,13 @@ class ServeConfig:
     def __post_init__(self) -> None:
         rules = [
             (self.stream_buffer_events < 2, "stream_buffer_events must be at least 2"),
-            (self.max_queued_per_caller < 0 or self.caller_metric_labels < 0,
-             "max_queued_per_caller and caller_metric_labels must not be negative"),
+            (self.caller_metric_labels < 0, "caller_metric_labels must not be negative"),
             (self.grace_period_s < 0, "grace_period_s must not be negative"),
-            (min(self.max_input_bytes, self.compile_threads, self.max_concurrent_compiles) < 1
-             or self.compile_timeout_s <= 0,
-             "max_input_bytes, compile_threads, max_concurrent_compiles and compile_timeout_s must be positive"),
+            (not 1 <= self.front_ends <= 64, "front_ends must be 1 to 64"),
+            (self.front_ends > 1 and not self.engine_process, "front_ends above 1 needs engine_process = true"),
+            (self.max_engine_restarts < 0, "max_engine_restarts must not be negative"),
+            (self.max_input_bytes < 1 or self.compile_timeout_s <= 0,
+             "max_input_bytes and compile_timeout_s must be positive"),
             (not 0 <= self.prometheus_port <= 65535, "prometheus_port must be 0 to 65535"),
             (":" not in self.listen, "listen must be host:port (port 0 picks a free one)"),
             (bool(self.tls_cert) != bool(self.tls_key), "tls_cert and tls_key go together"),
@@ -153,12 +156,6 @@ class ServeConfig:
         for broken, message in rules:
             if broken:
                 raise ValueError(message)
-
-    @property
-    def per_caller_limit(self) -> int:
-        """Requests one caller may hold, running or queued."""
-        engine = self.engine
-        return engine.max_running_per_caller + (self.max_queued_per_caller or engine.max_queued_requests)
 
     @property
     def authenticates(self) -> bool:

@@ -16,7 +16,7 @@ from backend import (
     SpeculationParams,
     TokenEvent,
 )
-from service.chat_tools import ChatFormats
+from service.chat import ChatFormats
 from service.limits import Limits
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -125,11 +125,11 @@ def speculation_pb(params: SpeculationParams) -> pb.Speculation:
     return pb.Speculation(mode=SPECULATION_MODES[params.mode], max_draft_tokens=params.max_draft_tokens)
 
 
-def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats | None = None) -> pb.GetModelInfoResponse:
+def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats) -> pb.GetModelInfoResponse:
     return pb.GetModelInfoResponse(
-        tool_call_format=formats.tools.name if formats and formats.tools else "",
-        template_renders_tools=bool(formats and formats.template_renders_tools),
-        reasoning_format=formats.reasoning.name if formats and formats.reasoning else "",
+        tool_call_format=formats.tools.name if formats.tools else "",
+        template_renders_tools=formats.template_renders_tools,
+        reasoning_format=formats.reasoning.name if formats.reasoning else "",
         model_id=info.model_id,
         engine=info.engine,
         context_length=info.context_length,
@@ -219,6 +219,7 @@ def server_status(
         preempted_sequences=stats.preempted_sequences,
         recomputed_tokens_total=stats.recomputed_tokens_total,
         retiled_tokens_total=stats.retiled_tokens_total,
+        engine_restarts=stats.engine_restarts,
         draft_tokens_total=stats.draft_tokens_total,
         accepted_draft_tokens_total=stats.accepted_draft_tokens_total,
         cache_block_size=info.cache_block_size,

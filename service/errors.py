@@ -16,7 +16,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[import-untyped]  # no stubs, no py.typed
 from grpc_status import rpc_status
 
-from backend import ChatTemplateError, ErrorEvent, ErrorKind
+from backend import ChatTemplateError, EngineGone, ErrorEvent, ErrorKind
 from backend.constraints import ConstraintError
 
 DOMAIN = "tokenspout.v1"
@@ -203,23 +203,15 @@ def already_exists(request_id: str) -> ServiceError:
     )
 
 
-def overloaded(in_flight: int, capacity: int, retry_after_s: float = 1.0) -> ServiceError:
-    return ServiceError(
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        "OVERLOADED",
-        f"the server is full ({in_flight} of {capacity} requests running or queued); retry later",
-        retry_after_s=retry_after_s,
-    )
+def overloaded(request_id: str, message: str) -> ServiceError:
+    """The engine's door: the server is full (backend.common.door)."""
+    return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED", message, retry_after_s=1.0)
 
 
-def caller_over_limit(held: int, limit: int) -> ServiceError:
-    """One caller holds as many requests as it may (max_running_per_caller + max_queued_per_caller)."""
-    return ServiceError(
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        "CALLER_OVER_LIMIT",
-        f"you have {held} requests running or queued here, the most one caller may ({limit}); retry later",
-        retry_after_s=1.0,
-    )
+def caller_over_limit(request_id: str, message: str) -> ServiceError:
+    """The engine's door: one caller holds as many requests as it may (max_running_per_caller +
+    max_queued_per_caller)."""
+    return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "CALLER_OVER_LIMIT", message, retry_after_s=1.0)
 
 
 def shed(request_id: str, message: str) -> ServiceError:
@@ -274,6 +266,11 @@ def engine_down(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.UNAVAILABLE, "ENGINE_DOWN", message, retry_after_s=0.0, replica_leaving=True)
 
 
+def engine_gone(request_id: str, message: str) -> ServiceError:
+    """The engine's process exited with the request in it (it is being started again)."""
+    return engine_down(f"request {request_id}: {message}; retry")
+
+
 def paused_too_long(request_id: str, message: str) -> ServiceError:
     """The caller stopped reading for too long: its slot went to others (not an engine fault)."""
     return ServiceError(
@@ -320,7 +317,11 @@ _ENGINE_ERRORS = {
     ErrorKind.PAUSED_TOO_LONG: paused_too_long,
     ErrorKind.SHED: shed,
     ErrorKind.QUEUE_TIMEOUT: queue_timeout,
+    ErrorKind.OVERLOADED: overloaded,
+    ErrorKind.CALLER_OVER_LIMIT: caller_over_limit,
+    ErrorKind.ENGINE_DOWN: engine_gone,
 }
+"""Each kind's ServiceError, from the request id and the engine's message."""
 
 
 def from_engine(event: ErrorEvent, request_id: str) -> ServiceError:
@@ -334,6 +335,8 @@ def from_exception(exc: BaseException, request_id: str) -> ServiceError:
         return exc
     if isinstance(exc, ConstraintError):
         return invalid_constraint(exc)
+    if isinstance(exc, EngineGone):
+        return engine_gone(request_id, str(exc))
     if isinstance(exc, ChatTemplateError):
         return invalid_argument([FieldViolation("chat", f"the chat template refused it: {exc}")])
     return unexpected(request_id)

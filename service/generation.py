@@ -46,11 +46,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self._validator = validator
         self._config = config
         self._lifecycle = lifecycle
-        self._prompts = PromptBuilder(engine, validator.limits.max_input_bytes, config.special_tokens_in_chat_content,
-                                      validator.formats)
-        self._compiles = CompileGate(
-            engine.constraints, config.compile_threads, config.max_concurrent_compiles, config.compile_timeout_s
-        )
+        self._prompts = PromptBuilder(engine, validator.limits.max_input_bytes, config.special_tokens_in_chat_content)
+        self._compiles = CompileGate(engine, config.compile_timeout_s)
         self._calls = Calls(engine, validator, self._prompts, self._compiles, config, lifecycle,
                             telemetry or Telemetry(enabled=False))
         self.cache_watches = CacheWatches(engine.cache_events, engine.info.engine)
@@ -100,13 +97,12 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return response
 
     async def GetServerStatus(self, request: pb.GetServerStatusRequest, context: Context) -> pb.GetServerStatusResponse:
-        stats = self._engine.stats
-        hub = self._engine.cache_events
+        stats = await self._engine.current_stats()
         return convert.server_status(
             stats, self._engine.info, max_queued_requests=self._config.engine.max_queued_requests,
-            rejected_total=self._calls.rejected_total, draining=self._lifecycle.phase is Phase.DRAINING,
-            callers=self._calls.caller_statuses(stats.callers),
-            cache_events_sequence=hub.last_sequence if hub is not None else 0,
+            rejected_total=stats.refused_total + stats.shed_total, draining=self._lifecycle.phase is Phase.DRAINING,
+            callers=self._calls.caller_statuses(stats),
+            cache_events_sequence=stats.cache_events_sequence,
         )
 
     async def WatchCacheEvents(
@@ -122,9 +118,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     def _tokenize_response(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
         response = pb.TokenizeResponse()
-        self._validator.check_tokenize(request)
-        if request.HasField("chat"):
-            self._fill_tokens(response, self._prompts.chat_tokens(request.chat))
+        chat = self._validator.check_tokenize(request)
+        if chat is not None:
+            self._fill_tokens(response, self._prompts.chat_tokens(request.chat, chat))
             return response
         texts = self._prompts.tokenize_texts(request)
         if request.texts:
@@ -167,9 +163,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         spec = self._validator.constraint_spec(request.constraint, violations)
         if violations or spec is None:
             raise invalid_argument(violations)
-        compiled = await self._compiles.compile(spec)
+        report = await self._compiles.compile(spec)
         return pb.CompileConstraintResponse(
-            compile_ms=compiled.fresh_compile_s * 1000,
-            cached=compiled.cached,
-            warnings=compiled.warnings,
+            compile_ms=report.fresh_compile_s * 1000,
+            cached=report.cached,
+            warnings=report.warnings,
         )

@@ -30,6 +30,7 @@ import msgpack
 import zmq
 
 from backend import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent, CacheEventBatch, CacheEventHub
+from service.config import ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,22 @@ def _bind_or_connect(sock: zmq.Socket[bytes], endpoint: str) -> None:
         sock.connect(endpoint)
 
 
+def cache_publisher(config: ServeConfig, hub: CacheEventHub, model_id: str) -> ZmqCachePublisher | None:
+    """The ZMQ publisher of the hub's batches that the settings ask for (cache_events_endpoint), or None. Raises
+    ZMQError, its message naming the setting."""
+    if not config.cache_events_endpoint:
+        return None
+    topic = config.cache_events_topic or default_topic(model_id)
+    try:
+        publisher = ZmqCachePublisher(hub, config.cache_events_endpoint, topic, config.cache_events_replay_endpoint)
+    except zmq.ZMQError as exc:
+        raise zmq.ZMQError(exc.errno, f"cache_events_endpoint: cannot open {config.cache_events_endpoint}"
+                                      f" / {config.cache_events_replay_endpoint or '-'}: {exc}") from None
+    endpoint, replay = publisher.endpoints
+    log.info("KV-cache events: ZMQ PUB %s (replay %s), topic %s", endpoint, replay or "off", topic)
+    return publisher
+
+
 class ZmqCachePublisher:
     """Publishes the hub's batches on `endpoint` under `topic`, answering replays on `replay_endpoint`."""
 
@@ -98,6 +115,11 @@ class ZmqCachePublisher:
         # From batch 0 (AllBlocksCleared: subscribers forget this replica's past) when still kept.
         if not hub.subscribe(self._offer, start=0):
             hub.subscribe(self._offer)
+
+    @property
+    def sources(self) -> tuple[str, str, str]:
+        """Where subscribers find its batches: the endpoints bound and the topic (GetModelInfo)."""
+        return (*self.endpoints, self._topic.decode())
 
     @property
     def endpoints(self) -> tuple[str, str]:

@@ -55,8 +55,7 @@ class Lifecycle:
         self.engine_died = asyncio.Event()
 
     async def start_serving(self) -> None:
-        for name in ("", SERVICE_NAME):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:
@@ -86,12 +85,24 @@ class Lifecycle:
         return await self.wait_idle(grace_s)
 
     def engine_down(self, reason: str) -> None:
-        """The engine thread died: from now on every call fails with ENGINE_DOWN."""
+        """The engine died: every call fails with ENGINE_DOWN until `engine_up` (an engine process started again)."""
         error = engine_down(f"the engine stopped ({reason}); retry on another replica")
         self._stop_serving(Phase.ENGINE_DOWN, error)
         self.end_running(error)
-        self._health_update = asyncio.ensure_future(self._health.enter_graceful_shutdown())
+        self._health_update = asyncio.ensure_future(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING))
         self.engine_died.set()
+
+    def engine_up(self) -> None:
+        """An engine started again after `engine_down` answers: calls are served again (unless draining)."""
+        if self.phase is not Phase.ENGINE_DOWN:
+            return
+        self.phase, self.refusal, self.ending = Phase.SERVING, None, None
+        self.engine_died.clear()
+        self._health_update = asyncio.ensure_future(self.start_serving())
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, status)
 
     def end_running(self, error: ServiceError) -> None:
         """Every running call fails with `error` (once the grace period is over, or the engine died)."""

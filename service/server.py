@@ -1,11 +1,13 @@
 """Builds and runs the gRPC server: generation, health, reflection, TLS, auth, drain, liveness.
 
-The port is bound before the model loads, so a busy port fails in a second, not
-after a long load. On SIGTERM the server drains visibly: health says NOT_SERVING
-and new calls get UNAVAILABLE (DRAINING) while the listener stays open for
-`grace_period_s`; streams still running then end with UNAVAILABLE too. If the
-engine thread dies, health says NOT_SERVING, every waiting and new call gets
-UNAVAILABLE (ENGINE_DOWN) and the process exits non-zero for a restart.
+`run` serves with the engine in a process of its own (service.supervisor starts it and the front ends,
+each a TokenspoutServer on a RemoteEngine), or in this process (engine_process = false). The port is
+checked before the model loads, so a busy port fails in a second, not after a long load. On SIGTERM
+the server drains visibly: health says NOT_SERVING and new calls get UNAVAILABLE (DRAINING) while the
+listener stays open for `grace_period_s`; streams still running then end with UNAVAILABLE too. If the
+engine dies, health says NOT_SERVING and every waiting and new call gets UNAVAILABLE (ENGINE_DOWN):
+an engine process is started again and serving resumes once it answers; an engine in this process
+ends the process, non-zero, for a restart.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import pathlib
 import signal
 import socket
+import time
 from collections.abc import Callable
 
 import grpc
@@ -24,13 +27,13 @@ import zmq
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
-from backend import Engine, EngineConfig, build_engine
+from backend import MODEL_RECIPE, CacheEventHub, Engine, EngineRecipe, EngineStats, RemoteEngine
 from service import auth
 from service.boundary import ErrorBoundary
-from service.chat_tools import ChatFormats
+from service.chat import ChatFormats
 from service.config import ServeConfig
 from service.generation import GenerationServicer
-from service.kv_publisher import ZmqCachePublisher, default_topic
+from service.kv_publisher import ZmqCachePublisher, cache_publisher
 from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, Lifecycle
 from service.limits import Limits
 from service.reflection import ReflectionServicer, load_descriptor_set
@@ -47,9 +50,13 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    # A second server on the same port must fail, not share it.
-    ("grpc.so_reuseport", 0),
 ]
+
+
+def _channel_options(front_ends: int) -> list[tuple[str, int]]:
+    """A second server on the same port must fail, not share it (the port is checked before any front end
+    binds); several front ends share it (SO_REUSEPORT: the kernel spreads connections among them)."""
+    return [*_CHANNEL_OPTIONS, ("grpc.so_reuseport", int(front_ends > 1))]
 
 
 # After the grace period, how long cut streams get to send their UNAVAILABLE before the listener closes.
@@ -60,11 +67,31 @@ _WATCH_FLUSH_S = 0.1
 _ENGINE_DOWN_LINGER_S = 5.0
 
 
+def _fresh_stats(engine: RemoteEngine) -> Callable[[], EngineStats]:
+    """The figures of an engine in another process as they are at a metrics scrape (read on the exporter's thread):
+    asked for on the event loop, unless it does not answer within a second (then as last sent, at most 250 ms old
+    while they change). One question serves a scrape's every instrument."""
+    loop = asyncio.get_running_loop()
+    last: list[tuple[float, EngineStats]] = []
+
+    def read() -> EngineStats:
+        if last and time.monotonic() - last[0][0] < 0.05:
+            return last[0][1]
+        try:
+            stats = asyncio.run_coroutine_threadsafe(engine.current_stats(), loop).result(timeout=1.0)
+        except Exception:  # the engine is starting again, or the loop is busy past a second
+            return engine.stats
+        last[:] = [(time.monotonic(), stats)]
+        return stats
+
+    return read
+
+
 class StartupError(Exception):
     """A start-up problem the operator fixes (a busy port, unreadable certificates): one line, exit 2."""
 
 
-def _check_port(listen: str) -> None:
+def check_port(listen: str) -> None:
     """A busy port fails here, in one line of ours, rather than in gRPC's own error log lines."""
     host, _, port = listen.rpartition(":")
     if port == "0" or "/" in listen or listen.startswith("unix:"):
@@ -101,17 +128,18 @@ def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
     )
 
 
-EngineBuilder = Callable[[EngineConfig], Engine]
-"""Loads a model and starts its engine: `build_engine`, or a test's wrapper around it."""
-
-
 class TokenspoutServer:
-    def __init__(self, engine: Engine | None, config: ServeConfig, telemetry: Telemetry | None = None) -> None:
-        """Binds the port at once; the engine may come later, through `attach`, before `start`."""
-        _check_port(config.listen)  # before anything else, so a busy port is the only line printed
+    def __init__(
+        self, engine: Engine | None, config: ServeConfig, telemetry: Telemetry | None = None, front_end: int = 0,
+    ) -> None:
+        """Binds the port at once; the engine may come later, through `attach`, before `start`. Front end
+        `front_end` of several serves its metrics on prometheus_port + front_end."""
+        if config.front_ends == 1:
+            check_port(config.listen)  # before anything else, so a busy port is the only line printed
         self.config = config
+        prometheus_port = config.prometheus_port + front_end if config.prometheus_port else 0
         self.telemetry = telemetry = telemetry or from_environment(
-            config.trace_content, config.prometheus_port, config.caller_metric_labels
+            config.trace_content, prometheus_port, config.caller_metric_labels
         )
         try:
             self.auth = auth.interceptor(config)
@@ -124,7 +152,7 @@ class TokenspoutServer:
         # the boundary, so their refusals become statuses there like every other error.
         boundary = ErrorBoundary(on_error=telemetry.count_error)
         self.server = grpc.aio.server(
-            interceptors=[*telemetry.interceptors(), boundary, *access], options=_CHANNEL_OPTIONS
+            interceptors=[*telemetry.interceptors(), boundary, *access], options=_channel_options(config.front_ends)
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection = ReflectionServicer.for_modules(
@@ -153,7 +181,7 @@ class TokenspoutServer:
         self.engine = engine
         self.telemetry.describe_engine(engine.info)
         if self.telemetry.enabled:
-            self.telemetry.observe_engine(lambda: engine.stats)
+            self.telemetry.observe_engine(_fresh_stats(engine) if isinstance(engine, RemoteEngine) else lambda: engine.stats)
         model = self.config.engine.model
         validator = RequestValidator(
             engine.info,
@@ -167,32 +195,38 @@ class TokenspoutServer:
         pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)  # type: ignore[no-untyped-call]
 
     def _publish_cache_events(self, engine: Engine) -> ZmqCachePublisher | None:
-        """The ZMQ publisher of the engine's KV-cache events, when cache_events_endpoint is set."""
-        config = self.config
-        if not config.cache_events_endpoint or engine.cache_events is None:
+        """The ZMQ publisher of the engine's KV-cache events, when cache_events_endpoint is set: here for an engine
+        in this process (an engine in a process of its own publishes them there, and says where)."""
+        publisher = None
+        if isinstance(engine, RemoteEngine):
+            endpoint, replay, topic = engine.cache_event_sources
+        elif isinstance(engine.cache_events, CacheEventHub):
+            try:
+                publisher = cache_publisher(self.config, engine.cache_events, engine.info.model_id)
+            except zmq.ZMQError as exc:
+                raise StartupError(str(exc)) from None
+            if publisher is None:
+                return None
+            endpoint, replay, topic = publisher.sources
+        else:
             return None
-        topic = config.cache_events_topic or default_topic(engine.info.model_id)
-        try:
-            publisher = ZmqCachePublisher(engine.cache_events, config.cache_events_endpoint, topic,
-                                          config.cache_events_replay_endpoint)
-        except zmq.ZMQError as exc:
-            raise StartupError(f"cache_events_endpoint: cannot open {config.cache_events_endpoint}"
-                               f" / {config.cache_events_replay_endpoint or '-'}: {exc}") from None
-        endpoint, replay = publisher.endpoints
-        self.servicer.cache_event_sources.MergeFrom(
-            pb.CacheEventSources(endpoint=endpoint, replay_endpoint=replay, topic=topic)
-        )
-        log.info("KV-cache events: ZMQ PUB %s (replay %s), topic %s", endpoint, replay or "off", topic)
+        if endpoint:
+            self.servicer.cache_event_sources.MergeFrom(
+                pb.CacheEventSources(endpoint=endpoint, replay_endpoint=replay, topic=topic)
+            )
         return publisher
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
 
         def died(exc: BaseException) -> None:
-            """On the engine thread, before it closes its requests: the loop runs this callback first."""
+            """On the engine thread (in this process), before it closes its requests: the loop runs this callback
+            first; on the event loop for an engine process."""
             loop.call_soon_threadsafe(self.lifecycle.engine_down, type(exc).__name__)
 
         self.engine.on_death(died)
+        if isinstance(self.engine, RemoteEngine):  # the supervisor starts another: served again once it answers
+            self.engine.on_ready(self.lifecycle.engine_up)
         await self.server.start()
         await self.lifecycle.start_serving()
 
@@ -223,45 +257,64 @@ class TokenspoutServer:
             self.cache_publisher.close()
 
 
-async def run(config: ServeConfig, build: EngineBuilder = build_engine) -> int:
-    """Serves until a signal (exit 0 after the drain) or the engine's death (ENGINE_DOWN_EXIT_CODE)."""
+async def run_in_process(config: ServeConfig, recipe: EngineRecipe = MODEL_RECIPE) -> int:
+    """The engine on a thread of this process, one front end (engine_process = false): its death ends the server."""
     server = TokenspoutServer(None, config)  # the port first: a busy one fails before the model loads
     try:
-        engine = await asyncio.to_thread(build, config.engine)
+        engine = await asyncio.to_thread(recipe.engine, config.engine)
     except BaseException:
         await server.server.stop(None)
         raise
     try:
         server.attach(engine)
         await server.start()
-        # What start-up built (modules, the engine, the vocabulary) lives as long as the process. Frozen, the
-        # collector's full passes stop walking it: each stalled every stream ~30 ms at 256 streams (as vLLM's
-        # and SGLang's servers do; docs/benchmarks.md, "The service at a GPU's pace").
-        gc.collect()
-        gc.freeze()
-        host = config.listen.rsplit(":", 1)[0]
+        freeze_startup()
         # Tests and scripts read this line to learn the port (listen may say :0).
-        print(f"tokenspout serving {engine.info.model_id} on {host}:{server.port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, _on_signal, stop)
-        if server.auth is not None and server.auth.keys is not None and config.api_keys_file:
-            loop.add_signal_handler(signal.SIGHUP, server.auth.keys.reload_if_changed, True)
-        died = server.lifecycle.engine_died
-        signalled, engine_died = asyncio.create_task(stop.wait()), asyncio.create_task(died.wait())
-        await asyncio.wait((signalled, engine_died), return_when=asyncio.FIRST_COMPLETED)
-        if died.is_set():
-            log.error("the engine thread died: health NOT_SERVING, calls UNAVAILABLE, exiting for a restart")
-            signalled.cancel()
-            await server.fail_engine()
-            return ENGINE_DOWN_EXIT_CODE
-        engine_died.cancel()
-        log.info("draining: up to %.0f s for running streams", config.grace_period_s)
-        await server.drain()
-        return ENGINE_DOWN_EXIT_CODE if died.is_set() else 0  # the engine may die while draining
+        print(serving_line(config, engine.info.model_id, server.port), flush=True)
+        return await serve_until_signal(server, exit_on_engine_death=True)
     finally:
         engine.close()
+
+
+def serving_line(config: ServeConfig, model_id: str, port: int) -> str:
+    host = config.listen.rsplit(":", 1)[0]
+    return f"tokenspout serving {model_id} on {host}:{port}"
+
+
+def freeze_startup() -> None:
+    """What start-up built (modules, the engine, the vocabulary) lives as long as the process. Frozen, the collector's
+    full passes stop walking it: each stalled every stream ~30 ms at 256 streams (as vLLM's and SGLang's servers do;
+    docs/benchmarks.md, "The service at a GPU's pace")."""
+    gc.collect()
+    gc.freeze()
+
+
+async def serve_until_signal(
+    server: TokenspoutServer, exit_on_engine_death: bool, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+) -> int:
+    """Serves until one of `signals`, then drains: 0; or, with `exit_on_engine_death`, until the engine dies:
+    ENGINE_DOWN_EXIT_CODE after callers and probes have seen it. SIGHUP re-reads the API keys file."""
+    config = server.config
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in signals:
+        loop.add_signal_handler(sig, _on_signal, stop)
+    if server.auth is not None and server.auth.keys is not None and config.api_keys_file:
+        loop.add_signal_handler(signal.SIGHUP, server.auth.keys.reload_if_changed, True)
+    died = server.lifecycle.engine_died
+    waits = [asyncio.create_task(stop.wait())]
+    if exit_on_engine_death:
+        waits.append(asyncio.create_task(died.wait()))
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
+    if exit_on_engine_death and died.is_set():
+        log.error("the engine thread died: health NOT_SERVING, calls UNAVAILABLE, exiting for a restart")
+        await server.fail_engine()
+        return ENGINE_DOWN_EXIT_CODE
+    log.info("draining: up to %.0f s for running streams", config.grace_period_s)
+    await server.drain()
+    return ENGINE_DOWN_EXIT_CODE if exit_on_engine_death and died.is_set() else 0  # it may die while draining
 
 
 def _on_signal(stop: asyncio.Event) -> None:

@@ -149,6 +149,9 @@ class Telemetry:
         }
         for name, total in totals.items():
             self.meter.create_observable_counter(name, unit="{token}", callbacks=[observed(total)])
+        self.meter.create_observable_counter(  # an engine process that died and was started again
+            "tokenspout.server.engine_restarts", unit="{restart}", callbacks=[observed(lambda s: s.engine_restarts)]
+        )
         per_caller: dict[str, tuple[str, CallerRead]] = {
             "tokenspout.server.caller.running_sequences": ("{sequence}", lambda t: t.running),
             "tokenspout.server.caller.queued_requests": ("{request}", lambda t: t.queued + t.preempted),

@@ -68,7 +68,7 @@ class RequestTrace:
         if stopping.stop_sequences:
             attributes["gen_ai.request.stop_sequences"] = list(stopping.stop_sequences)
         if generation.constraint is not None:
-            attributes["tokenspout.constraint.kind"] = generation.constraint.spec.kind
+            attributes["tokenspout.constraint.kind"] = generation.constraint.kind
         if telemetry.record_content:
             if request.HasField("chat"):
                 messages = [{"role": m.role, "parts": [{"type": "text", "content": m.content}]} for m in request.chat.messages]

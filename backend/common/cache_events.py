@@ -24,6 +24,9 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
 
 ROOT_SEED = b"tokenspout-kv-v1"
 """What the first block of every chain hashes in place of a parent."""
@@ -42,8 +45,7 @@ def chain_hashes(tokens: Sequence[int], block_size: int, salt: str = "") -> list
     return chain_hashes_from((), tokens, block_size, salt)
 
 
-@dataclass(frozen=True)
-class BlockStored:
+class BlockStored(msgspec.Struct, frozen=True, tag=True, array_like=True):
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
     """The block before the first of these (None: they start a chain)."""
@@ -55,22 +57,19 @@ class BlockStored:
     """The chain's salt when these start a salted chain (vLLM's extra_keys cache_salt)."""
 
 
-@dataclass(frozen=True)
-class BlockRemoved:
+class BlockRemoved(msgspec.Struct, frozen=True, tag=True, array_like=True):
     block_hashes: tuple[int, ...]
     medium: str
 
 
-@dataclass(frozen=True)
-class AllBlocksCleared:
+class AllBlocksCleared(msgspec.Struct, frozen=True, tag=True, array_like=True):
     pass
 
 
 CacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-@dataclass(frozen=True)
-class CacheEventBatch:
+class CacheEventBatch(msgspec.Struct, frozen=True, array_like=True):
     sequence: int
     """Gapless from 0 in one server's life; a snapshot carries the last batch it includes."""
     ts: float
@@ -204,6 +203,20 @@ Listener = Callable[[CacheEventBatch], None]
 """Called with each batch on the engine thread, under the hub's lock: must not block."""
 
 
+class CacheWatching(Protocol):
+    """What a watcher of an engine's KV-cache events needs: the hub, or its stand-in in a front end."""
+
+    @property
+    def oldest_kept(self) -> int: ...
+
+    async def watch(self, listener: Listener, start: int | None = None, snapshot: bool = False) -> bool:
+        """Adds a listener: first a snapshot when asked, else the kept batches from `start` on, then every new
+        batch, in order; False (not added) when `start` is no longer kept."""
+        ...
+
+    def unsubscribe(self, listener: Listener) -> None: ...
+
+
 class CacheEventHub:
     """Numbers the ledger's batches, keeps the last `replay_batches` for late subscribers, and hands each to
     the listeners. Thread-safe: the engine thread publishes, any thread replays or snapshots."""
@@ -254,6 +267,10 @@ class CacheEventHub:
                     listener(batch)
             self._listeners.append(listener)
             return True
+
+    async def watch(self, listener: Listener, start: int | None = None, snapshot: bool = False) -> bool:
+        """`subscribe`, awaited: as a watcher of an engine in another process subscribes (backend.process.remote)."""
+        return self.subscribe(listener, start, snapshot)
 
     def unsubscribe(self, listener: Listener) -> None:
         with self._lock:

@@ -67,6 +67,7 @@ class Ledger:
         self.totals.cancelled(order, step, now)
 
     def shed(self, item: Held) -> ErrorEvent:
+        self.totals.shed_total += 1
         self.callers.of(item).shed_total += 1
         return ErrorEvent(SHED, ErrorKind.SHED)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from backend.common.text import StopSequenceFilter, Utf8Stream
-from backend.constraints import ConstraintState
+from backend.constraints import CompiledConstraint, ConstraintState
 from backend.events import Finish, FinishReason, GeneratedToken, Timings, TokenEvent, Usage
 from backend.types import GenerationRequest
 
@@ -23,7 +23,8 @@ class ConstraintFailed(Exception):
 
 
 class SequenceOutput:
-    def __init__(self, request: GenerationRequest) -> None:
+    def __init__(self, request: GenerationRequest, constraint: CompiledConstraint | None = None) -> None:
+        """`constraint`: the request's constraint compiled by the engine."""
         self.request = request
         self._stopping = request.stopping
         self._utf8 = Utf8Stream()
@@ -45,7 +46,7 @@ class SequenceOutput:
         self.step = 0  # set by the engine before each step's tokens
         self._mask_reported = 0.0
         self._accepted_draft = False
-        self.constraint = ConstraintState(request.constraint) if request.constraint is not None else None
+        self.constraint = ConstraintState(constraint) if constraint is not None else None
         self._deadline = request.end_by
 
     @property
@@ -168,7 +169,7 @@ class SequenceOutput:
             prefill_s=(self.prefill_done_at or now) - admitted,
             decode_s=now - first,
             total_s=now - arrival,
-            constraint_compile_s=self.request.constraint.fresh_compile_s if self.request.constraint else 0.0,
+            constraint_compile_s=self.request.constraint_compile_s,
             constraint_mask_s=self.constraint.mask_s if self.constraint is not None else 0.0,
         )
 

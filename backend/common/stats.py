@@ -57,6 +57,16 @@ class EngineStats:
     """Proposed tokens checked (speculative decoding) ..."""
     accepted_draft_tokens_total: int = 0
     """... and the ones accepted: output that took no step of its own."""
+    shed_total: int = 0
+    """Waiting requests that gave their place to a more entitled one (backend.common.fairness)."""
+    refused_total: int = 0
+    """Requests refused at the door (backend.common.door) ..."""
+    refused_callers: tuple[tuple[str, int], ...] = ()
+    """... and per caller (fairness key)."""
+    cache_events_sequence: int = 0
+    """The last KV-cache event batch published (backend.common.cache_events), with cache_events on."""
+    engine_restarts: int = 0
+    """Times the engine's process was started again after it died (its totals count from its latest start)."""
     callers: tuple[CallerTally, ...] = ()
     """Per caller (fairness key): running, queued and preempted now, and totals (backend.common.fairness)."""
 
@@ -78,6 +88,7 @@ class LiveFigures(TypedDict, total=False):
     prefix_cache_entries: int
     prefix_cache_tokens: int
     preempted_sequences: int
+    cache_events_sequence: int
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,7 @@ class EngineCounters:
     retiled_tokens_total: int = 0
     draft_tokens_total: int = 0
     accepted_draft_tokens_total: int = 0
+    shed_total: int = 0
 
     def started(self, prompt_tokens: int) -> None:
         self.started_total += 1

@@ -9,6 +9,7 @@ samples, and feeds the sampled token back to the matcher.
 from backend.constraints.compiler import (
     MAX_JSON_DEPTH,
     CompiledConstraint,
+    CompileReport,
     ConstraintCompiler,
     ConstraintError,
     ConstraintLimits,
@@ -16,6 +17,7 @@ from backend.constraints.compiler import (
     source_chars,
     to_grammar,
 )
+from backend.constraints.lanes import CompileLanes, TooManyCompiles
 from backend.constraints.spec import ConstraintSpec
 from backend.constraints.state import ConstraintState, apply_bitmask
 from backend.constraints.tokenizer import build_tokenizer
@@ -25,6 +27,8 @@ __all__ = [
     "apply_bitmask",
     "build_tokenizer",
     "CompiledConstraint",
+    "CompileLanes",
+    "CompileReport",
     "ConstraintCompiler",
     "ConstraintError",
     "ConstraintLimits",
@@ -35,4 +39,5 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "source_chars",
     "to_grammar",
+    "TooManyCompiles",
 ]

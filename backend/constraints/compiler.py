@@ -113,6 +113,20 @@ class _Health:
 
 
 @dataclass(frozen=True)
+class CompileReport:
+    """What a caller learns of its constraint's compile: plain values, as they cross to another process."""
+
+    cached: bool
+    compile_s: float
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def fresh_compile_s(self) -> float:
+        """The compile time a request using this paid: none when it came from the cache."""
+        return 0.0 if self.cached else self.compile_s
+
+
+@dataclass(frozen=True)
 class CompiledConstraint:
     spec: ConstraintSpec
     template: llguidance.LLMatcher
@@ -125,6 +139,9 @@ class CompiledConstraint:
     health: _Health = dataclasses.field(default_factory=_Health)
     size_bytes: int = 0
     """Estimated memory held (see `estimated_bytes`)."""
+
+    def report(self) -> CompileReport:
+        return CompileReport(self.cached, self.compile_s, self.warnings)
 
     def mark_failed(self) -> None:
         """A matcher of this constraint failed: no later request may inherit its shared state."""

@@ -1,4 +1,4 @@
-"""EXL2 and GPTQ models through exllamav2's dynamic generator (work in progress).
+"""EXL2 and GPTQ models through exllamav2's dynamic generator.
 
 `import exllamav2` compiles a CUDA extension, so nothing here imports it at
 module level: the pure parts (sampler settings, job fields, result translation,

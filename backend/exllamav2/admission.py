@@ -16,13 +16,13 @@ import itertools
 import logging
 from typing import Any
 
+from backend.common.core import Output
 from backend.common.fairness import FairnessPolicy, HeldCallers
 from backend.common.ledger import Ledger
 from backend.config import EngineConfig
 from backend.events import ErrorEvent, ErrorKind
 from backend.exllamav2.held import HeldJob, JobFactory
 from backend.exllamav2.preemption import comeback_cost, continuation, may_give_way, victim_for, why
-from backend.worker import Output
 
 log = logging.getLogger(__name__)
 

@@ -26,21 +26,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from backend.common.ledger import Ledger
-from backend.common.stats import CancelOrder, EngineStats
+from backend.common.core import CoreBase
+from backend.common.stats import EngineStats
 from backend.config import EngineConfig
-from backend.engine import EventSink
-from backend.events import ErrorEvent, FinishReason
+from backend.constraints import CompiledConstraint
+from backend.events import ErrorEvent, EventSink, FinishReason
 from backend.exllamav2.admission import Admission
 from backend.exllamav2.figures import engine_stats
 from backend.exllamav2.held import HeldJob, JobFactory, hold
 from backend.types import GenerationRequest
-from backend.worker import Output
 
 log = logging.getLogger(__name__)
 
 
-class ExLlamaV2Core:
+class ExLlamaV2Core(CoreBase[HeldJob]):
     def __init__(
         self,
         make_generator: Callable[[], Any],
@@ -52,47 +51,37 @@ class ExLlamaV2Core:
         config: EngineConfig = EngineConfig(),
     ) -> None:
         """`config.max_batch_size` is the generator's (1 when it runs unpaged)."""
+        super().__init__(EngineStats(cache_tokens_total=cache_tokens))
         self._make_generator = make_generator
         self._generator: Any = make_generator()
         self._make_job = make_job
         self._translation = (frozenset(eos_token_ids), piece, vocab_size)
-        self.ledger = Ledger()
         self.held = Admission(config, make_job, self.ledger)
         self.policy = self.held.policy
-        self._outputs: list[Output] = []
-        self.steps = 0
         self._cache_tokens_total = cache_tokens
-        self.stats = EngineStats(cache_tokens_total=cache_tokens)
 
-    def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]:
+    def add(self, request: GenerationRequest, sink: EventSink, constraint: CompiledConstraint | None = None) -> None:
         if self._generator is None and not self._rebuild():
-            return [(sink, ErrorEvent("the generator failed and could not be rebuilt; see the server log"))]
+            self._emit(sink, ErrorEvent("the generator failed and could not be rebuilt; see the server log"))
+            return
         try:
-            leader = hold(request, sink, self._make_job, self._translation, self.held.turns)
+            leader = hold(request, sink, self._make_job, self._translation, self.held.turns, constraint)
         except Exception as exc:  # validation should have caught it; never let it reach iterate() or this thread
             log.exception("exllamav2 refused request %s", request.request_id)
-            return [(sink, ErrorEvent(f"the generator refused the job: {exc}"))]
+            self._emit(sink, ErrorEvent(f"the generator refused the job: {exc}"))
+            return
         self.held.queue(leader, self._generator)
-        return self._done()
 
-    def cancel(self, order: CancelOrder) -> list[Output]:
-        group = self.held.group(order.request_id)
-        if not group:
-            return []  # finished already: nothing to free
-        for entry in group:
-            self._end(entry, FinishReason.CANCELLED)
-        self.ledger.cancelled(order, self.steps, time.monotonic())
-        return self._done()
+    def _group(self, request_id: str) -> list[HeldJob]:
+        return self.held.group(request_id)
 
-    def pause(self, request_id: str) -> list[Output]:
+    def pause(self, request_id: str) -> None:
         """A no-op: the generator cannot hold one job back. A slow reader's job runs on and its
         tokens wait in the request's buffer (at most max_new_tokens of them), and its cache pages
         go back to the others as soon as it ends rather than being held for a reader who may not return."""
-        return []
 
-    def resume(self, request_id: str) -> list[Output]:
+    def resume(self, request_id: str) -> None:
         """See pause()."""
-        return []
 
     def has_work(self) -> bool:
         return bool(self.held.jobs)
@@ -100,9 +89,8 @@ class ExLlamaV2Core:
     def holds_sequences(self) -> bool:
         return bool(self.held.jobs)
 
-    def expire(self) -> list[Output]:
+    def expire(self) -> None:
         self._end_expired()
-        return self._done()
 
     def _end_expired(self) -> bool:
         """Ends the jobs past their deadline, and those not started within their queue timeout; True if any."""
@@ -117,7 +105,7 @@ class ExLlamaV2Core:
                 self.held.fail(entry, error.message, error.kind, self._generator)
         return len(self.held.jobs) < held
 
-    def step(self) -> list[Output]:
+    def step(self) -> None:
         self.steps += 1
         # The last command or step ended with an admission pass; only places freed since need another
         # before this step (a pass over a long queue costs milliseconds: docs/benchmarks.md).
@@ -128,11 +116,10 @@ class ExLlamaV2Core:
         except Exception as exc:  # it would end every job anyway: fail them, rebuild, carry on
             log.exception("exllamav2 iterate() failed; rebuilding the generator")
             for entry in list(self.held.jobs.values()):
-                self._outputs.append((entry.sink, ErrorEvent(f"the generator failed: {exc}")))
+                self._emit(entry.sink, ErrorEvent(f"the generator failed: {exc}"))
             self.held.clear()
             self._rebuild()
-            self._publish()
-            return self._take_outputs()
+            return
         for result in results:
             found = self.held.jobs.get(result.get("identifier"))
             if found is None or not found.enqueued:
@@ -143,9 +130,9 @@ class ExLlamaV2Core:
             event = entry.results.translate(result, self.steps)
             if isinstance(event, ErrorEvent):  # its constraint failed: end it, the others carry on
                 self.held.remove(entry, self._generator)
-                self._outputs.append((entry.sink, event))
+                self._emit(entry.sink, event)
             elif event is not None:
-                self._outputs.append((entry.sink, event))
+                self._emit(entry.sink, event)
                 if event.tokens:
                     self.policy.charge(entry, len(event.tokens))
                     self.ledger.generated(entry, len(event.tokens))
@@ -154,7 +141,6 @@ class ExLlamaV2Core:
                     usage = event.finish.usage
                     self.ledger.cached(usage.cached_tokens)
                     self.ledger.checked(usage.draft_tokens, usage.accepted_draft_tokens)
-        return self._done()
 
     def _started(self, entry: HeldJob) -> None:
         entry.results.started_at = time.monotonic()
@@ -173,40 +159,22 @@ class ExLlamaV2Core:
             self._generator = None
         return self._generator is not None
 
-    def close(self) -> list[Output]:
+    def close(self) -> None:
         for entry in list(self.held.jobs.values()):
             self._end(entry, FinishReason.CANCELLED)
         _stop_threads(self._generator)
-        return self._take_outputs()
 
     def _end(self, entry: HeldJob, reason: FinishReason) -> None:
         """Ends it with a finish, and the samples still waiting on it with theirs."""
         self.held.remove(entry, self._generator)
         for ended in (entry, *entry.samples):
-            self._outputs.append((ended.sink, ended.results.end(reason, self.steps)))
+            self._emit(ended.sink, ended.results.end(reason, self.steps))
 
-    settle_later = False
-
-    def first_token_hold_s(self) -> float:
-        return 0.0  # its steps run on the GPU: the host's cores stay free for the service
-
-    def _done(self) -> list[Output]:
-        """The events of the command or step just run, settled (see settle) unless settle_later."""
-        return self._take_outputs() if self.settle_later else self.settle()
-
-    def settle(self) -> list[Output]:
-        """After every step and command (or batch of commands): admit what can start in the next step,
-        publish the figures, return the events."""
+    def _settle(self) -> None:
+        """After every step and batch of commands: admit what can start in the next step, publish the figures."""
         self.held.admit(self._generator, self.steps + 1)
-        self._publish()
-        return self._take_outputs()
-
-    def _take_outputs(self) -> list[Output]:
-        outputs, self._outputs = [*self._outputs, *self.held.outputs], []
+        self._outputs += self.held.outputs
         self.held.outputs.clear()
-        return outputs
-
-    def _publish(self) -> None:
         self.stats = engine_stats(
             self.ledger, self.steps, list(self.held.jobs.values()), self._generator, self._cache_tokens_total
         )

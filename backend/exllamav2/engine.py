@@ -1,10 +1,11 @@
 """The exllamav2 engine: an EXL2 or GPTQ model directory served by one worker thread.
 
 Everything exllamav2 (and torch) is imported inside `ExLlamaV2Engine.__init__`:
-`import exllamav2` compiles a CUDA extension. Not yet exercised on a GPU: the
-parts it builds on (ExLlamaV2Core, JobResults, job and sampler fields, the filter
-core, the generator's sizes, the model-then-cache order, the vocabulary) are
-tested on CPU, against fakes that behave like exllamav2 0.3.2 and a real tokenizer.
+`import exllamav2` compiles a CUDA extension. bench/gpu/ serves it on a GPU and checks the
+serving contract there (README.md, "What is proven"); on CPU the parts it builds on
+(ExLlamaV2Core, JobResults, job and sampler fields, the filter core, the generator's sizes,
+the model-then-cache order, the vocabulary) are tested against fakes that behave like
+exllamav2 0.3.2 and a real tokenizer.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import Any
 
 from backend.common.chat import ChatTemplate
 from backend.config import EngineConfig
-from backend.constraints import ConstraintCompiler
+from backend.constraints import CompiledConstraint, ConstraintCompiler
 from backend.engine import EngineUnavailable
 from backend.exllamav2.attention_provider import NONE, describe, import_exllamav2
 from backend.exllamav2.core import ExLlamaV2Core
 from backend.exllamav2.filter_core import GrammarFilterCore, filter_class
 from backend.exllamav2.held import Resume
-from backend.exllamav2.jobs import budget_problem, job_fields, job_input
+from backend.exllamav2.jobs import job_fields, job_input
 from backend.exllamav2.loading import load_model_and_cache, unavailable_message
 from backend.exllamav2.model_files import adds_bos, end_token_ids, find_model_dir, unloadable_weights, weight_format
 from backend.exllamav2.preemption import continue_with
@@ -35,10 +36,10 @@ from backend.exllamav2.settings import (
     settings_fields,
     token_bias_values,
 )
-from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
+from backend.exllamav2.sizes import PAGE_SIZE, generator_fields, generator_sizes, speculation
+from backend.local_engine import WorkerEngine
 from backend.tools import detect_format, detect_reasoning
 from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo, PrefixReuse
-from backend.worker import EngineWorker, WorkerEngine
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +95,10 @@ class ExLlamaV2Engine(WorkerEngine):
             draft = {"draft_model": draft_model, "draft_cache": draft_cache}
         drafts = speculation(config, bool(draft))
         self.tokenizer = exllamav2.ExLlamaV2Tokenizer(xconfig, lazy_init=False)
-        self.max_seq_len = sizes.max_seq_len
-        self.cache_tokens = sizes.cache_tokens
         self.eos_token_ids = end_token_ids(model_dir, self.tokenizer.eos_token_id)
         tokenizer_json = (model_dir / "tokenizer.json").read_text()
         ll_tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=xconfig.vocab_size, eos_token=list(self.eos_token_ids))
-        self.constraints = ConstraintCompiler(ll_tokenizer, limits=config.constraint)
+        constraints = ConstraintCompiler(ll_tokenizer, limits=config.constraint)
         template = (self.tokenizer.tokenizer_config_dict or {}).get("chat_template")
         chat = (
             ChatTemplate(template, self.tokenizer.bos_token or "", self.tokenizer.eos_token or "")
@@ -113,7 +112,7 @@ class ExLlamaV2Engine(WorkerEngine):
         self.info = ModelInfo(
             model_id=config.model_id or model_dir.name,
             engine="exllamav2" if self.paged else "exllamav2 (unpaged: one request at a time)",
-            context_length=self.max_seq_len,
+            context_length=sizes.max_seq_len,
             vocab_size=xconfig.vocab_size,
             max_batch_size=sizes.batch,
             bos_token_id=self.tokenizer.bos_token_id,
@@ -133,6 +132,8 @@ class ExLlamaV2Engine(WorkerEngine):
             attention_provider=provider,
             reuses_decoded_cells=self.paged,  # its cache pages keep generated tokens as decoded
             prefix_reuse=PrefixReuse.AS_CACHED if self.paged else PrefixReuse.OFF,
+            cache_tokens=sizes.cache_tokens,  # the generator reserves whole pages for prompt + max_new_tokens up front
+            cache_page_tokens=PAGE_SIZE,
         )
         filter_type = filter_class()
         pieces_with_special = self.tokenizer.get_id_to_piece_list(True)
@@ -146,11 +147,13 @@ class ExLlamaV2Engine(WorkerEngine):
                 model=self.model, cache=self.cache, tokenizer=self.tokenizer, **draft, **generator_fields(sizes, drafts)
             )
 
-        def make_job(request: GenerationRequest, resume: Resume | None = None) -> tuple[Any, GrammarFilterCore | None]:
+        def make_job(
+            request: GenerationRequest, resume: Resume | None, compiled: CompiledConstraint | None,
+        ) -> tuple[Any, GrammarFilterCore | None]:
             """A request's job; given a Resume, the one that continues it after a preemption (never constrained)."""
             constraint = filters = None
-            if request.constraint is not None:
-                constraint = GrammarFilterCore(request.constraint, self.eos_token_ids, xconfig.vocab_size)
+            if compiled is not None:
+                constraint = GrammarFilterCore(compiled, self.eos_token_ids, xconfig.vocab_size)
                 filters = [filter_type(self.model, self.tokenizer, constraint)]
             if resume is not None:
                 settings = resume.previous.gen_settings  # with what it carries (mirostat's mu)
@@ -170,17 +173,15 @@ class ExLlamaV2Engine(WorkerEngine):
             )
             return (job if resume is None else continue_with(job, resume.previous)), constraint
 
-        self.core = ExLlamaV2Core(
+        batched = dataclasses.replace(config, max_batch_size=sizes.batch)
+        core = ExLlamaV2Core(
             make_generator, make_job, self.eos_token_ids, self.token_piece, len(self.vocabulary.pieces), sizes.cache_tokens,
-            dataclasses.replace(config, max_batch_size=sizes.batch),
+            batched,
         )
-        self._worker = EngineWorker(self.core, name="exllamav2-engine")
+        self._serve(core, constraints, batched, name="exllamav2-engine")
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self.vocabulary.tokenize(text, add_special)
-
-    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
-        return budget_problem(prompt_tokens, max_new_tokens, self.max_seq_len, self.cache_tokens)
 
     def token_piece(self, token_id: int) -> bytes:
         return self.vocabulary.piece(token_id)
@@ -192,5 +193,5 @@ class ExLlamaV2Engine(WorkerEngine):
         return self.vocabulary.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
-        self._worker.close()
+        self._stop()
         self.model.unload()

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.engine import EventSink
+from backend.constraints import CompiledConstraint
+from backend.events import EventSink
 from backend.exllamav2.filter_core import GrammarFilterCore
 from backend.exllamav2.results import JobResults
 from backend.types import SAMPLE_SEPARATOR, GenerationRequest
@@ -31,9 +32,9 @@ class Resume:
     """The old ExLlamaV2DynamicJob: its random generator and sampler settings go on in the new one."""
 
 
-JobFactory = Callable[[GenerationRequest, Resume | None], tuple[Any, GrammarFilterCore | None]]
+JobFactory = Callable[[GenerationRequest, Resume | None, CompiledConstraint | None], tuple[Any, GrammarFilterCore | None]]
 """Builds a request's exllamav2 job (or, given a Resume, the one that continues it after a preemption),
-and the grammar filter core it carries, if constrained."""
+and the grammar filter core it carries when given its compiled constraint."""
 
 Translation = tuple[frozenset[int], Callable[[int], bytes], int]
 """What JobResults needs besides the request: the EOS ids, token id -> bytes, the vocabulary's size."""
@@ -72,12 +73,12 @@ class HeldJob:
 
 
 def hold(request: GenerationRequest, sink: EventSink, make_job: JobFactory, translation: Translation,
-         turns: Iterator[int]) -> HeldJob:
+         turns: Iterator[int], compiled: CompiledConstraint | None = None) -> HeldJob:
     """The request's first sample, holding its others; each sample's job built now, so a request
     that cannot be built is refused whole."""
     held = []
     for sample in request.samples():
-        job, constraint = make_job(sample, None)
+        job, constraint = make_job(sample, None, compiled)
         held.append(HeldJob(sample, job, sink, JobResults(sample, *translation, constraint), turn=next(turns)))
     leader, leader.samples = held[0], held[1:]
     return leader

@@ -5,17 +5,6 @@ from __future__ import annotations
 from backend.types import GenerationRequest
 
 
-def budget_problem(prompt_tokens: int, max_new_tokens: int, max_seq_len: int, cache_tokens: int, page: int = 256) -> str:
-    """Why a job could never run, or "" if it can. The generator reserves whole 256-token pages for
-    prompt + max_new_tokens up front, and asserts inside enqueue() when they can never fit."""
-    total = prompt_tokens + max_new_tokens
-    if total > max_seq_len:
-        return f"prompt ({prompt_tokens}) + max_new_tokens ({max_new_tokens}) exceeds the {max_seq_len}-token context"
-    if -(-total // page) > cache_tokens // page:
-        return f"prompt + max_new_tokens needs {-(-total // page)} cache pages; the cache has {cache_tokens // page}"
-    return ""
-
-
 def heals(request: GenerationRequest) -> bool:
     """Whether exllamav2 heals this job: 0.3.2 heals only prompts longer than one token (dynamic.py:1709)."""
     return request.sampling.token_healing and len(request.prompt_token_ids) > 1

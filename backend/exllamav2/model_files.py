@@ -22,7 +22,7 @@ def find_model_dir(path: str, setting: str) -> pathlib.Path:
     return directory
 
 
-def _config(model_dir: pathlib.Path, name: str) -> dict[str, Any]:
+def model_config(model_dir: pathlib.Path, name: str) -> dict[str, Any]:
     path = model_dir / name
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -32,7 +32,7 @@ def end_token_ids(model_dir: pathlib.Path, tokenizer_eos: int | None) -> tuple[i
     exllamav2 keeps only the first of a list), generation_config.json's, and the tokenizer's."""
     ids: set[int] = set() if tokenizer_eos is None else {tokenizer_eos}
     for name in ("config.json", "generation_config.json"):
-        listed = _config(model_dir, name).get("eos_token_id")
+        listed = model_config(model_dir, name).get("eos_token_id")
         ids.update(listed if isinstance(listed, list) else [] if listed is None else [listed])
     return tuple(sorted(ids))
 
@@ -40,10 +40,10 @@ def end_token_ids(model_dir: pathlib.Path, tokenizer_eos: int | None) -> tuple[i
 def adds_bos(model_dir: pathlib.Path, bos_token: str) -> bool:
     """Whether a plain prompt starts with BOS, as transformers would encode it: tokenizer_config.json's
     add_bos_token when it says, else whether tokenizer.json's post-processor puts BOS first (Llama 3)."""
-    setting = _config(model_dir, "tokenizer_config.json").get("add_bos_token")
+    setting = model_config(model_dir, "tokenizer_config.json").get("add_bos_token")
     if setting is not None:
         return bool(setting)
-    processor = _config(model_dir, "tokenizer.json").get("post_processor") or {}
+    processor = model_config(model_dir, "tokenizer.json").get("post_processor") or {}
     for step in processor.get("processors", [processor]):
         if step.get("type") == "TemplateProcessing" and step.get("single"):
             first: object = step["single"][0].get("SpecialToken", {}).get("id")
@@ -54,7 +54,7 @@ def adds_bos(model_dir: pathlib.Path, bos_token: str) -> bool:
 def weight_format(model_dir: pathlib.Path) -> str:
     """"EXL2 4.0 bpw", "GPTQ 4-bit" or "FP16": from config.json's quantization_config, else from
     the tensor names in the safetensors headers (exllamav2 itself decides by those)."""
-    quantization = _config(model_dir, "config.json").get("quantization_config") or {}
+    quantization = model_config(model_dir, "config.json").get("quantization_config") or {}
     method, bits = str(quantization.get("quant_method", "")).lower(), quantization.get("bits")
     if method == "exl2":
         return f"EXL2 {bits} bpw" if bits else "EXL2"
@@ -72,7 +72,7 @@ def unloadable_weights(model_dir: pathlib.Path) -> str:
     """Why exllamav2 0.3.2 cannot load these weights, or "". Its GPTQ kernel takes only 4-bit weights,
     8 to an int32 (ext_qmatrix.cpp:66 checks qweight's columns against qzeros' times 8), and it never
     reads quantization_config.bits, so another width would fail inside the extension, on the GPU."""
-    quantization = _config(model_dir, "config.json").get("quantization_config") or {}
+    quantization = model_config(model_dir, "config.json").get("quantization_config") or {}
     bits = quantization.get("bits")
     if str(quantization.get("quant_method", "")).lower() == "gptq" and bits not in (None, 4):
         return f"exllamav2 loads only 4-bit GPTQ weights; this model's config.json says {bits}-bit"

@@ -63,8 +63,8 @@ def continuation(victim: HeldJob, make_job: JobFactory, page_size: int) -> Any:
     started yet simply starts again. Its results keep what only the old job counted."""
     old = victim.job
     if victim.results.started_at is None:
-        return make_job(victim.request, None)[0]
-    job = make_job(victim.request, Resume(tuple(victim.results.token_ids), old))[0]
+        return make_job(victim.request, None, None)[0]  # never a constrained one (see above)
+    job = make_job(victim.request, Resume(tuple(victim.results.token_ids), old), None)[0]
     accepted = getattr(old, "accepted_draft_tokens", 0)  # 0.3.2 reports them only at the job's end
     victim.results.preempted(getattr(old, "cached_pages", 0) * page_size + getattr(old, "cached_tokens", 0),
                              accepted + getattr(old, "rejected_draft_tokens", 0), accepted)

@@ -141,7 +141,7 @@ class JobResults:
         first = self._first_token_at or now
         return Timings(
             started - arrival, first - arrival, first - started, now - first, now - arrival,
-            constraint_compile_s=self._request.constraint.fresh_compile_s if self._request.constraint else 0.0,
+            constraint_compile_s=self._request.constraint_compile_s,
             constraint_mask_s=self._constraint.mask_s if self._constraint is not None else 0.0,
         )
 
@@ -198,10 +198,9 @@ class JobResults:
         queue_s = float(result.get("time_enqueued", 0.0))
         prefill_s = float(result.get("time_prefill", 0.0))
         decode_s = float(result.get("time_generate", 0.0))
-        compiled = self._request.constraint
         return Timings(
             queue_s, queue_s + prefill_s, prefill_s, decode_s, queue_s + prefill_s + decode_s,
-            constraint_compile_s=compiled.fresh_compile_s if compiled is not None else 0.0,
+            constraint_compile_s=self._request.constraint_compile_s,
             constraint_mask_s=self._constraint.mask_s if self._constraint is not None else 0.0,
         )
 

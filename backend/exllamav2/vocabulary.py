@@ -17,13 +17,15 @@ tokenizers and llguidance directly:
 from __future__ import annotations
 
 import json
+import pathlib
 from collections.abc import Sequence
 
 import llguidance
 import tokenizers
 
 from backend.common.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
-from backend.types import ChatContext, ChatMessage
+from backend.exllamav2.model_files import adds_bos, model_config
+from backend.types import ChatContext, ChatMessage, ModelInfo
 
 
 class Vocabulary:
@@ -55,6 +57,8 @@ class Vocabulary:
     def piece(self, token_id: int) -> bytes:
         return self.pieces[token_id] if 0 <= token_id < len(self.pieces) else b""
 
+    token_piece = piece
+
     def encode_plain(self, text: str) -> list[int]:
         """Ids of text as text: no BOS, and special-token text stays characters."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
@@ -75,3 +79,17 @@ class Vocabulary:
             return tokenize_chat(whole, (), self.specials, self.encode_plain)
         chat = self._chat.render_marked(messages, add_generation_prompt, context)
         return tokenize_chat(chat, messages, self.specials, self.encode_plain)
+
+
+def load_vocabulary(model_dir: pathlib.Path, info: ModelInfo) -> Vocabulary:
+    """The vocabulary of an exllamav2 model folder without exllamav2 (a front end's, beside an engine in another
+    process): tokenizer.json, tokenizer_config.json's chat template, and the engine's own word on BOS and the
+    end tokens (`info`). The special tokens' text is the tokenizer's, by id."""
+    tokenizer_json = (model_dir / "tokenizer.json").read_text()
+    ll_tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=info.vocab_size, eos_token=list(info.eos_token_ids))
+    added = {token["id"]: token["content"] for token in json.loads(tokenizer_json).get("added_tokens") or []}
+    template = model_config(model_dir, "tokenizer_config.json").get("chat_template")
+    bos = added.get(info.bos_token_id, "") if info.bos_token_id is not None else ""
+    eos = added.get(info.eos_token_ids[0], "") if info.eos_token_ids else ""
+    chat = ChatTemplate(template, bos, eos) if isinstance(template, str) else None
+    return Vocabulary(tokenizer_json, ll_tokenizer, info.bos_token_id, adds_bos(model_dir, bos), chat)

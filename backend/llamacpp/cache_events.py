@@ -54,14 +54,14 @@ class LlamaCppCacheEvents:
             if entry is None:
                 ledger.let_go(("slot", slot))
             else:
-                ledger.hold(("slot", slot), entry.offered, _salt(entry))
+                ledger.hold(("slot", slot), entry.offered, entry.cache_salt)
         changed.clear()
         live: set[str] = set()
         size = ledger.block_size
         for seq in running:
             cells = self._slots.offered(seq)
             if cells // size != ledger.blocks(("seq", seq.id)):
-                ledger.hold(("seq", seq.id), seq.tokens[:cells], _salt(seq.request))
+                ledger.hold(("seq", seq.id), seq.tokens[:cells], seq.cache_salt)
             if cells >= size:
                 live.add(seq.id)
         for gone in self._live - live:
@@ -69,7 +69,3 @@ class LlamaCppCacheEvents:
         self._live = live
         self.hub.publish()
 
-
-def _salt(holder: object) -> str:
-    """The cache salt of an index entry (`salt`) or of a request (`cache_salt`); "" when unsalted."""
-    return str(getattr(holder, "salt", "") or getattr(holder, "cache_salt", "") or "")

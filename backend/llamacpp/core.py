@@ -16,8 +16,8 @@ token (sampling), and end the sequences that are done. The rooms:
     speculation  the proposed tokens each feed checks, and what decodes and checks teach
     (and siblings, prompt_logprobs: see each)
 
-Only the engine thread calls into this class (see backend.worker); every
-public method returns the events it produced, for the worker to deliver.
+Only the engine thread calls into this class (see backend.worker); what its
+commands and steps produce leaves through `settle()` (backend.common.core).
 """
 
 from __future__ import annotations
@@ -27,16 +27,17 @@ import time
 
 import llama_cpp
 
+from backend.common.core import CoreBase
 from backend.common.fairness import FairnessPolicy
-from backend.common.ledger import Ledger
 from backend.common.output import ConstraintFailed
-from backend.common.stats import CancelOrder, EngineStats
+from backend.common.stats import EngineStats
 from backend.config import EngineConfig
-from backend.engine import EventSink
-from backend.events import ErrorEvent, ErrorKind, Event, FinishReason, TokenEvent
+from backend.constraints import CompiledConstraint
+from backend.events import ErrorEvent, ErrorKind, Event, EventSink, FinishReason, TokenEvent
 from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.cache_events import LlamaCppCacheEvents
+from backend.llamacpp.first_token_hold import FirstTokenHold
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prompt_logprobs import score_rows
@@ -49,14 +50,15 @@ from backend.llamacpp.siblings import Siblings
 from backend.llamacpp.slots import Slots
 from backend.llamacpp.speculation import Speculator, ThreadTuner
 from backend.types import GenerationRequest
-from backend.worker import Output
 
 log = logging.getLogger(__name__)
 
 
-class LlamaCppCore:
+class LlamaCppCore(CoreBase[Sequence]):
     def __init__(self, model: GgufModel, config: EngineConfig) -> None:
         self.model = model
+        self._cache_tokens_total = config.context_length * config.max_batch_size
+        super().__init__(EngineStats(cache_tokens_total=self._cache_tokens_total))
         own = config.llamacpp
         slots = config.max_batch_size + (own.prefix_cache_slots if own.prefix_cache else 0)
         tuner = ThreadTuner(own.threads, plain_row_share=model.plain_row_share)
@@ -70,32 +72,26 @@ class LlamaCppCore:
         self.batch = Batch(own.batch_tokens)
         self.speculator = Speculator(tuner, self.scheduler.max_forced)
         self.picker = TokenPicker(model, slots, max(tuner.candidates))
-        self._outputs: list[Output] = []
-        self.steps = 0
-        self.ledger = Ledger()
         self.siblings = Siblings()
         self.admitter = Admitter(self.scheduler, self.slots, self.ledger)
-        self._cache_tokens_total = config.context_length * config.max_batch_size
-        self._first_token_hold_s = own.first_token_hold_ms / 1000
-        self.stats = EngineStats(cache_tokens_total=self._cache_tokens_total)
+        self.first_token_hold = FirstTokenHold(own.first_token_hold_ms)
         self.cache_events = LlamaCppCacheEvents(
             self.slots, "GPU" if own.gpu_layers else "CPU", config.cache_events_replay_batches
         ) if config.cache_events else None
 
-    # -- commands (each returns the events it produced) ------------------------
+    # -- commands ----------------------------------------------------------------
 
-    def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]:
-        leader, *others = [self._sequence(sample, sink) for sample in request.samples()]
+    def add(self, request: GenerationRequest, sink: EventSink, constraint: CompiledConstraint | None = None) -> None:
+        leader, *others = [self._sequence(sample, sink, constraint) for sample in request.samples()]
         self.siblings.hold(leader, others)  # they fork from the leader once its prompt is computed
         self._queue(leader)
-        return self._done()
 
-    def _sequence(self, request: GenerationRequest, sink: EventSink) -> Sequence:
+    def _sequence(self, request: GenerationRequest, sink: EventSink, constraint: CompiledConstraint | None) -> Sequence:
         sampler = Sampler(request.sampling, self.model, self.context_length)
         sampler.start(request.prompt_token_ids)
         layout = PromptLayout.of(len(request.prompt_token_ids), request.last_message_start, self.scheduler.batch_tokens,
                                  self.slots.exact)
-        return Sequence(request, sink, sampler, layout)
+        return Sequence(request, sink, sampler, layout, constraint)
 
     def _queue(self, seq: Sequence) -> None:
         for shed in self.scheduler.add(seq):
@@ -107,25 +103,14 @@ class LlamaCppCore:
         held = self.scheduler.started() if started else self.scheduler.all()
         return [seq for seq in held if seq.group == request_id]
 
-    def cancel(self, order: CancelOrder) -> list[Output]:
-        group = self._group(order.request_id)
-        if not group:
-            return []  # already finished: nothing to free
-        for seq in group:
-            self._end(seq, FinishReason.CANCELLED)
-        self.ledger.cancelled(order, self.steps, time.monotonic())
-        return self._done()
-
-    def pause(self, request_id: str) -> list[Output]:
+    def pause(self, request_id: str) -> None:
         for seq in self._group(request_id, started=True):
             seq.paused_since = seq.paused_since or time.monotonic()
-        return self._done()
 
-    def resume(self, request_id: str) -> list[Output]:
+    def resume(self, request_id: str) -> None:
         for seq in self._group(request_id, started=True):
             seq.paused_since = None
             self.scheduler.resumed(seq)
-        return self._done()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self.slots.prefixes.ended())
@@ -133,15 +118,12 @@ class LlamaCppCore:
     def holds_sequences(self) -> bool:
         return self.scheduler.holds_sequences()
 
-    def expire(self) -> list[Output]:
-        self._expire()
-        return self._done()
-
     # -- one step --------------------------------------------------------------
 
-    def step(self) -> list[Output]:
+    def step(self) -> None:
+        self.first_token_hold.before_step(self.scheduler)
         self.steps += 1
-        self._expire()
+        self.expire()
         # Before admission (see retile for when): a sequence placed now finds the tails it continues complete.
         if which := to_retile(self.slots, not self.scheduler.has_work(), self.scheduler.waiting):
             self.ledger.retiled(retile_ended(self.slots, self.batch, self.ctx, self.scheduler.batch_tokens, which))
@@ -151,9 +133,9 @@ class LlamaCppCore:
         self.scheduler.account(feeds, self.steps)
         if feeds:
             self._decode_and_sample(feeds)
-        return self._done()
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
+        """Ends what is past its time: waiting, running and paused sequences."""
         expired = self.scheduler.expired(time.monotonic())
         for seq in [*expired.never_started, *expired.timed_out]:
             self._end(seq, FinishReason.TIME_LIMIT)
@@ -222,22 +204,23 @@ class LlamaCppCore:
 
     def _take(self, seq: Sequence, token: int, event: Event) -> None:
         seq.tokens.append(token)
-        self._emit(seq, event)
+        self._emit_for(seq, event)
 
     # -- endings and outputs -------------------------------------------------------
 
-    def _emit(self, seq: Sequence, event: Event) -> None:
+    def _emit_for(self, seq: Sequence, event: Event) -> None:
         if isinstance(event, TokenEvent) and event.tokens:
             self.ledger.generated(seq, len(event.tokens))
-        self._outputs.append((seq.sink, event))
+        self.first_token_hold.note(event)
+        self._emit(seq.sink, event)
 
     def _end(self, seq: Sequence, reason: FinishReason) -> None:
         for sample in (seq, *self.siblings.take(seq)):  # samples still waiting for its prompt end with it
-            self._emit(sample, sample.output.end(reason))
+            self._emit_for(sample, sample.output.end(reason))
             self._release(sample)
 
     def _fail(self, seq: Sequence, error: ErrorEvent) -> None:
-        self._emit(seq, error)
+        self._emit_for(seq, error)
         self._release(seq)
         for sample in self.siblings.take(seq):
             sample.sampler.free()
@@ -249,42 +232,21 @@ class LlamaCppCore:
         self.slots.release(seq)
         seq.sampler.free()
 
-    settle_later = False
-
-    def first_token_hold_s(self) -> float:
-        """The first_token_hold_ms setting, unless another request still waits for its own first token: it would
-        wait too. llama.cpp's threads take every core they are given: so held, a first token reached a caller on the
-        same cores 1-5 ms sooner in seven rounds of eight (bench.first_token, docs/benchmarks.md)."""
-        scheduler = self.scheduler
-        if scheduler.waiting or any(seq.output.first_token_at is None for seq in scheduler.running.values()):
-            return 0.0
-        return self._first_token_hold_s
-
-    def _done(self) -> list[Output]:
-        """The outputs of the command or step just run, settled (see settle) unless settle_later."""
-        if self.settle_later:
-            outputs, self._outputs = self._outputs, []
-            return outputs
-        return self.settle()
-
-    def settle(self) -> list[Output]:
-        """Publishes the stats snapshot (one reference assignment: atomic for readers) and the cache events,
-        and hands over the outputs."""
+    def _settle(self) -> None:
+        """Publishes the stats snapshot and the cache events."""
         if self.cache_events is not None:
             self.cache_events.step_done(self.scheduler.running.values())
         self.stats = self.ledger.snapshot(
             self.scheduler.running.values(), self.scheduler.waiting, self.scheduler.preempted.values(),
             steps=self.steps, cache_tokens_total=self._cache_tokens_total, prefix_cache_entries=len(self.slots.prefixes),
             prefix_cache_tokens=self.slots.prefixes.tokens_held, **self.scheduler.occupancy(),
+            cache_events_sequence=self.cache_events.hub.last_sequence if self.cache_events is not None else 0,
         )
-        outputs, self._outputs = self._outputs, []
-        return outputs
 
-    def close(self) -> list[Output]:
+    def close(self) -> None:
         for seq in list(self.scheduler.all()):
             self._end(seq, FinishReason.CANCELLED)
         if self.ctx:
             self.batch.free()
             llama_cpp.llama_free(self.ctx)
             self.ctx = llama_cpp.llama_context_p(0)  # NULL, as llama.cpp has it: closed
-        return self._done()

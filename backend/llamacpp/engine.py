@@ -11,6 +11,7 @@ from backend.llamacpp.cache_events import block_size
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
+from backend.local_engine import WorkerEngine
 from backend.tools import ReasoningFormat, ToolFormat, detect_format, detect_reasoning
 from backend.types import (
     ALL_REQUEST_FEATURES,
@@ -22,18 +23,17 @@ from backend.types import (
     SpeculationMode,
     SpeculationParams,
 )
-from backend.worker import EngineWorker, WorkerEngine
 
 
 class LlamaCppEngine(WorkerEngine):
     def __init__(self, model_path: pathlib.Path, config: EngineConfig = EngineConfig(), model_id: str = "") -> None:
         own = config.llamacpp
         self.model = GgufModel(model_path, own.gpu_layers)
-        self.core = LlamaCppCore(self.model, config)
+        core = LlamaCppCore(self.model, config)
         self.info = ModelInfo(
             model_id=model_id or self.model.name,
             engine="llama.cpp",
-            context_length=self.core.context_length,
+            context_length=core.context_length,
             vocab_size=self.model.vocab_size,
             max_batch_size=config.max_batch_size,
             bos_token_id=self.model.bos_token_id,
@@ -48,22 +48,19 @@ class LlamaCppEngine(WorkerEngine):
             template_tool_format=_name(detect_format(self.model.chat_template or "")),
             template_reasoning_format=_name(detect_reasoning(self.model.chat_template or "")),
             attention_provider="llama.cpp",  # its own kernels (flash attention where the build has it)
-            cache_block_size=block_size(own.prefix_cache_exact) if self.core.cache_events is not None else 0,
+            cache_block_size=block_size(own.prefix_cache_exact) if core.cache_events is not None else 0,
             reuses_decoded_cells=own.prefix_cache and own.prefix_cache_generated and not own.prefix_cache_exact,
             prefix_reuse=_prefix_reuse(own),
         )
-        self.cache_events = self.core.cache_events.hub if self.core.cache_events is not None else None
-        self.constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
-        self._worker = EngineWorker(self.core, name="llama.cpp-engine")
+        self.cache_events = core.cache_events.hub if core.cache_events is not None else None
+        constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
+        self._serve(core, constraints, config, name="llama.cpp-engine")
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self.model.tokenize(text, add_special=add_special)
 
-    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
-        return ""  # each sequence owns context_length cells; a long request ends with CONTEXT_LIMIT
-
     def token_piece(self, token_id: int) -> bytes:
-        return self.model.pieces[token_id]
+        return self.model.token_piece(token_id)
 
     def render_chat(
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
@@ -72,7 +69,7 @@ class LlamaCppEngine(WorkerEngine):
         return self.model.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
-        self._worker.close()
+        self._stop()
         self.model.close()
 
 

@@ -54,11 +54,12 @@ def init_backend() -> None:
         _backend_ready = True
 
 
-def _load(path: pathlib.Path, gpu_layers: int) -> llama_cpp.llama_model_p:
+def _load(path: pathlib.Path, gpu_layers: int, vocab_only: bool) -> llama_cpp.llama_model_p:
     """The loaded model; ModelError, with llama.cpp's first complaint, when it is not one llama.cpp can load."""
     global _load_errors
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = gpu_layers
+    params.vocab_only = vocab_only
     _load_errors = []
     try:
         model: llama_cpp.llama_model_p | None = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
@@ -72,9 +73,11 @@ def _load(path: pathlib.Path, gpu_layers: int) -> llama_cpp.llama_model_p:
 
 
 class GgufModel:
-    def __init__(self, path: pathlib.Path, gpu_layers: int = 0) -> None:
+    def __init__(self, path: pathlib.Path, gpu_layers: int = 0, vocab_only: bool = False) -> None:
+        """`vocab_only`: the vocabulary, tokenizer and chat template without the weights (a front end's, in 0.1 s),
+        which tokenizes and renders chats as the whole model does but cannot decode."""
         init_backend()
-        model = _load(path, gpu_layers)
+        model = _load(path, gpu_layers, vocab_only)
         self.path = path
         self.ptr: llama_cpp.llama_model_p | None = model
         self.vocab = llama_cpp.llama_model_get_vocab(model)
@@ -126,6 +129,9 @@ class GgufModel:
             tokens = (llama_cpp.llama_token * capacity)()
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, parse_special)
         return list(tokens[:n])
+
+    def token_piece(self, token_id: int) -> bytes:
+        return self.pieces[token_id]
 
     def render_chat(
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,

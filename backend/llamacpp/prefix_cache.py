@@ -50,8 +50,8 @@ class CachedPrefix:
     """The layout its prompt rows were computed with (see PromptLayout; 0 for a free layout)."""
     returning: bool = False
     """Its owner was preempted and will come back for these cells: given up last."""
-    salt: str = ""
-    """Only prompts of the same salt match it ("": the unsalted, shared scope)."""
+    cache_salt: str = ""
+    """Only prompts of the same cache salt match it ("": the unsalted, shared scope)."""
     ended_with: tuple[int, ...] = ()
     """Its sequence ended with these tokens (`tokens` and more): their tail awaits computing as prompt rows."""
 
@@ -87,10 +87,10 @@ class PrefixIndex:
         return self._entries.get(slot)
 
     def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, tiled_until: int,
-            returning: bool = False, salt: str = "", ended_with: Sequence[int] = ()) -> None:
+            returning: bool = False, cache_salt: str = "", ended_with: Sequence[int] = ()) -> None:
         self._clock += 1
         self._entries[slot] = CachedPrefix(
-            tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning, salt, tuple(ended_with),
+            tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning, cache_salt, tuple(ended_with),
         )
         if self.changed is not None:
             self.changed.add(slot)
@@ -119,11 +119,11 @@ class PrefixIndex:
         self._clock += 1
         self._entries[slot].last_used = self._clock
 
-    def matches(self, tokens: Sequence[int], owner: str, salt: str = "") -> Iterator[tuple[int, int, int | None]]:
-        """(slot, tokens in common, the layout's tiled_until) for every entry of `salt` sharing a prefix with
+    def matches(self, tokens: Sequence[int], owner: str, cache_salt: str = "") -> Iterator[tuple[int, int, int | None]]:
+        """(slot, tokens in common, the layout's tiled_until) for every entry of `cache_salt` sharing a prefix with
         `tokens`; the layout is None where it may take the cells as they are: the entries of `owner`."""
         for slot, entry in self._entries.items():
-            if entry.salt != salt:
+            if entry.cache_salt != cache_salt:
                 continue
             own = entry.owner == owner
             common = common_prefix(entry.tokens if own else entry.offered, tokens)

@@ -9,20 +9,23 @@ the batch feeds `tokens[cached:]`; its sampler picks what comes next.
 from __future__ import annotations
 
 from backend.common.output import SequenceOutput
-from backend.engine import EventSink
-from backend.events import GeneratedToken
+from backend.constraints import CompiledConstraint
+from backend.events import EventSink, GeneratedToken
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.sampling import Sampler
 from backend.types import SAMPLE_SEPARATOR, GenerationRequest
 
 
 class Sequence:
-    def __init__(self, request: GenerationRequest, sink: EventSink, sampler: Sampler, layout: PromptLayout) -> None:
+    def __init__(
+        self, request: GenerationRequest, sink: EventSink, sampler: Sampler, layout: PromptLayout,
+        constraint: CompiledConstraint | None = None,
+    ) -> None:
         self.request = request
         self.sink = sink
         self.sampler = sampler
         self.layout = layout
-        self.output = SequenceOutput(request)
+        self.output = SequenceOutput(request, constraint)
         self.tokens: list[int] = list(request.prompt_token_ids)
         self.prompt_length = len(request.prompt_token_ids)
         self.slot = -1
@@ -57,8 +60,8 @@ class Sequence:
         return self.id.rpartition(SAMPLE_SEPARATOR)[0] if self.request.sample_index else self.id
 
     @property
-    def salt(self) -> str:
-        """Its cells are shared only with sequences of the same salt (see PrefixIndex)."""
+    def cache_salt(self) -> str:
+        """Its cells are shared only with sequences of the same cache salt (see PrefixIndex)."""
         return self.request.cache_salt
 
     @property

@@ -92,7 +92,7 @@ class Slots:
         worth = MIN_REUSE_TOKENS if self.exact else 1
         if self._prefix_cache and (seq.cached >= worth or returning and seq.cached > RECOMPUTED_TAIL):
             if not self.exact:  # to the token: every cell as it is
-                self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, self.offered(seq), 0, returning, seq.salt)
+                self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, self.offered(seq), 0, returning, seq.cache_salt)
                 return self._free_slot(seq)
             # A chat's: its next turn lays out this history predictably (see backend.llamacpp.retile).
             generated = (not returning and self._keep_generated and bool(seq.request.turn_end)
@@ -101,7 +101,7 @@ class Slots:
             if len(ended) >= TILE_ROWS and seq.layout.tiled_until == 0:
                 self._keep_small_prompt(seq)
             self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until,
-                              returning, seq.salt, ended)
+                              returning, seq.cache_salt, ended)
         else:
             llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         self._free_slot(seq)
@@ -151,7 +151,7 @@ class Slots:
             llama_cpp.llama_memory_seq_rm(self._memory, spare, -1, -1)
         llama_cpp.llama_memory_seq_cp(self._memory, seq.slot, spare, -1, -1)
         llama_cpp.llama_memory_seq_rm(self._memory, spare, seq.prompt_length, -1)
-        self.prefixes.put(spare, seq.tokens[: seq.prompt_length], seq.id, seq.prompt_length, 0, salt=seq.salt)
+        self.prefixes.put(spare, seq.tokens[: seq.prompt_length], seq.id, seq.prompt_length, 0, cache_salt=seq.cache_salt)
 
     def _ended_with(self, seq: Sequence) -> list[int]:
         """Every token the sequence has, then what its chat's template writes after an answer (the next
@@ -165,7 +165,7 @@ class Slots:
         """Every cell at `slot` is prompt-computed now, tiled before `tiled_until`: the whole entry is shared."""
         entry = self.prefixes.get(slot)
         assert entry is not None
-        self.prefixes.put(slot, tokens, entry.owner, len(tokens), tiled_until, salt=entry.salt)
+        self.prefixes.put(slot, tokens, entry.owner, len(tokens), tiled_until, cache_salt=entry.cache_salt)
 
     def forget(self, slot: int) -> None:
         """The entry at `slot` could not be completed: its cells and entry go."""
@@ -235,9 +235,9 @@ class Slots:
         rows have no logits, so it computes them all."""
         if not self._prefix_cache or seq.request.prompt_logprobs >= 0:
             return None, 0
-        candidates = list(self.prefixes.matches(seq.tokens, seq.id, seq.salt))
+        candidates = list(self.prefixes.matches(seq.tokens, seq.id, seq.cache_salt))
         for other in running:  # a live sequence's shared cells (see offered)
-            if other is not seq and other.salt == seq.salt and (computed := self.offered(other)):
+            if other is not seq and other.cache_salt == seq.cache_salt and (computed := self.offered(other)):
                 common = common_prefix(other.tokens[:computed], seq.tokens)
                 candidates.append((other.slot, common, other.layout.tiled_until))
         best: tuple[int | None, int] = (None, 0)
@@ -258,7 +258,7 @@ class Slots:
         for other in running:
             if other is seq or other.needs_prefix or other.paused or not other.prefilling or not other.placed:
                 continue
-            if other.salt != seq.salt:
+            if other.cache_salt != seq.cache_salt:
                 continue
             common = common_prefix(other.tokens[: other.prompt_length], seq.tokens)
             if _reusable(seq, common, other.layout.tiled_until) >= available + MIN_REUSE_TOKENS:

@@ -1,4 +1,4 @@
-"""The fair-sharing policy as pure logic (backend.common.fairness, service.shares, service.callers), on plain
+"""The fair-sharing policy as pure logic (backend.common.fairness, backend.common.door, service.callers), on plain
 stand-ins for the engine's sequences; the engines and the server are proven on the real model in
 tests/backend/test_fair_scheduling.py and tests/service/test_fair_sharing.py."""
 
@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 import grpc
 import pytest
 
+from backend.common.door import Door
 from backend.common.fairness import FairnessPolicy, ServiceCounters
 from backend.common.ledger import MAX_TRACKED_CALLERS, CallerTallies, Ledger
 from backend.config import EngineConfig
@@ -20,7 +22,6 @@ from backend.types import GenerationRequest, Scheduling
 from service.callers import Callers, parse_weights
 from service.config import load_config
 from service.errors import ServiceError
-from service.shares import Shares
 from service.telemetry import OTHER_CALLERS, CallerLabels
 
 
@@ -282,56 +283,62 @@ def test_metric_labels_are_bounded_and_stable():
     assert [labels(c) for c in ("a", "b", "c", "a", "d")] == ["a", "b", OTHER_CALLERS, "a", OTHER_CALLERS]
 
 
-# -- admission at the door (service.shares) ---------------------------------------------------------
+# -- admission at the door (backend.common.door) ----------------------------------------------------
 
 
-HELD: list = []
-"""The places the tests hold (a context manager left unreferenced would give its place back)."""
+REQUEST_IDS = itertools.count()
 
 
-def hold(shares: Shares, key: str, priority: int = 0, weight: float = 1.0):
-    shares.check(key, weight, priority)
-    held = shares.hold(key, weight, priority)
-    held.__enter__()
-    HELD.append(held)
-    return held
+def enter(door: Door, key: str, priority: int = 0, weight: float = 1.0) -> str:
+    """A request of `key` let in (its id), or the test fails."""
+    request_id = f"r{next(REQUEST_IDS)}"
+    assert door.enter(request_id, key, weight, priority) is None
+    return request_id
+
+
+def refusal(door: Door, key: str, priority: int = 0) -> ErrorKind:
+    refused = door.enter("refused", key, 1.0, priority)
+    assert refused is not None
+    return refused.kind
+
+
+def test_a_caller_past_its_own_limit_is_refused_while_others_come_in():
+    door = Door(capacity=10, per_caller_limit=3, fair=True)
+    for _ in range(3):
+        enter(door, "a")
+    assert refusal(door, "a") is ErrorKind.CALLER_OVER_LIMIT
+    enter(door, "b")
+    assert door.refused == collections.Counter({"a": 1}) and door.refusals() == (1, (("a", 1),))
+
+
+def test_on_a_full_server_a_caller_under_its_share_comes_in_and_the_flood_does_not():
+    door = Door(capacity=4, per_caller_limit=10, fair=True)
+    places = [enter(door, "a") for _ in range(4)]
+    assert refusal(door, "a") is ErrorKind.OVERLOADED  # alone, a holds its whole share
+    enter(door, "b")  # under its share: the engine sheds one of a's
+    assert refusal(door, "b", priority=-1) is ErrorKind.OVERLOADED  # sheddable: refused first
+    door.leave(places[0])
+    door.leave(places[0])  # a second leave of the same request gives nothing back
+    door.leave("never-let-in")
+    assert door.total == 4
+    fifo = Door(capacity=1, per_caller_limit=1, fair=False)
+    enter(fifo, "a")
+    assert refusal(fifo, "b") is ErrorKind.OVERLOADED
+
+
+def test_on_a_full_server_a_more_urgent_request_comes_in_over_share():
+    door = Door(capacity=2, per_caller_limit=9, fair=True)
+    enter(door, "a")
+    enter(door, "a")
+    enter(door, "a", priority=3)  # the engine sheds (or preempts) one of its priority-0 requests
+    enter(door, "a", priority=3)
+    assert refusal(door, "a", priority=3) is ErrorKind.OVERLOADED  # no less urgent one left to give way
 
 
 def reason(call) -> str:
     with pytest.raises(ServiceError) as caught:
         call()
     return caught.value.reason
-
-
-def test_a_caller_past_its_own_limit_is_refused_while_others_come_in():
-    shares = Shares(capacity=10, per_caller_limit=3, fair=True)
-    for _ in range(3):
-        hold(shares, "a")
-    assert reason(lambda: shares.check("a", 1.0, 0)) == "CALLER_OVER_LIMIT"
-    hold(shares, "b")
-    assert shares.refused == collections.Counter({"a": 1})
-
-
-def test_on_a_full_server_a_caller_under_its_share_comes_in_and_the_flood_does_not():
-    shares = Shares(capacity=4, per_caller_limit=10, fair=True)
-    places = [hold(shares, "a") for _ in range(4)]
-    assert reason(lambda: shares.check("a", 1.0, 0)) == "OVERLOADED"  # alone, a holds its whole share
-    hold(shares, "b")  # under its share: the engine sheds one of a's
-    assert reason(lambda: shares.check("b", 1.0, -1)) == "OVERLOADED"  # sheddable: refused first
-    places[0].__exit__(None, None, None)
-    assert shares.total == 4
-    fifo = Shares(capacity=1, per_caller_limit=1, fair=False)
-    hold(fifo, "a")
-    assert reason(lambda: fifo.check("b", 1.0, 0)) == "OVERLOADED"
-
-
-def test_on_a_full_server_a_more_urgent_request_comes_in_over_share():
-    shares = Shares(capacity=2, per_caller_limit=9, fair=True)
-    hold(shares, "a")
-    hold(shares, "a")
-    hold(shares, "a", priority=3)  # the engine sheds (or preempts) one of its priority-0 requests
-    hold(shares, "a", priority=3)
-    assert reason(lambda: shares.check("a", 1.0, 3)) == "OVERLOADED"  # no less urgent one left to give way
 
 
 # -- who a request is for (service.callers) ------------------------------------------------------

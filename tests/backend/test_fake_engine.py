@@ -62,7 +62,7 @@ def test_a_held_sequence_keeps_its_slot_until_released_or_cancelled(engine):
     waiting = submit(engine, "other", max_new_tokens=3)
     assert until_the_end(waiting)[-1].finish.reason is FinishReason.MAX_TOKENS  # the second slot is free
     assert events.empty() and engine.stats.running_sequences == 1
-    engine.release(held)
+    engine.let_go(held)
     assert until_the_end(events)[-1].generated_tokens == 8
     engine.plan("held-", hold_after=1)
     events = submit(engine, "held-2")
@@ -77,7 +77,7 @@ def test_a_paused_sequence_takes_no_step_until_resumed(engine):
     events = submit(engine, "slow-1")
     events.get(timeout=10)
     engine.pause("slow-1")
-    engine.release(held)  # released, but paused: still nothing
+    engine.let_go(held)  # released, but paused: still nothing
     assert until_the_end(submit(engine, "meanwhile", max_new_tokens=2))[-1].finish is not None
     assert events.empty() and engine.stats.paused_sequences == 1
     engine.resume("slow-1")
@@ -118,3 +118,37 @@ def test_the_vocabulary_is_bytes_with_a_chat_template_whose_content_stays_text(e
     forged = [ChatMessage("user", "<|im_start|>system")]
     assert engine.render_chat(forged).count(IM_START) == 2  # the user's turn and the generation prompt
     assert engine.render_chat(forged, special_tokens_in_content=True).count(IM_START) == 3
+
+
+def test_a_constraint_gone_from_the_cache_compiles_again_off_the_callers_thread_and_a_cancel_meanwhile_holds():
+    """The service compiles a request's constraint first; should the cache have dropped it by the time the request
+    arrives, the engine compiles it again on its compile lanes, not on the thread that submits (a front end's loop,
+    the engine process's input thread), and a cancel that comes meanwhile still ends the request."""
+    import queue
+    import threading
+
+    from backend.constraints import ConstraintSpec
+    from backend.events import FinishReason, TokenEvent
+    from backend.types import GenerationRequest, SamplingParams, StopParams
+
+    engine = FakeEngine(EngineConfig(context_length=64, max_batch_size=2))
+    gate = threading.Event()
+    compile_now = engine.constraints.compile
+    engine.constraints.compile = lambda spec: (gate.wait(10), compile_now(spec))[1]  # held until the test lets it go
+    events: queue.Queue = queue.Queue()
+    try:
+        prompt = tuple(engine.tokenize("Hello"))
+        for name in ("cancelled", "served"):
+            engine.submit(GenerationRequest(name, prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=4),
+                                            constraint=ConstraintSpec("regex", "[ -~]*")), lambda e, n=name: events.put((n, e)))
+        engine.cancel("cancelled")  # submit returned at once: the compile waits on the gate
+        gate.set()
+        finishes = {}
+        while len(finishes) < 2:
+            name, event = events.get(timeout=10)
+            assert isinstance(event, TokenEvent), event
+            if event.finish is not None:
+                finishes[name] = event.finish.reason
+        assert finishes == {"cancelled": FinishReason.CANCELLED, "served": FinishReason.MAX_TOKENS}
+    finally:
+        engine.close()

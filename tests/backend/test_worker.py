@@ -1,5 +1,5 @@
-"""The engine worker applies the commands queued while its thread was busy as one batch: each command's
-outputs in order, then one settle (admission, the published figures) for the batch, not one per command."""
+"""The engine worker applies the commands queued while its thread was busy as one batch, then settles once
+(admission, the published figures, the outputs in order) for the batch, not once per command."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import time
 
 from backend.common.stats import EngineStats
-from backend.events import ErrorEvent, FinishReason, GeneratedToken, TokenEvent
+from backend.events import ErrorEvent, FinishReason
 from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
 from backend.worker import EngineWorker
 from tests.harness.exllamav2_fakes import fake_core
@@ -18,39 +18,36 @@ class RecordingCore:
     """An EngineCore that records what the worker asks of it; its first add waits until the test lets it go,
     so that the commands sent meanwhile queue behind it."""
 
-    def first_token_hold_s(self) -> float:
-        return 0.0
-
     def __init__(self) -> None:
         self.calls: list[str] = []
-        self.settle_later = False
+        self.outbox: list = []
         self.stats = EngineStats()
         self.first_add = threading.Event()
         self.release = threading.Event()
 
-    def add(self, request, sink):
+    def add(self, request, sink, constraint=None):
         if not self.first_add.is_set():
             self.first_add.set()
             assert self.release.wait(10)
-        self.calls.append(f"add {request.request_id}{' (later)' if self.settle_later else ''}")
-        return [(sink, f"added {request.request_id}")]
+        self.calls.append(f"add {request.request_id}")
+        self.outbox.append((sink, f"added {request.request_id}"))
 
     def cancel(self, order):
         self.calls.append(f"cancel {order.request_id}")
-        return []
 
     def pause(self, request_id):
-        return []
+        pass
 
     def resume(self, request_id):
-        return []
+        pass
 
     def settle(self):
         self.calls.append("settle")
-        return []
+        outputs, self.outbox = self.outbox, []
+        return outputs
 
     def expire(self):
-        return []
+        pass
 
     def has_work(self):
         return False
@@ -59,7 +56,7 @@ class RecordingCore:
         return False
 
     def close(self):
-        return []
+        pass
 
 
 def request(request_id: str, caller: str = "a") -> GenerationRequest:
@@ -84,10 +81,9 @@ def test_commands_queued_while_the_engine_thread_was_busy_are_settled_once_after
         worker.submit(request("r9"), delivered.append)  # a batch of its own
     finally:
         worker.close()
-    first = ["add r0 (later)", *(f"add r{i} (later)" for i in range(1, 5)), "cancel r2", "settle"]
-    assert core.calls == [*first, "add r9 (later)", "settle"]
+    first = ["add r0", *(f"add r{i}" for i in range(1, 5)), "cancel r2", "settle"]
+    assert core.calls[: len(first) + 2] == [*first, "add r9", "settle"]
     assert delivered == [f"added r{i}" for i in (0, 1, 2, 3, 4, 9)]
-    assert core.settle_later is False
 
 
 def test_a_burst_on_a_full_batch_is_admitted_as_places_free_and_every_request_finishes():
@@ -112,38 +108,3 @@ def test_a_burst_on_a_full_batch_is_admitted_as_places_free_and_every_request_fi
         worker.close()
     assert max(len(generator.enqueued) for generator in generators) == 8
     assert core.stats.running_sequences == 0 and core.stats.queued_requests == 0
-
-
-class SteppingCore(RecordingCore):
-    """Steps through scripted outputs: a sequence's first token, then its next one."""
-
-    def first_token_hold_s(self) -> float:
-        return 0.002
-
-    def __init__(self, sink) -> None:
-        super().__init__()
-        self.script = [[(sink, TokenEvent((GeneratedToken(5, b"a"),), "a", 1))],
-                       [(sink, TokenEvent((GeneratedToken(6, b"b"),), "b", 2))]]
-
-    def has_work(self):
-        return bool(self.script)
-
-    def step(self):
-        return self.script.pop(0)
-
-
-def test_the_step_after_one_that_produced_a_first_token_waits_for_it_to_be_sent(monkeypatch):
-    """llama.cpp's threads take every core: the worker holds the next step briefly after a first token, and
-    only then (its later tokens go out as the steps come)."""
-    delivered: list = []
-    holds: list[float] = []
-    real_sleep = time.sleep
-    monkeypatch.setattr("backend.worker.time.sleep", lambda s: (holds.append(s), real_sleep(s)))
-    core = SteppingCore(delivered.append)
-    worker = EngineWorker(core, name="stepping")  # type: ignore[arg-type]
-    deadline = time.monotonic() + 10
-    while len(delivered) < 2 and time.monotonic() < deadline:
-        real_sleep(0.01)
-    worker.close()
-    assert [event.generated_tokens for event in delivered] == [1, 2]
-    assert holds == [0.002]

@@ -328,7 +328,7 @@ class FakeJobs:
         self.constraints: dict = {}
         self._eos_token_ids = eos_token_ids
 
-    def __call__(self, request: GenerationRequest, resume: Resume | None = None):
+    def __call__(self, request: GenerationRequest, resume: Resume | None = None, compiled=None):
         if request.request_id == "explode":
             raise TypeError("Settings.__init__() got an unexpected keyword argument")
         if resume is not None:

@@ -25,15 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backend.common.chat import ChatTemplate, RenderedChat, SpecialTokens, tokenize_chat
-from backend.common.output import SequenceOutput
-from backend.common.stats import CancelOrder, EngineCounters, EngineStats
+from backend.common.core import CoreBase
+from backend.common.output import ConstraintFailed, SequenceOutput
+from backend.common.stats import EngineStats
 from backend.config import EngineConfig
-from backend.constraints import ConstraintCompiler
+from backend.constraints import CompiledConstraint, ConstraintCompiler
 from backend.constraints.tokenizer import build_tokenizer
-from backend.engine import EventSink
-from backend.events import ErrorEvent, ErrorKind, FinishReason, GeneratedToken
+from backend.events import ErrorEvent, ErrorKind, EventSink, FinishReason, GeneratedToken
+from backend.local_engine import WorkerEngine
 from backend.types import COMMON_SAMPLERS, CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
-from backend.worker import EngineWorker, Output, WorkerEngine
 
 FAKE_MODEL_ID = "fake-bytes"
 BOS, EOS, IM_START, IM_END = 0, 1, 2, 3
@@ -69,7 +69,7 @@ class Plan:
     """What the fake engine does with the requests whose id starts with a prefix, besides generating."""
 
     hold_after: int | None = None
-    """Stop after this many tokens (the sequence keeps its slot) until FakeEngine.release(plan)."""
+    """Stop after this many tokens (the sequence keeps its slot) until FakeEngine.let_go(plan)."""
     eos_after: int | None = None
     """Sample EOS as this token (an ending the caller did not ask for; see the stopping rules)."""
     fail_after: int | None = None
@@ -98,12 +98,21 @@ def _positions(text: bytes, logprob: float | None) -> tuple[GeneratedToken, ...]
 _EOS_TOKENS = {logprob: GeneratedToken(EOS, b"", logprob) for logprob in (None, 0.0)}
 
 
+def _hold_the_gil_for(seconds: float) -> None:
+    """Pure Python for `seconds` of this thread's CPU time: the GIL held all along, but for the interpreter's own
+    switches (another thread asking for it gets it every 5 ms), as a Python engine launching kernels holds it."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        for _ in range(200):
+            pass
+
+
 class FakeSequence:
-    def __init__(self, request: GenerationRequest, sink: EventSink, plan: Plan) -> None:
+    def __init__(self, request: GenerationRequest, sink: EventSink, plan: Plan, constraint: CompiledConstraint | None) -> None:
         self.request = request
         self.sink = sink
         self.plan = plan
-        self.output = SequenceOutput(request)
+        self.output = SequenceOutput(request, constraint)
         self.logprob = 0.0 if request.output.return_logprobs else None
         self.tokens = _positions(plan.output or output_text(request.prompt_token_ids), self.logprob)
         self.prompt_length = len(request.prompt_token_ids)
@@ -122,26 +131,24 @@ class FakeSequence:
         return self.prompt_length + self.output.generated
 
 
-class ScriptedCore:
+class ScriptedCore(CoreBase[FakeSequence]):
     """An EngineCore (backend.worker) that steps every running sequence by one scripted token."""
 
-    def __init__(self, config: EngineConfig, plans: dict[str, Plan], step_s: float = 0.0) -> None:
+    def __init__(self, config: EngineConfig, plans: dict[str, Plan], step_s: float = 0.0, step_cpu_s: float = 0.0) -> None:
+        super().__init__(EngineStats(cache_tokens_total=config.context_length * config.max_batch_size))
         self.context_length = config.context_length
         self.max_batch_size = config.max_batch_size
         self.max_pause_s = config.llamacpp.max_pause_s
         self.step_s = step_s
+        self.step_cpu_s = step_cpu_s
         self._paced_until = 0.0
         """When the step in progress is due to end, on a paced engine (see _pace)."""
         self._plans = plans
         self.waiting: collections.deque[FakeSequence] = collections.deque()
         self.running: dict[str, FakeSequence] = {}
-        self.steps = 0
         self.dying = False
         self.steps_held = False
         """No step starts while set (commands still apply): FakeEngine.hold_steps."""
-        self.counters = EngineCounters()
-        self._outputs: list[Output] = []
-        self.stats = EngineStats(cache_tokens_total=self.context_length * self.max_batch_size)
 
     def plan_for(self, request_id: str) -> Plan:
         matches = [prefix for prefix in tuple(self._plans) if request_id.startswith(prefix)]  # tests add plans
@@ -149,29 +156,22 @@ class ScriptedCore:
 
     # -- commands --------------------------------------------------------------
 
-    def add(self, request: GenerationRequest, sink: EventSink) -> list[Output]:
-        self.waiting.append(FakeSequence(request, sink, self.plan_for(request.request_id)))
-        return self._done()
+    def add(self, request: GenerationRequest, sink: EventSink, constraint: CompiledConstraint | None = None) -> None:
+        self.waiting.append(FakeSequence(request, sink, self.plan_for(request.request_id), constraint))
 
-    def cancel(self, order: CancelOrder) -> list[Output]:
-        seq = self._find(order.request_id)
-        if seq is None:
-            return []
-        self._end(seq, FinishReason.CANCELLED)
-        self.counters.cancelled(order, self.steps, time.monotonic())
-        return self._done()
+    def _group(self, request_id: str) -> list[FakeSequence]:
+        seq = self.running.get(request_id) or next((s for s in self.waiting if s.request_id == request_id), None)
+        return [seq] if seq is not None else []
 
-    def pause(self, request_id: str) -> list[Output]:
+    def pause(self, request_id: str) -> None:
         seq = self.running.get(request_id)
         if seq is not None and seq.paused_since is None:
             seq.paused_since = time.monotonic()
-        return self._done()
 
-    def resume(self, request_id: str) -> list[Output]:
+    def resume(self, request_id: str) -> None:
         seq = self.running.get(request_id)
         if seq is not None:
             seq.paused_since = None
-        return self._done()
 
     def has_work(self) -> bool:
         if self.steps_held:
@@ -182,30 +182,30 @@ class ScriptedCore:
     def holds_sequences(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def expire(self) -> list[Output]:
+    def expire(self) -> None:
         self._check_alive()
         self._expire()
-        return self._done()
 
-    def step(self) -> list[Output]:
+    def step(self) -> None:
         self._check_alive()
-        if self.step_s:
+        if self.step_cpu_s:
+            _hold_the_gil_for(self.step_cpu_s)
+            time.sleep(self.step_s)  # then the kernels' wait, after it (a step takes both, one after the other)
+        elif self.step_s:
             self._pace()
         self.steps += 1
         self._expire()
         while self.waiting and len(self.running) < self.max_batch_size:
             seq = self.waiting.popleft()
             seq.output.mark_admitted()
-            self.counters.started(len(seq.request.prompt_token_ids))
+            self.ledger.started(seq, len(seq.request.prompt_token_ids))
             self.running[seq.request_id] = seq
         for seq in [s for s in self.running.values() if s.stepping]:
             self._generate(seq)
-        return self._done()
 
-    def close(self) -> list[Output]:
+    def close(self) -> None:
         for seq in [*self.waiting, *self.running.values()]:
             self._end(seq, FinishReason.CANCELLED)
-        return self._done()
 
     # -- what a step does for one sequence --------------------------------------
 
@@ -220,8 +220,14 @@ class ScriptedCore:
         output.step = self.steps
         is_eos = plan.eos_after is not None and output.generated + 1 >= plan.eos_after
         token = _EOS_TOKENS[seq.logprob] if is_eos else seq.tokens[output.generated % len(seq.tokens)]
-        event = output.on_token(token, is_eos)
-        self._outputs.append((seq.sink, event))
+        try:
+            event = output.on_token(token, is_eos)
+        except ConstraintFailed as exc:  # its script is not the grammar's: the stream ends as a real core ends it
+            self._fail(seq, str(exc), ErrorKind.CONSTRAINT_FAILED)
+            return
+        if event.tokens:
+            self.ledger.generated(seq, len(event.tokens))
+        self._emit(seq.sink, event)
         if output.finished:
             self._release(seq)
 
@@ -253,15 +259,12 @@ class ScriptedCore:
 
     # -- endings ---------------------------------------------------------------
 
-    def _find(self, request_id: str) -> FakeSequence | None:
-        return self.running.get(request_id) or next((s for s in self.waiting if s.request_id == request_id), None)
-
     def _end(self, seq: FakeSequence, reason: FinishReason) -> None:
-        self._outputs.append((seq.sink, seq.output.end(reason)))
+        self._emit(seq.sink, seq.output.end(reason))
         self._release(seq)
 
     def _fail(self, seq: FakeSequence, message: str, kind: ErrorKind) -> None:
-        self._outputs.append((seq.sink, ErrorEvent(message, kind)))
+        self._emit(seq.sink, ErrorEvent(message, kind))
         self._release(seq)
 
     def _release(self, seq: FakeSequence) -> None:
@@ -270,20 +273,10 @@ class ScriptedCore:
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
-    settle_later = False
-
-    def first_token_hold_s(self) -> float:
-        return 0.0
-
-    def _done(self) -> list[Output]:
-        if self.settle_later:
-            outputs, self._outputs = self._outputs, []
-            return outputs
-        return self.settle()
-
-    def settle(self) -> list[Output]:
+    def _settle(self) -> None:
         running = self.running.values()
-        self.stats = self.counters.snapshot(
+        self.stats = self.ledger.snapshot(
+            running, self.waiting, (),
             steps=self.steps,
             running_sequences=len(running),
             paused_sequences=sum(seq.paused_since is not None for seq in running),
@@ -291,16 +284,40 @@ class ScriptedCore:
             cache_tokens_used=sum(seq.cells for seq in running),
             cache_tokens_total=self.context_length * self.max_batch_size,
         )
-        outputs, self._outputs = self._outputs, []
-        return outputs
+
+
+class FakeVocabulary:
+    """The fake model's vocabulary (backend.engine.Vocabulary): bytes, and the real chat template code over them."""
+
+    def __init__(self) -> None:
+        self._chat = ChatTemplate(CHAT_TEMPLATE, "<s>", "</s>")
+        self._specials = SpecialTokens((text.decode(), token) for token, text in SPECIALS.items())
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return [BOS, *encode(text.encode())] if add_special else encode(text.encode())
+
+    def token_piece(self, token_id: int) -> bytes:
+        return piece(token_id)
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
+    ) -> list[int]:
+        plain = lambda text: encode(text.encode())  # noqa: E731
+        if special_tokens_in_content:  # every special token's text is that token, the callers' too
+            chat = RenderedChat(self._chat.render(messages, add_generation_prompt, context), content_spans=())
+            return tokenize_chat(chat, messages, self._specials, plain)
+        return tokenize_chat(self._chat.render_marked(messages, add_generation_prompt, context), messages, self._specials, plain)
 
 
 class FakeEngine(WorkerEngine):
     """The Engine protocol over a ScriptedCore on a real EngineWorker thread."""
 
-    def __init__(self, config: EngineConfig = EngineConfig(), step_s: float = 0.0) -> None:
+    def __init__(self, config: EngineConfig = EngineConfig(), step_s: float = 0.0, step_cpu_s: float = 0.0) -> None:
+        """`step_s`: seconds each step waits with the GIL released (a kernel's wait); `step_cpu_s`: seconds of pure
+        Python before it, holding the GIL (as exllamav2's own Python does launching a step's kernels)."""
         self._plans: dict[str, Plan] = {}
-        self.core = ScriptedCore(config, self._plans, step_s)
+        self.core = ScriptedCore(config, self._plans, step_s, step_cpu_s)
         self.info = ModelInfo(
             model_id=config.model_id or FAKE_MODEL_ID,
             engine="fake",
@@ -315,10 +332,8 @@ class FakeEngine(WorkerEngine):
         )
         pieces = [SPECIALS.get(t) or piece(t) for t in range(VOCAB_SIZE)]
         tokenizer = build_tokenizer(pieces, list(SPECIALS), EOS_TOKEN_IDS, BOS, encode)
-        self.constraints = ConstraintCompiler(tokenizer, limits=config.constraint)
-        self._chat = ChatTemplate(CHAT_TEMPLATE, "<s>", "</s>")
-        self._specials = SpecialTokens((text.decode(), token) for token, text in SPECIALS.items())
-        self._worker = EngineWorker(self.core, name="fake-engine")
+        self.vocabulary = FakeVocabulary()
+        self._serve(self.core, ConstraintCompiler(tokenizer, limits=config.constraint), config, name="fake-engine")
 
     # -- the script ------------------------------------------------------------
 
@@ -327,7 +342,7 @@ class FakeEngine(WorkerEngine):
         plan = self._plans[prefix] = Plan(**what)
         return plan
 
-    def release(self, plan: Plan) -> None:
+    def let_go(self, plan: Plan) -> None:
         """Lets held sequences of this plan go on (and wakes the engine thread to step them)."""
         plan.released.set()
         self._worker.resume("")
@@ -353,24 +368,17 @@ class FakeEngine(WorkerEngine):
     # -- the vocabulary --------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return [BOS, *encode(text.encode())] if add_special else encode(text.encode())
+        return self.vocabulary.tokenize(text, add_special)
 
     def token_piece(self, token_id: int) -> bytes:
-        return piece(token_id)
-
-    def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
-        return ""  # like llama.cpp's: each sequence owns context_length cells
+        return self.vocabulary.token_piece(token_id)
 
     def render_chat(
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
         context: ChatContext = ChatContext(),
     ) -> list[int]:
-        plain = lambda text: encode(text.encode())  # noqa: E731
-        if special_tokens_in_content:  # every special token's text is that token, the callers' too
-            chat = RenderedChat(self._chat.render(messages, add_generation_prompt, context), content_spans=())
-            return tokenize_chat(chat, messages, self._specials, plain)
-        return tokenize_chat(self._chat.render_marked(messages, add_generation_prompt, context), messages, self._specials, plain)
+        return self.vocabulary.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
-        self._worker.close()
+        self._stop()
 

@@ -1,9 +1,10 @@
 """Faults injected from outside the engine, for tests of what the service does when the engine fails.
 
 `python -m tests.harness.faults [--fail-requests-with-prefix P] [--kill-engine-after-steps N] serve ...` runs
-the real server (`tokenspout serve ...`) on an engine built as usual and then wrapped: nothing in the
-engine, its config or the CLI knows about these faults. With `--fake-engine` (and its own
-`--hold-requests-with-prefix P` and `--step-s S`), the engine is tests/harness/fake_engine.py's instead.
+the real server (`tokenspout serve ...`) on an engine built as usual and then wrapped (in the engine's
+process, where the engine is made: `FaultRecipe`): nothing in the engine, its config or the CLI knows
+about these faults. With `--fake-engine` (and its own `--hold-requests-with-prefix P`, `--step-s S` and
+`--step-cpu-s S`), the engine is tests/harness/fake_engine.py's instead.
 
 `--step-gate FILE` lets a test decide how far the engine runs (StepGate is the test's side): a test that
 counts engine steps then gets the same steps however loaded the machine is, since the engine waits for
@@ -13,6 +14,7 @@ the test instead of running ahead while the test waits for a CPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 import pathlib
@@ -22,12 +24,13 @@ import time
 
 from backend import worker
 from backend.config import EngineConfig
-from backend.engine import Engine, EventSink
+from backend.engine import Engine, EventSink, Vocabulary
 from backend.events import Event, TokenEvent
-from backend.registry import build_engine
-from backend.types import GenerationRequest
+from backend.local_engine import WorkerEngine
+from backend.registry import MODEL_RECIPE, build_engine
+from backend.types import GenerationRequest, ModelInfo
 from service import cli
-from tests.harness.fake_engine import FakeEngine
+from tests.harness.fake_engine import FakeEngine, FakeVocabulary
 
 
 def failing_requests(engine: Engine, prefix: str) -> None:
@@ -169,20 +172,16 @@ def gated(engine: Engine, gate: pathlib.Path) -> None:
     engine.submit = submit_noting_the_first_token  # type: ignore[method-assign]
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="faults.py")
-    parser.add_argument("--fail-requests-with-prefix", default="")
-    parser.add_argument("--kill-engine-after-steps", type=int, default=0)
-    parser.add_argument("--fake-engine", action="store_true", help="tests/harness/fake_engine.py's engine, not the model")
-    parser.add_argument("--hold-requests-with-prefix", default="", help="fake engine: after one token, until cancelled")
-    parser.add_argument("--step-s", type=float, default=0.0, help="fake engine: seconds per step (a model's pace)")
-    parser.add_argument("--step-gate", type=pathlib.Path, help="a file naming the last step the engine may run (StepGate)")
-    faults, serve = parser.parse_known_args(argv)
-    if (faults.hold_requests_with_prefix or faults.step_s) and not faults.fake_engine:
-        parser.error("--hold-requests-with-prefix and --step-s script the fake engine (--fake-engine)")
+@dataclasses.dataclass(frozen=True)
+class FaultRecipe:
+    """backend.registry.EngineRecipe: the engine (or the fake one) with these faults (picklable, as processes are
+    started with it)."""
 
-    def build(config: EngineConfig) -> Engine:
-        engine = FakeEngine(config, faults.step_s) if faults.fake_engine else build_engine(config)
+    faults: argparse.Namespace
+
+    def engine(self, config: EngineConfig) -> WorkerEngine:
+        faults = self.faults
+        engine = FakeEngine(config, faults.step_s, faults.step_cpu_s) if faults.fake_engine else build_engine(config)
         if faults.fail_requests_with_prefix:
             failing_requests(engine, faults.fail_requests_with_prefix)
         if faults.hold_requests_with_prefix:
@@ -193,7 +192,24 @@ def main(argv: list[str]) -> int:
             gated(engine, faults.step_gate)
         return engine
 
-    return cli.main(serve, build=build)
+    def vocabulary(self, config: EngineConfig, info: ModelInfo) -> Vocabulary:
+        return FakeVocabulary() if self.faults.fake_engine else MODEL_RECIPE.vocabulary(config, info)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="faults.py")
+    parser.add_argument("--fail-requests-with-prefix", default="")
+    parser.add_argument("--kill-engine-after-steps", type=int, default=0)
+    parser.add_argument("--fake-engine", action="store_true", help="tests/harness/fake_engine.py's engine, not the model")
+    parser.add_argument("--hold-requests-with-prefix", default="", help="fake engine: after one token, until cancelled")
+    parser.add_argument("--step-s", type=float, default=0.0, help="fake engine: seconds per step (a model's pace)")
+    parser.add_argument("--step-cpu-s", type=float, default=0.0,
+                        help="fake engine: seconds of Python holding the GIL each step, before --step-s")
+    parser.add_argument("--step-gate", type=pathlib.Path, help="a file naming the last step the engine may run (StepGate)")
+    faults, serve = parser.parse_known_args(argv)
+    if (faults.hold_requests_with_prefix or faults.step_s or faults.step_cpu_s) and not faults.fake_engine:
+        parser.error("--hold-requests-with-prefix, --step-s and --step-cpu-s script the fake engine (--fake-engine)")
+    return cli.main(serve, recipe=FaultRecipe(faults))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def test_min_tokens_per_message_waits_for_tokens_until_the_flush_interval(fake_s
     )
     first = next(call)  # only two tokens exist: the interval sends them short of the minimum
     assert len(first.tokens) == 2 and not first.HasField("finish")
-    fake_server.engine.release(held)
+    fake_server.engine.let_go(held)
     rest = list(call)
     assert all(size >= 4 for size in sizes(rest[:-1])) and sum(sizes([first, *rest])) == 12
     assert rest[-1].finish.reason == pb.FinishReason.FINISH_REASON_MAX_TOKENS

@@ -70,7 +70,7 @@ def test_subscribers_rebuild_the_servers_index_from_events_alone(events_stub):
     stub = events_stub
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     sources = info.cache_event_sources
-    assert info.cache_block_size == BLOCK_SIZE == 16 and sources.endpoint.startswith("tcp://127.0.0.1:") and sources.replay_endpoint
+    assert info.cache_block_size == BLOCK_SIZE and sources.endpoint.startswith("tcp://127.0.0.1:") and sources.replay_endpoint
     assert sources.topic.startswith("kv@") and sources.topic.endswith(f"@{info.model_id}")
     rng = random.Random(1037)
     stems = [[rng.randrange(300, 4000) for _ in range(260)] for _ in range(5)]

@@ -104,9 +104,9 @@ def test_streams_still_running_at_the_grace_end_get_unavailable(tmp_path):
     assert "Traceback" not in log and "CancelledError" not in log, log
 
 
-def test_a_dead_engine_thread_flips_health_and_the_process_exits_non_zero(tmp_path):
+def test_a_dead_engine_thread_in_the_servers_process_flips_health_and_the_process_exits_non_zero(tmp_path):
     # One slot: the second request waits in the queue when the engine dies.
-    server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512",
+    server = start_server(tmp_path, "--max-batch-size", "1", "--context-length", "512", "--engine-process", "false",
                           faults=("--kill-engine-after-steps", "20", *MODEL_PACE), fake_engine=True)
     try:
         assert health_of(server.address) == SERVING
@@ -160,7 +160,7 @@ def test_the_drain_moves_on_as_soon_as_the_last_stream_ends():
             drained = server.drain()
             wait_for(lambda: server.on_loop(lambda: lifecycle.phase) is Phase.DRAINING, what="the drain to start")
             assert not drained.done()  # it waits for the running stream
-            server.engine.release(held)
+            server.engine.let_go(held)
             rest = list(call)
         assert rest[-1].finish.reason == FINISH.FINISH_REASON_MAX_TOKENS and rest[-1].generated_tokens == 50
         drained.result(timeout=60)

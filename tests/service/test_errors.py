@@ -125,7 +125,7 @@ def test_bad_requests_do_not_disturb_a_running_stream(fake_server, fake_stub):
     first = next(call)
     for _ in range(5):
         assert generate_error(fake_stub, greedy("")).code() == INVALID
-    fake_server.engine.release(running)
+    fake_server.engine.let_go(running)
     rest = list(call)
     assert rest[-1].finish.reason == pb.FinishReason.FINISH_REASON_MAX_TOKENS
     assert first.generated_tokens + sum(len(m.tokens) for m in rest) == 48

@@ -230,7 +230,7 @@ def test_overload_is_refused_at_once_with_retry_info(small_server, small_stub):
         wait_for(lambda: (status(small_stub).running_sequences, status(small_stub).queued_requests) == (4, 2),
                  what="4 running and 2 queued")
         wait_for(lambda: sum(call.done() for call in calls) == 12 - 6, what="the others to be refused")
-        small_server.engine.release(admitted)
+        small_server.engine.let_go(admitted)
         results = [call.result() for call in calls]
     rejected = [r for r in results if isinstance(r, grpc.RpcError)]
     completed = [r for r in results if not isinstance(r, grpc.RpcError)]

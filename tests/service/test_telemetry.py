@@ -304,7 +304,7 @@ def test_two_callers_running_the_same_request_id_each_trace_the_id_they_sent():
                 for name, key in keys.items()
             }
             firsts = [next(call) for call in calls.values()]  # both running at once
-            traced.engine.release(held)
+            traced.engine.let_go(held)
             lasts = [list(call)[-1] for call in calls.values()]
         assert [m.request_id for m in firsts + lasts] == ["shared-id"] * 4
         assert [m.finish.reason for m in lasts] == [pb.FinishReason.FINISH_REASON_MAX_TOKENS] * 2

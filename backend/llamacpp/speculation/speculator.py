@@ -88,7 +88,7 @@ class Speculator:
         to, or under a constraint whose matcher cannot take back the proposed tokens it checks (a grammar
         with stop= or max_tokens=, a reasoning block's among them): that sequence decodes plainly."""
         draft = self._drafts.get(seq)
-        speculation, constraint = seq.request.speculation, seq.request.constraint
-        if draft is None and speculation.mode is SpeculationMode.NGRAM and (constraint is None or constraint.rolls_back):
+        speculation, constraint = seq.request.speculation, seq.output.constraint
+        if draft is None and speculation.mode is SpeculationMode.NGRAM and (constraint is None or constraint.compiled.rolls_back):
             draft = self._drafts[seq] = DraftState(speculation.max_draft_tokens)
         return draft

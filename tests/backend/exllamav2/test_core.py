@@ -17,7 +17,7 @@ import pytest
 
 from backend.events import ErrorEvent, FinishReason
 from backend.exllamav2.core import ExLlamaV2Core
-from backend.exllamav2.jobs import budget_problem, job_fields
+from backend.exllamav2.jobs import job_fields
 from backend.exllamav2.settings import (
     SUPPORTED_SAMPLERS,
     padded_logit_width,
@@ -25,6 +25,7 @@ from backend.exllamav2.settings import (
     settings_fields,
     token_bias_values,
 )
+from backend.exllamav2.sizes import PAGE_SIZE
 from backend.types import (
     DryParams,
     GenerationRequest,
@@ -467,23 +468,25 @@ def test_bos_follows_the_tokenizer_config_else_the_post_processor(tmp_path):
     assert adds_bos(tmp_path, "<|begin_of_text|>") is False  # the config's word wins
 
 
+def paged_info(cache_tokens: int, samplers: tuple[str, ...] = SUPPORTED_SAMPLERS) -> ModelInfo:
+    return ModelInfo("m", "exllamav2", 4096, 32000, 8, 1, EOS, False, samplers, cache_tokens=cache_tokens,
+                     cache_page_tokens=PAGE_SIZE)
+
+
 def test_the_page_budget_is_checked_before_enqueue():
-    assert budget_problem(100, 156, max_seq_len=4096, cache_tokens=256) == ""
-    assert "context" in budget_problem(4000, 200, max_seq_len=4096, cache_tokens=65536)
-    assert "2 cache pages; the cache has 1" in budget_problem(100, 157, max_seq_len=4096, cache_tokens=256)
+    assert paged_info(256).budget_problem(100, 156) == ""
+    assert "context" in paged_info(65536).budget_problem(4000, 200)
+    assert "2 cache pages; the cache has 1" in paged_info(256).budget_problem(100, 157)
 
 
 class PagedEngine:
     """Just what validation reads of an exllamav2 engine."""
 
     def __init__(self, samplers: tuple[str, ...] = SUPPORTED_SAMPLERS) -> None:
-        self.info = ModelInfo("m", "exllamav2", 4096, 32000, 8, 1, EOS, False, samplers)
+        self.info = paged_info(512, samplers)
 
     def tokenize(self, text, add_special=True):
         return list(range(len(text.split())))
-
-    def budget_problem(self, prompt_tokens, max_new_tokens):
-        return budget_problem(prompt_tokens, max_new_tokens, max_seq_len=4096, cache_tokens=512)
 
 
 def checked(engine: PagedEngine, request: pb.GenerateStreamRequest) -> RequestParams:

@@ -72,8 +72,8 @@ def constrained(model, compiler):
         filter_core = jobs.constraints[request_id] = GrammarFilterCore(compiled, model.eos_token_ids, model.vocab_size)
         filter_core.begin()
         request = GenerationRequest(request_id, (1, 2), SamplingParams(temperature=0.0), StopParams(max_new_tokens),
-                                    constraint=compiled)
-        core.add(request, events.append)
+                                    constraint=compiled.spec)
+        core.add(request, events.append, compiled)
         return filter_core
 
     return core, generators, add

@@ -5,8 +5,7 @@ repeated or lost. Only a job holding nothing back, and without a constraint, giv
 
 from __future__ import annotations
 
-import types
-
+from backend.constraints import ConstraintSpec
 from backend.events import FinishReason, TokenEvent
 from backend.exllamav2.jobs import job_fields, job_input
 from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
@@ -90,7 +89,7 @@ def test_a_constrained_job_is_never_preempted():
     core, generators = make_core()
     events: dict = {}
     constrained = GenerationRequest("json", PROMPT, SamplingParams(temperature=0.0), StopParams(max_new_tokens=3),
-                                    constraint=types.SimpleNamespace(fresh_compile_s=0.0))
+                                    constraint=ConstraintSpec("regex", "[a-z]+"))
     add(core, generators, events, constrained, WORDS[:3])
     core.step()
     add(core, generators, events, request("urgent", caller="b", priority=1, max_new_tokens=1), WORDS[:1])

@@ -128,3 +128,20 @@ def test_the_engine_tokenizes_renders_and_gives_pieces_through_it(vocabulary):
     assert ExLlamaV2Engine.render_chat(engine, messages) == vocabulary.render_chat(messages)
     assert ExLlamaV2Engine.render_chat(engine, messages, False, True) == vocabulary.render_chat(messages, False, True)
     assert ExLlamaV2Engine.token_piece(engine, IM_START) == b"" and ExLlamaV2Engine.token_piece(engine, 50) != b""
+
+
+def test_a_front_end_loads_the_same_vocabulary_from_the_model_folder_without_exllamav2(chatml, vocabulary, tmp_path):
+    """With the engine in a process of its own, each front end tokenizes and renders chats itself, from the folder's
+    tokenizer.json and tokenizer_config.json and what the engine says of BOS and the end tokens."""
+    from backend.exllamav2.vocabulary import load_vocabulary
+    from backend.types import ModelInfo
+
+    (tmp_path / "tokenizer.json").write_text(chatml)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "add_bos_token": True}))
+    size = tokenizers.Tokenizer.from_str(chatml).get_vocab_size(with_added_tokens=True)
+    info = ModelInfo("tiny", "exllamav2", 512, size, 4, BOS, (1,), True, ())
+    loaded = load_vocabulary(tmp_path, info)
+    messages = [ChatMessage("user", FORGED), ChatMessage("assistant", TEXT)]
+    assert loaded.tokenize(TEXT) == vocabulary.tokenize(TEXT) and loaded.tokenize(TEXT)[0] == BOS
+    assert loaded.render_chat(messages) == vocabulary.render_chat(messages)
+    assert [loaded.token_piece(t) for t in range(size)] == [vocabulary.piece(t) for t in range(size)]

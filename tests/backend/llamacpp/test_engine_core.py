@@ -229,7 +229,7 @@ def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypa
     letter = model.tokenize("x", add_special=False)[0]
     original = Sampler.sample
     constrained = GenerationRequest("c", tuple(model.tokenize("Digits:")), SamplingParams(temperature=0.0),
-                                    StopParams(max_new_tokens=8), constraint=compiled)
+                                    StopParams(max_new_tokens=8), constraint=compiled.spec)
 
     def sample(sampler, ctx, index):  # a sampler that ignores the mask for the constrained sequence
         token = original(sampler, ctx, index)
@@ -239,7 +239,7 @@ def test_a_token_the_grammar_rejects_ends_only_that_stream(core, model, monkeypa
     monkeypatch.setattr(Sampler, "sample", sample)
     good, bad = Recorder(core), Recorder(core)
     core.add(request(model, "plain"), good)
-    core.add(constrained, bad)
+    core.add(constrained, bad, compiled)
     run_until_idle(core)
     failure = bad.events[-1][1]
     assert isinstance(failure, ErrorEvent) and "rejected" in failure.message
@@ -274,20 +274,24 @@ def test_a_gap_left_by_a_finished_sequence_is_closed_without_changing_outputs(mo
         core.close()
 
 
-def test_a_first_token_holds_the_next_step_only_while_no_other_request_waits_for_its_own(core, model):
-    """The worker holds llama.cpp's next step after a first token so that it is sent before the threads take
-    the cores again; a request still waiting for its own first token would wait for the hold too."""
+def test_a_first_token_holds_the_next_step_only_while_no_other_request_waits_for_its_own(core, model, monkeypatch):
+    """llama.cpp's next step waits a moment after a first token so that it is sent before its threads take the
+    cores again; not while another request still waits for its own first token (it would wait for the hold too)."""
+    holds: list[float] = []
+    monkeypatch.setattr("backend.llamacpp.first_token_hold.time.sleep", holds.append)
     a, b = Recorder(core), Recorder(core)
     core.add(request(model, "a", max_new_tokens=8), a)
     core.add(request(model, "b", max_new_tokens=8), b)
+
     def started(rec: Recorder) -> bool:
         return any(isinstance(event, TokenEvent) and event.tokens for _, event in rec.events)
 
     while not started(a) and not started(b):
         core.step()
     assert started(a) != started(b)  # one prompt a llama_decode
-    assert core.first_token_hold_s() == 0.0  # the other's first token would wait for the hold
     while not (started(a) and started(b)):
         core.step()
-    assert core.first_token_hold_s() == EngineConfig().llamacpp.first_token_hold_ms / 1000 > 0
+    assert holds == []  # the other's first token would have waited for each of those holds
+    core.step()
+    assert holds == [EngineConfig().llamacpp.first_token_hold_ms / 1000] and holds[0] > 0
     run_until_idle(core)

@@ -30,7 +30,8 @@ def run(core, model, request_id: str, tokens, max_new_tokens: int = 16, constrai
     rec = Recorder(core)
     stopping = StopParams(max_new_tokens=max_new_tokens, ignore_eos=constraint is None)
     core.add(GenerationRequest(request_id, tuple(tokens), SamplingParams(temperature=0.0), stopping,
-                               constraint=constraint, last_message_start=last_message_start), rec)
+                               constraint=constraint.spec if constraint else None,
+                               last_message_start=last_message_start), rec, *([constraint] if constraint else []))
     run_all(core)
     return rec
 

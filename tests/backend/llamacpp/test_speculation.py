@@ -300,7 +300,7 @@ def constrained_request(model, request_id: str, speculation: SpeculationParams) 
     compiled = ConstraintCompiler(model.constraint_tokenizer()).compile(ConstraintSpec("json_schema", schema))
     prompt = tuple(model.render_chat([ChatMessage("user", f'As JSON with "passage" and "words": {PASSAGE}')]))
     return request(model, request_id, speculation, prompt=prompt, stopping=StopParams(max_new_tokens=120),
-                   constraint=compiled)
+                   constraint=compiled.spec)
 
 
 def test_a_constraint_holds_on_accepted_tokens(model, check_every_proposal):
@@ -333,7 +333,7 @@ def test_forced_tokens_among_proposals_are_taken_unsampled_as_plain_decoding_tak
         picks.clear()
         try:
             recs = run(core, request(model, "r", speculation, prompt=prompt, stopping=StopParams(max_new_tokens=150),
-                                     constraint=compiled))
+                                     constraint=compiled.spec))
             results.append((recs["r"], len(picks), core.stats.steps))
         finally:
             core.close()

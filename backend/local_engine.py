@@ -1,0 +1,153 @@
+"""An engine in this process: the Engine protocol's commands over an EngineCore on its EngineWorker thread.
+
+What every engine in one process shares, written once: the door (backend.common.door) at submit, each
+request's constraint taken from the compile cache (or compiled again on the compile lanes, never on the
+submitting thread), the commands queued for the worker, and the figures it publishes. The engine
+process serves one of these to its front ends (backend.process.host); tests use them directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from backend.common.cache_events import CacheEventHub
+from backend.common.door import Door
+from backend.common.stats import EngineStats
+from backend.config import EngineConfig
+from backend.constraints import (
+    CompiledConstraint,
+    CompileLanes,
+    CompileReport,
+    ConstraintCompiler,
+    ConstraintError,
+    ConstraintSpec,
+    TooManyCompiles,
+)
+from backend.events import ErrorEvent, ErrorKind, EventSink
+from backend.types import ChatContext, ChatMessage, GenerationRequest, ModelInfo
+from backend.worker import EngineCore, EngineWorker, deliver
+
+
+class WorkerEngine:
+    """The command half of the Engine protocol, for an engine whose core runs on an EngineWorker.
+
+    Subclasses call `_serve` once their core is built; every method here is thread-safe.
+    """
+
+    info: ModelInfo
+    core: EngineCore
+    constraints: ConstraintCompiler
+    cache_events: CacheEventHub | None = None
+    compiles: CompileLanes
+    """Where its constraints compile (thread-safe)."""
+    _door: Door
+    _worker: EngineWorker
+
+    def _serve(self, core: EngineCore, constraints: ConstraintCompiler, config: EngineConfig, name: str) -> None:
+        """Starts the core on its own thread, compiling constraints with `constraints`; `config` as the core has it."""
+        self.core = core
+        self.constraints = constraints
+        self.compiles = CompileLanes(constraints, config.compile_threads, config.max_concurrent_compiles)
+        self._door = Door(config.capacity, config.per_caller_limit, config.fairness.fair)
+        self._compiling: dict[str, bool] = {}
+        """Requests whose constraint left the cache since the service compiled it, compiling again: whether a
+        cancel came meanwhile."""
+        self._compiling_lock = threading.Lock()
+        self._worker = EngineWorker(core, name)
+
+    async def compile(self, spec: ConstraintSpec) -> CompileReport:
+        """Compiles `spec` on the compile lanes (a cache hit at once). Raises ConstraintError or TooManyCompiles."""
+        compiled = await asyncio.wrap_future(self.compiles.submit(spec))
+        return compiled.report()
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> None:
+        """Lets the request in at the door (backend.common.door) and queues it with its constraint compiled: from the
+        cache (the service compiled it first), else compiled again on the compile lanes, never on this thread. A
+        refusal, or a constraint that cannot compile, is its one event."""
+        scheduling = request.scheduling
+        refusal = self._door.enter(request.request_id, scheduling.caller, scheduling.weight, scheduling.priority,
+                                   request.n)
+        if refusal is not None:
+            deliver(sink, refusal)
+            return
+        spec = request.constraint
+        compiled = None if spec is None else self.constraints.cached(spec)
+        if spec is None or compiled is not None:
+            self._worker.submit(request, sink, compiled)
+            return
+        try:
+            future = self.compiles.submit(spec)
+        except TooManyCompiles as busy:
+            deliver(sink, ErrorEvent(f"{busy}, the most the engine allows; retry later", ErrorKind.OVERLOADED))
+            return
+        with self._compiling_lock:
+            self._compiling[request.request_id] = False
+        future.add_done_callback(lambda done: self._compiled(request, sink, done))
+
+    def _compiled(self, request: GenerationRequest, sink: EventSink, done: Future[CompiledConstraint]) -> None:
+        """On a compile thread: the request goes on (and a cancel that came meanwhile after it)."""
+        with self._compiling_lock:
+            cancelled = self._compiling.pop(request.request_id, False)
+        try:
+            compiled = done.result()
+        except ConstraintError as exc:
+            deliver(sink, ErrorEvent(f"the constraint cannot be enforced: {exc}", ErrorKind.CONSTRAINT_FAILED))
+            return
+        self._worker.submit(request, sink, compiled)
+        if cancelled:
+            self._worker.cancel(request.request_id)
+
+    def release(self, request_id: str) -> None:
+        """Its caller is done with the request: its places at the door are free."""
+        self._door.leave(request_id)
+
+    def cancel(self, request_id: str) -> None:
+        with self._compiling_lock:
+            if request_id in self._compiling:
+                self._compiling[request_id] = True
+        self._worker.cancel(request_id)
+
+    def pause(self, request_id: str) -> None:
+        self._worker.pause(request_id)
+
+    def resume(self, request_id: str) -> None:
+        self._worker.resume(request_id)
+
+    def on_death(self, callback: Callable[[BaseException], None]) -> None:
+        """`callback(exc)` runs on the engine thread if it dies."""
+        self._worker.death_callbacks.append(callback)
+
+    async def current_stats(self) -> EngineStats:
+        return self.stats
+
+    @property
+    def stats(self) -> EngineStats:
+        """The core's latest figures, with the door's refusals."""
+        refused, by_caller = self._door.refusals()
+        return dataclasses.replace(self.core.stats, refused_total=refused, refused_callers=by_caller)
+
+    def _stop(self) -> None:
+        """Stops the engine thread (ending every request) and the compile lanes."""
+        self._worker.close()
+        self.compiles.close()
+
+    # The vocabulary (backend.engine.Vocabulary) and the model are each engine's own.
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        raise NotImplementedError
+
+    def token_piece(self, token_id: int) -> bytes:
+        raise NotImplementedError
+
+    def render_chat(
+        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
+        context: ChatContext = ChatContext(),
+    ) -> list[int]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError

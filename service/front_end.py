@@ -1,0 +1,50 @@
+"""A front end's process: one gRPC server (service.server.TokenspoutServer) on the engine in its own
+process (backend.process.RemoteEngine), until the supervisor's SIGTERM drains it.
+
+Started by service.supervisor through multiprocessing's spawn: `main` is its first code. It says
+("ready", port) or ("failed", why) on `ready`, once it listens and the engine has answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import pathlib
+import signal
+import sys
+from multiprocessing.connection import Connection
+
+from backend import EngineRecipe, ModelError, RemoteEngine
+from service import logs
+from service.config import ServeConfig
+from service.parent import end_with_parent
+from service.server import StartupError, TokenspoutServer, freeze_startup, serve_until_signal
+
+
+def main(config: ServeConfig, recipe: EngineRecipe, run_dir: str, index: int, ready: Connection) -> None:
+    end_with_parent()
+    logs.configure(config.log_level, config.log_format)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor too: it decides, through SIGTERM
+    sys.exit(asyncio.run(_serve(config, recipe, pathlib.Path(run_dir), index, ready)))
+
+
+async def _serve(config: ServeConfig, recipe: EngineRecipe, run_dir: pathlib.Path, index: int, ready: Connection) -> int:
+    try:
+        server = TokenspoutServer(None, config, front_end=index)
+    except StartupError as exc:
+        ready.send(("failed", str(exc)))
+        return 2
+    engine = RemoteEngine(run_dir, index, functools.partial(recipe.vocabulary, config.engine))
+    try:
+        await engine.connect()
+    except ModelError as exc:  # the vocabulary (the engine loaded the same files: seldom)
+        ready.send(("failed", str(exc)))
+        return 2
+    try:
+        server.attach(engine)
+        await server.start()
+        freeze_startup()
+        ready.send(("ready", server.port))
+        return await serve_until_signal(server, exit_on_engine_death=False, signals=(signal.SIGTERM,))
+    finally:
+        engine.close()
