@@ -112,22 +112,24 @@ class LlamaCppSettings:
         0, "Layers offloaded to a GPU (needs a CUDA or Metal build of llama.cpp).", Group.LLAMA_CPP,
         values="0 or more")
     prefix_cache: bool = setting(
-        True, "Start each prompt from the longest cached prefix of earlier prompts. Greedy output is unchanged.",
-        Group.LLAMA_CPP)
+        True, "Start each prompt from the longest cached prefix of earlier prompts and answers, to the token, and "
+        "compute only the rest ([engines](engines.md#prefix-cache-and-prompt-layout)).", Group.LLAMA_CPP)
     prefix_cache_slots: int = setting(
         2, "Cache streams beyond `max_batch_size` that only keep prefixes, `context_length` cells each.",
         Group.LLAMA_CPP, values="0 or more")
-    # backend.llamacpp.retile computes the kept answers again as prompt rows.
     prefix_cache_generated: bool = setting(
-        True, "Keep a chat's answer cached when its sequence ends, computed again as prompt rows while the engine "
-        "is idle, or when its next turn arrives, so greedy output is unchanged: the next turn computes only its "
-        "new message ([engines](engines.md#prefix-cache-and-prompt-layout)).", Group.LLAMA_CPP)
-    # llama.cpp rounds a token decoded alone otherwise than one in a prompt group: hence the near ties.
-    prefix_cache_decoded: bool = setting(
-        False, "A prompt that continues an earlier answer (a chat's next turn) takes the cells that answer was "
-        "decoded in as they are, as llama-server does: no pass over the answer, the first token at once, but "
-        "greedy output may part from a cold run's at near ties "
-        "([engines](engines.md#prefix-cache-and-prompt-layout)).", Group.LLAMA_CPP)
+        True, "Keep what a sequence generated cached too, so a chat's next turn computes only its new message: the "
+        "answer's cells as decoded, or with `prefix_cache_exact` computed again as prompt rows while the engine is "
+        "idle or when the next turn arrives ([engines](engines.md#prefix-cache-and-prompt-layout)).",
+        Group.LLAMA_CPP)
+    # llama.cpp rounds a row otherwise in another group (a token decoded alone, a tile cut short): near ties part.
+    prefix_cache_exact: bool = setting(
+        False, "Greedy output equal to a cold run's whatever was cached: reuse only cells computed as a cold prompt "
+        "computes them (whole 64-token tiles; answers computed again as prompt rows; prefixes under 16 tokens "
+        "computed again). Off, cells are reused to the token as they were computed, as llama-server, vLLM and "
+        "SGLang reuse them, and output may part from a cold run's where two tokens nearly tie. Replaces "
+        "`prefix_cache_decoded` (now the default behaviour). Reported as `prefix_reuse` in `GetModelInfo` and "
+        "`GetServerStatus` ([engines](engines.md#prefix-cache-and-prompt-layout)).", Group.LLAMA_CPP)
     max_pause_s: float = setting(
         300.0, "A stream whose caller reads nothing this long ends with `ABORTED` (`PAUSED_TOO_LONG`).",
         Group.LLAMA_CPP, values="seconds, above 0")

@@ -250,6 +250,17 @@ class ChatContext:
     """None: the template's default."""
 
 
+class PrefixReuse(enum.StrEnum):
+    """How an engine reuses cached prefixes, and so whether greedy output may depend on what was cached."""
+
+    OFF = "off"
+    AS_CACHED = "as_cached"
+    """Cells taken as they were computed (decoded ones included), as llama-server, vLLM and SGLang take them:
+    greedy output may part from a cold run's at a near tie."""
+    EXACT = "exact"
+    """Only cells a cold run computes the same way (llama.cpp's prefix_cache_exact): greedy output is a cold run's."""
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     model_id: str
@@ -281,8 +292,9 @@ class ModelInfo:
     """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" or "triton" (tokenspout's
     paged attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
     reuses_decoded_cells: bool = False
-    """Whether a next turn reuses its answer's cells as decoding computed them (greedy output may then differ
-    from a cold run's at a near tie); False where cached cells are reused only as a cold prompt computes them."""
+    """Whether a next turn reuses its answer's cells as decoding computed them."""
+    prefix_reuse: PrefixReuse = PrefixReuse.OFF
+    """How it reuses cached prefixes (GetModelInfo.prefix_reuse)."""
     cache_tokens: int = 0
     """Where every request's prompt + max_new_tokens is reserved up front in whole pages of `cache_page_tokens`
     (exllamav2's generator), the cache's size: a request that can never fit is refused before it is queued.

@@ -39,7 +39,7 @@ from backend.exllamav2.settings import (
 from backend.exllamav2.sizes import PAGE_SIZE, generator_fields, generator_sizes, speculation
 from backend.local_engine import WorkerEngine
 from backend.tools import detect_format, detect_reasoning
-from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo
+from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, GenerationRequest, ModelInfo, PrefixReuse
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,7 @@ class ExLlamaV2Engine(WorkerEngine):
             request_features=EXLLAMAV2_REQUEST_FEATURES,
             attention_provider=provider,
             reuses_decoded_cells=self.paged,  # its cache pages keep generated tokens as decoded
+            prefix_reuse=PrefixReuse.AS_CACHED if self.paged else PrefixReuse.OFF,
             cache_tokens=sizes.cache_tokens,  # the generator reserves whole pages for prompt + max_new_tokens up front
             cache_page_tokens=PAGE_SIZE,
         )
