@@ -17,16 +17,18 @@ class EngineKind(enum.StrEnum):
     LLAMA_CPP = "llama.cpp"
     """GGUF models on CPU or GPU."""
     EXLLAMAV2 = "exllamav2"
-    """EXL2 or GPTQ model directories on CUDA GPUs."""
+    """EXL2, GPTQ or FP16 model directories on CUDA GPUs."""
+    EXLLAMAV3 = "exllamav3"
+    """EXL3, FP16 or BF16 model directories on CUDA GPUs."""
 
 
 class SpeculationSetting(enum.StrEnum):
     """The server's speculative decoding, for requests that do not choose (see Speculation in the proto)."""
 
     AUTO = "auto"
-    """llama.cpp: n-gram, its planner checking proposals only in steps where that pays. exllamav2: off
-    (its generator drafts for every job every step, which its own docs call detrimental at larger
-    batches; not measured on a GPU here), or the draft model when one is set."""
+    """llama.cpp: n-gram, its planner checking proposals only in steps where that pays. exllamav2 and
+    exllamav3: off (their generators draft for every job every step, which their own docs call detrimental
+    at larger batches; not measured on a GPU here), or the draft model when one is set."""
     OFF = "off"
     NGRAM = "ngram"
 
@@ -149,14 +151,53 @@ class ExLlamaV2Settings:
         ])
 
 
-_SECTIONS = {"llamacpp": LlamaCppSettings, "exllamav2": ExLlamaV2Settings, "fairness": FairnessSettings}
+class TensorParallelBackend(enum.StrEnum):
+    """How exllamav3's tensor-parallel processes exchange activations."""
+
+    NATIVE = "native"
+    NCCL = "nccl"
+
+
+@dataclass(frozen=True)
+class ExLlamaV3Settings:
+    cache_tokens: int = 0
+    """The cache's token budget shared by all jobs (0: context_length * max_batch_size)."""
+    cache_bits: int = 0
+    """Bits per key in the cache: 0 for FP16, 2 to 8 to quantize it (more tokens in the same memory)."""
+    cache_v_bits: int = 0
+    """Bits per value, where they differ from the keys' (0: cache_bits)."""
+    gpu_split: tuple[float, ...] = ()
+    """GB to use per GPU (empty: fill the GPUs in order)."""
+    tensor_parallel: bool = False
+    """Split each layer across the GPUs (one process per GPU beyond the first) instead of layers across them."""
+    tensor_parallel_backend: TensorParallelBackend = TensorParallelBackend.NATIVE
+    draft_model: str = ""
+    """An EXL3 model directory with the same vocabulary, whose proposals the model checks (speculative decoding)."""
+    ngram_match_min: int = 2
+    """With speculation = ngram: the fewest tokens of the output that must match earlier text to draft what
+    followed it (TabbyAPI's default)."""
+
+    def __post_init__(self) -> None:
+        _require([
+            (self.cache_tokens < 0, "exllamav3_cache_tokens must not be negative"),
+            (self.cache_bits != 0 and not 2 <= self.cache_bits <= 8, "exllamav3_cache_bits must be 0 (FP16) or 2 to 8"),
+            (self.cache_v_bits != 0 and not 2 <= self.cache_v_bits <= 8, "exllamav3_cache_v_bits must be 0 or 2 to 8"),
+            (self.cache_v_bits != 0 and self.cache_bits == 0,
+             "exllamav3_cache_v_bits needs exllamav3_cache_bits: an FP16 cache has no bits to set"),
+            (any(gb <= 0 for gb in self.gpu_split), "exllamav3_gpu_split: every GPU's share must be positive"),
+            (self.ngram_match_min < 1, "exllamav3_ngram_match_min must be at least 1"),
+        ])
+
+
+_SECTIONS = {"llamacpp": LlamaCppSettings, "exllamav2": ExLlamaV2Settings, "exllamav3": ExLlamaV3Settings,
+             "fairness": FairnessSettings}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     kind: EngineKind = field(default=EngineKind.LLAMA_CPP, metadata={"setting": "engine"})
     model: str = "default"
-    """A local GGUF path (or "default": the embedded SmolLM2-135M-Instruct), or a model directory for exllamav2."""
+    """A local GGUF path (or "default": the embedded SmolLM2-135M-Instruct), or a model directory for exllamav2 or exllamav3."""
     model_id: str = ""
     """The name callers use in `model`; defaults to the model's own name."""
     context_length: int = 2048
@@ -174,6 +215,7 @@ class EngineConfig:
     fairness: FairnessSettings = field(default_factory=FairnessSettings)
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
     exllamav2: ExLlamaV2Settings = field(default_factory=ExLlamaV2Settings)
+    exllamav3: ExLlamaV3Settings = field(default_factory=ExLlamaV3Settings, metadata={"prefix": "exllamav3_"})
     constraint: ConstraintLimits = field(default_factory=ConstraintLimits, metadata={"prefix": "constraint_"})
     compile_threads: int = 1
     """Threads for large constraint compiles (small ones have a thread of their own), apart from everything else."""
@@ -187,8 +229,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require([
-            (self.cache_events and self.kind is EngineKind.EXLLAMAV2,
-             "cache_events: the exllamav2 engine publishes no cache events (llama.cpp only, see docs/engines.md)"),
+            (self.cache_events and self.kind is not EngineKind.LLAMA_CPP,
+             f"cache_events: the {self.kind} engine publishes no cache events (llama.cpp only, see docs/engines.md)"),
             (self.cache_events and not self.llamacpp.prefix_cache,
              "cache_events needs prefix_cache: without it no cached cells are reused, so there is nothing to publish"),
             (self.cache_events_replay_batches < 1, "cache_events_replay_batches must be at least 1"),
@@ -202,6 +244,8 @@ class EngineConfig:
             (not 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS, f"max_draft_tokens must be 1 to {MAX_DRAFT_TOKENS}"),
             (bool(self.exllamav2.draft_model) and self.speculation is SpeculationSetting.NGRAM,
              "draft_model and speculation = ngram exclude each other (exllamav2 drafts one way)"),
+            (bool(self.exllamav3.draft_model) and self.speculation is SpeculationSetting.NGRAM,
+             "exllamav3_draft_model and speculation = ngram exclude each other (exllamav3 drafts one way)"),
         ])
 
     @property
@@ -225,9 +269,11 @@ class EngineConfig:
     @classmethod
     def of(cls, **settings: Any) -> EngineConfig:
         """Built from setting names alone (`context_length=1024, prefix_cache=False`), each going to its
-        section, as tests and benchmarks like to write it."""
+        section, as tests and benchmarks like to write it; a name two engines' sections share (cache_tokens,
+        draft_model) goes to the section of the engine `kind` names."""
+        engine = str(settings.get("kind", EngineKind.LLAMA_CPP))
         sections = {}
-        for section, kind in _SECTIONS.items():
+        for section, kind in sorted(_SECTIONS.items(), key=lambda item: item[0] != engine):
             names = {f.name for f in dataclasses.fields(kind)} & settings.keys()
             sections[section] = kind(**{name: settings.pop(name) for name in names})
         return cls(**settings, **sections)

@@ -1,79 +1,69 @@
-"""The owner-thread core for exllamav2's dynamic generator (see backend.worker).
+"""The owner-thread core for either exllama generation's dynamic generator (see backend.worker).
 
-The generator is not thread-safe, so only the engine thread calls it: submit
-and cancel arrive as commands and are applied between `iterate()` calls.
-Results become events for each request's sink by job identifier, returned to
-the worker to deliver (see backend.worker); results for a job already
-cancelled are dropped. An exception from `iterate()` ends every running stream
-with an error and the generator is rebuilt, so the engine keeps serving. It
-publishes the same EngineStats as the llama.cpp core (backend.exllamav2.figures).
+Neither generator is thread-safe, so only the engine thread calls it: submit and cancel arrive as
+commands and are applied between `iterate()` calls. Results become events for each request's sink
+by job identifier (backend.exllama.results); results for a job already cancelled are dropped. A
+result that reports one job failed (exllamav3 contains such failures to the job) ends that request
+with an error; an exception from `iterate()` ends every running stream with an error and the
+generator is rebuilt, so the engine keeps serving. It publishes the same EngineStats as the
+llama.cpp core (backend.exllama.figures). What differs between the generations is the binding's
+(backend.exllama.binding).
 
 Admission is the shared fairness policy's (backend.common.fairness), as on llama.cpp: jobs
-wait here, and one is enqueued whenever the generator holds fewer than
-max_batch_size, the most urgent and the least served caller's first; requests
-past the engine's capacity are shed, and a job not started within its queue
-timeout ends. When the batch is full, a more urgent request, or one of a caller
-under its share after a time slice, preempts a running job: it is cancelled and
-comes back as a new job that continues its stream (backend.exllamav2.preemption;
-constrained jobs are never preempted). A request for n samples is n jobs
-(backend.exllamav2.held).
+wait here, and one is enqueued whenever the generator holds fewer than max_batch_size, the most
+urgent and the least served caller's first; requests past the engine's capacity are shed, and a
+job not started within its queue timeout ends. When the batch is full, a more urgent request, or
+one of a caller under its share after a time slice, preempts a running job: it is cancelled and
+comes back as a new job that continues its stream (backend.exllama.preemption; constrained jobs
+are never preempted). A request for n samples is n jobs (backend.exllama.job).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from backend.common.core import CoreBase
 from backend.common.stats import EngineStats
 from backend.config import EngineConfig
 from backend.constraints import CompiledConstraint
-from backend.events import ErrorEvent, EventSink, FinishReason
-from backend.exllamav2.admission import Admission
-from backend.exllamav2.figures import engine_stats
-from backend.exllamav2.held import HeldJob, JobFactory, hold
+from backend.events import ErrorEvent, EventSink, FinishReason, TokenEvent
+from backend.exllama.binding import GeneratorBinding
+from backend.exllama.figures import engine_stats
+from backend.exllama.job import SampleJob, jobs_for
+from backend.exllama.job_queue import JobQueue
+from backend.exllama.results import Translation
 from backend.types import GenerationRequest
 
 log = logging.getLogger(__name__)
 
 
-class ExLlamaV2Core(CoreBase[HeldJob]):
-    def __init__(
-        self,
-        make_generator: Callable[[], Any],
-        make_job: JobFactory,
-        eos_token_ids: tuple[int, ...],
-        piece: Callable[[int], bytes],
-        vocab_size: int,
-        cache_tokens: int,
-        config: EngineConfig = EngineConfig(),
-    ) -> None:
-        """`config.max_batch_size` is the generator's (1 when it runs unpaged)."""
+class ExllamaCore(CoreBase[SampleJob]):
+    def __init__(self, binding: GeneratorBinding, translation: Translation, cache_tokens: int,
+                 config: EngineConfig = EngineConfig()) -> None:
+        """`config.max_batch_size` is the generator's (1 when exllamav2 runs unpaged)."""
         super().__init__(EngineStats(cache_tokens_total=cache_tokens))
-        self._make_generator = make_generator
-        self._generator: Any = make_generator()
-        self._make_job = make_job
-        self._translation = (frozenset(eos_token_ids), piece, vocab_size)
-        self.held = Admission(config, make_job, self.ledger)
-        self.policy = self.held.policy
+        self._binding = binding
+        self._translation = translation
         self._cache_tokens_total = cache_tokens
+        self.queue = JobQueue(config, binding.new_job, binding.page_size, self.ledger)
+        self._generator: Any = binding.new_generator()
 
     def add(self, request: GenerationRequest, sink: EventSink, constraint: CompiledConstraint | None = None) -> None:
         if self._generator is None and not self._rebuild():
             self._emit(sink, ErrorEvent("the generator failed and could not be rebuilt; see the server log"))
             return
         try:
-            leader = hold(request, sink, self._make_job, self._translation, self.held.turns, constraint)
+            leader = jobs_for(request, sink, self._binding.new_job, self._translation, self.queue.turns, constraint)
         except Exception as exc:  # validation should have caught it; never let it reach iterate() or this thread
-            log.exception("exllamav2 refused request %s", request.request_id)
+            log.exception("the generator refused request %s", request.request_id)
             self._emit(sink, ErrorEvent(f"the generator refused the job: {exc}"))
             return
-        self.held.queue(leader, self._generator)
+        self.queue.add(leader, self._generator)
 
-    def _group(self, request_id: str) -> list[HeldJob]:
-        return self.held.group(request_id)
+    def _group(self, request_id: str) -> list[SampleJob]:
+        return self.queue.group(request_id)
 
     def pause(self, request_id: str) -> None:
         """A no-op: the generator cannot hold one job back. A slow reader's job runs on and its
@@ -84,10 +74,10 @@ class ExLlamaV2Core(CoreBase[HeldJob]):
         """See pause()."""
 
     def has_work(self) -> bool:
-        return bool(self.held.jobs)
+        return bool(self.queue.jobs)
 
     def holds_sequences(self) -> bool:
-        return bool(self.held.jobs)
+        return bool(self.queue.jobs)
 
     def expire(self) -> None:
         self._end_expired()
@@ -95,95 +85,105 @@ class ExLlamaV2Core(CoreBase[HeldJob]):
     def _end_expired(self) -> bool:
         """Ends the jobs past their deadline, and those not started within their queue timeout; True if any."""
         now = time.monotonic()
-        held = len(self.held.jobs)
-        for entry in [e for e in self.held.jobs.values() if e.results.deadline_passed(now)]:
+        held = len(self.queue.jobs)
+        for entry in [e for e in self.queue.jobs.values() if e.results.clock.deadline_passed(now)]:
             self._end(entry, FinishReason.TIME_LIMIT)
-        for entry in [e for e in self.held.jobs.values() if e.results.started_at is None]:
+        for entry in [e for e in self.queue.jobs.values() if not e.started]:
             deadline = entry.request.queue_deadline
             if deadline is not None and now >= deadline:
                 error = self.ledger.timed_out(entry)
-                self.held.fail(entry, error.message, error.kind, self._generator)
-        return len(self.held.jobs) < held
+                self.queue.fail(entry, error.message, error.kind, self._generator)
+        return len(self.queue.jobs) < held
 
     def step(self) -> None:
         self.steps += 1
         # The last command or step ended with an admission pass; only places freed since need another
         # before this step (a pass over a long queue costs milliseconds: docs/benchmarks.md).
         if self._end_expired():
-            self.held.admit(self._generator, self.steps)
+            self.queue.admit(self._generator, self.steps)
         try:
             results = self._generator.iterate()
         except Exception as exc:  # it would end every job anyway: fail them, rebuild, carry on
-            log.exception("exllamav2 iterate() failed; rebuilding the generator")
-            for entry in list(self.held.jobs.values()):
+            log.exception("the generator's iterate() failed; rebuilding it")
+            for entry in list(self.queue.jobs.values()):
                 self._emit(entry.sink, ErrorEvent(f"the generator failed: {exc}"))
-            self.held.clear()
+            self.queue.clear()
             self._rebuild()
             return
         for result in results:
-            found = self.held.jobs.get(result.get("identifier"))
+            if result["stage"] == "error":  # exllamav3 reaped the job (its pages are free); no identifier here
+                self._failed(result["job"].identifier, result["error"])
+                continue
+            found = self.queue.jobs.get(result.get("identifier"))
             if found is None or not found.enqueued:
                 continue  # a job cancelled between iterates: its late results are dropped
-            entry = found
-            if entry.results.started_at is None:  # "started" comes first, but any result means it is active
-                self._started(entry)
-            event = entry.results.translate(result, self.steps)
-            if isinstance(event, ErrorEvent):  # its constraint failed: end it, the others carry on
-                self.held.remove(entry, self._generator)
-                self._emit(entry.sink, event)
-            elif event is not None:
-                self._emit(entry.sink, event)
-                if event.tokens:
-                    self.policy.charge(entry, len(event.tokens))
-                    self.ledger.generated(entry, len(event.tokens))
-                if event.finish is not None:
-                    self.held.forget(entry)
-                    usage = event.finish.usage
-                    self.ledger.cached(usage.cached_tokens)
-                    self.ledger.checked(usage.draft_tokens, usage.accepted_draft_tokens)
+            self._deliver(found, result)
 
-    def _started(self, entry: HeldJob) -> None:
-        entry.results.started_at = time.monotonic()
+    def _deliver(self, entry: SampleJob, result: dict[str, Any]) -> None:
+        if not entry.started:  # "started" comes first, but any result means it is active
+            self._started(entry)
+        event = entry.results.translate(result, self.steps)
+        if isinstance(event, ErrorEvent):  # its constraint failed: end it, the others carry on
+            self.queue.remove(entry, self._generator)
+            self._emit(entry.sink, event)
+        elif event is not None:
+            self._emit(entry.sink, event)
+            self._count(entry, event)
+
+    def _count(self, entry: SampleJob, event: TokenEvent) -> None:
+        if event.tokens:
+            self.queue.policy.charge(entry, len(event.tokens))
+            self.ledger.generated(entry, len(event.tokens))
+        if event.finish is not None:
+            self.queue.forget(entry)
+            usage = event.finish.usage
+            self.ledger.cached(usage.cached_tokens)
+            self.ledger.checked(usage.draft_tokens, usage.accepted_draft_tokens)
+
+    def _failed(self, identifier: str, error: BaseException) -> None:
+        """The generator failed one job and let it go: its request ends with the error."""
+        entry = self.queue.jobs.get(identifier)
+        if entry is None:
+            return
+        log.error("the generator failed request %s: %s", identifier, error)
+        self.queue.forget(entry)  # the generator holds nothing of it any more
+        self._emit(entry.sink, ErrorEvent(f"the generator failed this request: {error}"))
+
+    def _started(self, entry: SampleJob) -> None:
+        entry.results.clock.admitted()
         prompt_tokens = len(entry.request.prompt_token_ids)
         self.ledger.started(entry, prompt_tokens)
-        if not entry.request.sample_index:  # a request's other samples share its prompt's pages (see held)
-            self.policy.charge(entry, prompt_tokens)
+        if not entry.request.sample_index:  # a request's other samples share its prompt's pages (see job)
+            self.queue.policy.charge(entry, prompt_tokens)
 
     def _rebuild(self) -> bool:
         """A fresh generator; None, and False, when that fails too (the next request tries again)."""
-        _stop_threads(self._generator)
+        if self._generator is not None:
+            self._binding.retire(self._generator)
         try:
-            self._generator = self._make_generator()
+            self._generator = self._binding.new_generator()
         except Exception:
-            log.exception("exllamav2 generator rebuild failed")
+            log.exception("rebuilding the generator failed")
             self._generator = None
         return self._generator is not None
 
     def close(self) -> None:
-        for entry in list(self.held.jobs.values()):
+        for entry in list(self.queue.jobs.values()):
             self._end(entry, FinishReason.CANCELLED)
-        _stop_threads(self._generator)
+        if self._generator is not None:
+            self._binding.retire(self._generator)
 
-    def _end(self, entry: HeldJob, reason: FinishReason) -> None:
+    def _end(self, entry: SampleJob, reason: FinishReason) -> None:
         """Ends it with a finish, and the samples still waiting on it with theirs."""
-        self.held.remove(entry, self._generator)
+        self.queue.remove(entry, self._generator)
         for ended in (entry, *entry.samples):
             self._emit(ended.sink, ended.results.end(reason, self.steps))
 
     def _settle(self) -> None:
         """After every step and batch of commands: admit what can start in the next step, publish the figures."""
-        self.held.admit(self._generator, self.steps + 1)
-        self._outputs += self.held.outputs
-        self.held.outputs.clear()
-        self.stats = engine_stats(
-            self.ledger, self.steps, list(self.held.jobs.values()), self._generator, self._cache_tokens_total
-        )
-
-
-def _stop_threads(generator: Any) -> None:
-    """0.3.2's generator starts two 16-worker pools (sampling, and filters) and never stops them:
-    each generator replaced without this would leak their threads."""
-    for name in ("sampling_pool", "filter_pool"):
-        pool = getattr(generator, name, None)
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        self.queue.admit(self._generator, self.steps + 1)
+        self._outputs += self.queue.outputs
+        self.queue.outputs.clear()
+        pages = self._binding.pages(self._generator) if self._generator is not None else ()
+        self.stats = engine_stats(self.ledger, self.steps, list(self.queue.jobs.values()), pages,
+                                  self._binding.page_size, self._cache_tokens_total)
