@@ -205,8 +205,13 @@ def _first_row(value: Any) -> list[Any]:
 
 
 def _rows(logits: Any, count: int) -> list[Any]:
-    """The n logit rows of a (1, n, padded vocabulary) tensor; `count` Nones where it is absent."""
-    return [None] * count if logits is None else list(np.asarray(logits, dtype=np.float32)[0])
+    """The n logit rows of a (1, n, padded vocabulary) tensor; `count` Nones where it is absent. exllamav2's are
+    on the host; exllamav3 samples on the GPU and hands them over there, so they are brought over first."""
+    if logits is None:
+        return [None] * count
+    if hasattr(logits, "cpu"):  # a torch tensor (on the GPU, from exllamav3), as float32 on the host
+        logits = logits.float().cpu().numpy()
+    return list(np.asarray(logits, dtype=np.float32)[0])
 
 
 @dataclass

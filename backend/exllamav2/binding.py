@@ -8,18 +8,14 @@ logits), before temperature and truncation.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backend.constraints import CompiledConstraint
-from backend.exllama.binding import Page
+from backend.exllama.binding import BindingBase, Page
 from backend.exllama.grammar_filter import GrammarFilterCore
 from backend.exllama.job import Resume
-from backend.exllama.job_fields import job_fields, job_input
-from backend.exllama.preemption import continue_with
-from backend.exllama.sampling import sequence_breaker_ids, token_bias_values
+from backend.exllama.sampling import token_bias_values
 from backend.exllamav2.settings import padded_logit_width, settings_fields
 from backend.exllamav2.sizes import PAGE_SIZE, GeneratorSizes, generator_fields
 from backend.types import GenerationRequest, SpeculationParams
@@ -61,25 +57,16 @@ class Loaded:
     """{"draft_model": ..., "draft_cache": ...}, or empty."""
 
 
-class ExLlamaV2Binding:
+class ExLlamaV2Binding(BindingBase):
     suppressed_ids_stay = True  # 0.3.2's rewind_checkpoint rewinds the text, not the ids (a typo)
 
     def __init__(self, classes: ExLlamaV2Classes, loaded: Loaded, sizes: GeneratorSizes, drafts: SpeculationParams,
                  eos_token_ids: tuple[int, ...], vocab_size: int) -> None:
         """`vocab_size`: the model config's (token_bias tensors are padded from it)."""
-        self._classes, self._loaded = classes, loaded
-        self._generator_fields = generator_fields(sizes, drafts)
-        self._eos_token_ids, self._vocab_size = eos_token_ids, vocab_size
-        self._filter = filter_class(classes.filter)
+        super().__init__(classes.generator, classes.job, classes.torch, loaded, generator_fields(sizes, drafts),
+                         eos_token_ids, vocab_size)
+        self._settings_class, self._filter_class = classes.settings, filter_class(classes.filter)
         self.page_size = PAGE_SIZE if sizes.paged else sizes.cache_tokens  # unpaged, one page is the whole cache
-        pieces = loaded.tokenizer.get_id_to_piece_list(True)
-        # One scan of the vocabulary per set of DRY sequence breakers.
-        self._breakers = functools.lru_cache(maxsize=16)(lambda breakers: frozenset(sequence_breaker_ids(pieces, breakers)))
-
-    def new_generator(self) -> Any:
-        loaded = self._loaded
-        return self._classes.generator(model=loaded.model, cache=loaded.cache, tokenizer=loaded.tokenizer,
-                                       **loaded.draft, **self._generator_fields)
 
     def retire(self, generator: Any) -> None:
         """0.3.2's generator starts two 16-worker pools (sampling, and filters) and never stops them: each
@@ -87,34 +74,25 @@ class ExLlamaV2Binding:
         generator.sampling_pool.shutdown(wait=False, cancel_futures=True)
         generator.filter_pool.shutdown(wait=False, cancel_futures=True)
 
-    def new_job(
-        self, request: GenerationRequest, resume: Resume | None, compiled: CompiledConstraint | None
-    ) -> tuple[Any, GrammarFilterCore | None]:
-        torch, constraint, filters = self._classes.torch, None, None
-        if compiled is not None:
-            constraint = GrammarFilterCore(compiled, self._eos_token_ids, self._vocab_size)
-            filters = [self._filter(self._loaded.model, self._loaded.tokenizer, constraint)]
-        if resume is not None:
-            settings = resume.previous.gen_settings  # with what it carries (mirostat's mu)
-        else:
-            settings = self._classes.settings(**settings_fields(request, self._breakers))
-            bias = token_bias_values(request, self._eos_token_ids)
-            if bias:
-                settings.token_bias = torch.zeros(padded_logit_width(self._vocab_size), dtype=torch.float32)
-                for token, value in bias.items():
-                    settings.token_bias[token] = value
-        output = resume.output if resume is not None else ()
-        job = self._classes.job(
-            input_ids=torch.tensor([job_input(request, output)], dtype=torch.long),
-            gen_settings=settings,
-            filters=filters,
-            **job_fields(request, self._eos_token_ids, len(output)),
-        )
-        return (job if resume is None else continue_with(job, resume.previous)), constraint
-
     def pages(self, generator: Any) -> Sequence[Page]:
         pages: Sequence[Page] = generator.all_pages
         return pages
+
+    def _filter(self, core: GrammarFilterCore) -> Any:
+        return self._filter_class(self._loaded.model, self._loaded.tokenizer, core)
+
+    def _sampling(self, request: GenerationRequest, resume: Resume | None) -> dict[str, object]:
+        """Fresh sampler settings (they carry DRY's and mirostat's state), or the old job's."""
+        if resume is not None:
+            return {"gen_settings": resume.previous.gen_settings}
+        settings = self._settings_class(**settings_fields(request, self.breaker_ids))
+        bias = token_bias_values(request, self._eos_token_ids)
+        if bias:
+            torch = self._torch
+            settings.token_bias = torch.zeros(padded_logit_width(self._vocab_size), dtype=torch.float32)
+            for token, value in bias.items():
+                settings.token_bias[token] = value
+        return {"gen_settings": settings}
 
 
 def filter_class(base: type) -> type:

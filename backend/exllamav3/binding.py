@@ -8,19 +8,14 @@ raw logits (Job.receive_sample keeps them before its sampler adds penalties, bia
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from backend.config import ExLlamaV3Settings
-from backend.constraints import CompiledConstraint
-from backend.exllama.binding import Page
+from backend.exllama.binding import BindingBase, Page
 from backend.exllama.grammar_filter import GrammarFilterCore
 from backend.exllama.job import Resume
-from backend.exllama.job_fields import job_fields, job_input
-from backend.exllama.preemption import continue_with
-from backend.exllama.sampling import sequence_breaker_ids
 from backend.exllamav3.sampler import sampler_steps
 from backend.exllamav3.sizes import PAGE_SIZE, GeneratorSizes, generator_fields
 from backend.types import GenerationRequest, SpeculationParams
@@ -78,55 +73,35 @@ class Loaded:
     """{"draft_model": ..., "draft_cache": ...}, or empty."""
 
 
-class ExLlamaV3Binding:
+class ExLlamaV3Binding(BindingBase):
     suppressed_ids_stay = False  # 1.6.5 rewinds a banned string's ids with its text
     page_size = PAGE_SIZE
 
     def __init__(self, classes: ExLlamaV3Classes, loaded: Loaded, sizes: GeneratorSizes, drafts: SpeculationParams,
                  own: ExLlamaV3Settings, eos_token_ids: tuple[int, ...]) -> None:
-        self._classes, self._loaded = classes, loaded
-        self._generator_fields = generator_fields(sizes, drafts, own)
-        self._eos_token_ids, self._vocab_size = eos_token_ids, loaded.config.vocab_size
-        self._filter = filter_class(classes.filter, classes.torch)
-        pieces = loaded.tokenizer.get_id_to_piece_list(True)
-        # One scan of the vocabulary per set of DRY sequence breakers.
-        self._breakers = functools.lru_cache(maxsize=16)(lambda breakers: frozenset(sequence_breaker_ids(pieces, breakers)))
-
-    def new_generator(self) -> Any:
-        loaded = self._loaded
-        return self._classes.generator(model=loaded.model, cache=loaded.cache, tokenizer=loaded.tokenizer,
-                                       **loaded.draft, **self._generator_fields)
+        super().__init__(classes.generator, classes.job, classes.torch, loaded, generator_fields(sizes, drafts, own),
+                         eos_token_ids, loaded.config.vocab_size)
+        self._sampling_module, self._filter_class = classes.sampling, filter_class(classes.filter, classes.torch)
 
     def retire(self, generator: Any) -> None:
         """Generator.close(): its filter threads and pinned buffers go (one that replaces it on the same cache
         makes it refuse to iterate anyway)."""
         generator.close()
 
-    def new_job(
-        self, request: GenerationRequest, resume: Resume | None, compiled: CompiledConstraint | None
-    ) -> tuple[Any, GrammarFilterCore | None]:
-        torch, constraint, filters = self._classes.torch, None, None
-        if compiled is not None:
-            constraint = GrammarFilterCore(compiled, self._eos_token_ids, self._vocab_size)
-            filters = [self._filter(self._loaded.tokenizer, constraint)]
-        sampler = resume.previous.sampler if resume is not None else self._sampler(request)
-        output = resume.output if resume is not None else ()
-        job = self._classes.job(
-            input_ids=torch.tensor([job_input(request, output)], dtype=torch.long),
-            sampler=sampler,
-            filters=filters,
-            **job_fields(request, self._eos_token_ids, len(output)),
-        )
-        return (job if resume is None else continue_with(job, resume.previous)), constraint
-
-    def _sampler(self, request: GenerationRequest) -> Any:
-        sampling = self._classes.sampling
-        steps = sampler_steps(request, self._eos_token_ids, self._breakers, self._loaded.tokenizer)
-        return sampling.CustomSampler([getattr(sampling, name)(**arguments) for name, arguments in steps])
-
     def pages(self, generator: Any) -> Sequence[Page]:
         pages: Sequence[Page] = generator.pagetable.all_pages
         return pages
+
+    def _filter(self, core: GrammarFilterCore) -> Any:
+        return self._filter_class(self._loaded.tokenizer, core)
+
+    def _sampling(self, request: GenerationRequest, resume: Resume | None) -> dict[str, object]:
+        """A sampler of its own (steps may keep state), or the old job's."""
+        if resume is not None:
+            return {"sampler": resume.previous.sampler}
+        sampling = self._sampling_module
+        steps = sampler_steps(request, self._eos_token_ids, self.breaker_ids, self._loaded.tokenizer)
+        return {"sampler": sampling.CustomSampler([getattr(sampling, name)(**arguments) for name, arguments in steps])}
 
 
 def filter_class(base: type, torch: Any) -> type:

@@ -176,3 +176,26 @@ def test_an_end_filter_eos_is_the_constraints_completion(model_dir):
     core.step()
     core.step()
     assert events[-1].finish.reason is FinishReason.CONSTRAINT_COMPLETE and events[-1].finish.constraint_satisfied
+
+
+def test_logprobs_come_from_the_logits_it_hands_over_as_torch_tensors():
+    """1.6.5 keeps a token's logits where it sampled (the GPU) and returns them as a torch tensor, padded past
+    the vocabulary; they are brought to the host once per result."""
+    import math
+
+    import torch
+
+    from backend.types import OutputParams
+
+    core, generators = fake_core("exllamav3", vocab_size=16)
+    events: list = []
+    wants = GenerationRequest("a", (1, 2), SamplingParams(temperature=0.0), StopParams(4),
+                              OutputParams(return_logprobs=True, top_logprobs=1))
+    core.add(wants, events.append)
+    row = torch.full((32,), -math.inf, dtype=torch.float16)
+    row[10], row[12], row[20] = 0.0, -1.0, 50.0  # 20 lies in the padding: never counted
+    generators[0].script = [[streaming("a", [10], "x", logits=row.view(1, 1, 32))]]
+    core.step()
+    token = events[0].tokens[0]
+    assert token.logprob == pytest.approx(-math.log(1 + math.exp(-1)), abs=1e-3)
+    assert [top.token_id for top in token.top_logprobs] == [10]
