@@ -274,7 +274,7 @@ class ModelInfo:
     """Tokens per block of its KV-cache events (0: it publishes none)."""
     attention_provider: str = ""
     """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
-    attention) or "none" (unpaged); "triton" for exllamav3 (its own paged kernels); "" where it means nothing
+    attention) or "none" (unpaged); "exllamav3" for exllamav3 (its own paged Triton kernels); "" where it means nothing
     (a test's fake engine)."""
     reuses_decoded_cells: bool = False
     """Whether a next turn reuses its answer's cells as decoding computed them (greedy output may then differ

@@ -24,8 +24,9 @@ from backend.exllamav3.sizes import PAGE_SIZE, generator_sizes, reserve_tokens, 
 
 log = logging.getLogger(__name__)
 
-ATTENTION_PROVIDER = "triton"
-"""exllamav3's own paged kernels (1.6.5 modules/attention_fn)."""
+ATTENTION_PROVIDER = "exllamav3"
+"""exllamav3's own paged attention (Triton kernels, 1.6.5 modules/attention_fn): named for the engine, not
+the language, as no setting chooses it."""
 
 
 class ExLlamaV3Engine(ExllamaEngine):

@@ -23,7 +23,7 @@ from tests.harness.helpers import stream, text_of
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
-PAGED_PROVIDERS = ("sdpa", "flash-attn", "triton")  # triton: exllamav3's own paged kernels
+PAGED_PROVIDERS = ("sdpa", "flash-attn", "exllamav3")  # exllamav3: its own paged Triton kernels
 SAMPLERS = {"exllamav2": SUPPORTED_SAMPLERS, "exllamav3": EXLLAMAV3_SAMPLERS}
 WEIGHTS = {"exllamav2": ("EXL2", "GPTQ", "FP16"), "exllamav3": ("EXL3", "FP16", "BF16")}
 MIN_CHECK_S = 15  # a check is not started with less time than this left

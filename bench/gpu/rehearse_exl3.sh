@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The exllamav3 variant of the GPU check rehearsed here, on the CPU, as rehearse.sh does exllamav2's: run.sh
-# with GPU_CHECK_ENGINE=exllamav3 in the lent machine's Python 3.12 environment, its stages that need no GPU
+# with GPU_CHECK_PLAN=exl3 in the lent machine's Python 3.12 environment, its stages that need no GPU
 # for real, then once more with each of them failing or hanging on purpose, to prove that every failure is
 # caught, reported and packed, and the stages after it still run.
 #
@@ -18,7 +18,7 @@ VENV=${VENV:-$ROOT/bench/gpu/build/venv}
 PREBUILT=${PREBUILT:-$ROOT/bench/gpu/build/prebuilt}
 SCRATCH=${SCRATCH:-/tmp/tokenspout-gpu-rehearsal-exl3}
 [ -x "$VENV/bin/python3" ] || { echo "no venv at $VENV: run bench/gpu/build_ext_exl3.sh --venv first" >&2; exit 2; }
-export PATH=$VENV/bin:$PATH GPU_CHECK_ENGINE=exllamav3
+export PATH=$VENV/bin:$PATH GPU_CHECK_PLAN=exl3
 pip install --quiet --disable-pip-version-check -r bench/gpu/requirements-image.txt || exit 2
 unset CUDA_HOME CPATH LIBRARY_PATH PYTHONPATH
 export GPU_CHECK_SLOWDOWN=${GPU_CHECK_SLOWDOWN:-3}  # run.sh's limits are sized for the GPU machine's 16 cores
@@ -77,7 +77,7 @@ rehearse() {
 
 all_ok="preflight=ok wheels=ok imports_exl3=ok extension_exl3=ok jit_build_exl3=SKIP tiny_model=ok"
 all_ok+=" serve_fp16_exl3=SKIP convert_exl3=SKIP serve_exl3=SKIP speculation_exl3=SKIP"
-echo "rehearsing GPU_CHECK_ENGINE=exllamav3 bench/gpu/run.sh with $(python3 --version) from $VENV"
+echo "rehearsing GPU_CHECK_PLAN=exl3 bench/gpu/run.sh with $(python3 --version) from $VENV"
 rehearse clean 0 "$all_ok"
 
 expect_after_failure() {  # the expectations when stage $1 fails: what needs it is skipped, the rest runs

@@ -36,7 +36,7 @@
 # summary.txt and gpu-report.tar.gz (every file written), the last two refreshed after each stage
 # and once more on exit, so a run cut off from outside still leaves them.
 #
-# GPU_CHECK_ENGINE=exllamav3 runs the EXL3 variant instead (bench/gpu/stages_exl3.sh, 540 s budget).
+# GPU_CHECK_PLAN=exl3 runs the exllamav3 variant instead (bench/gpu/stages_exl3.sh, 540 s budget).
 # GPU_CHECK_SKIP=stage[,stage] skips stages a first run already proved (a rerun's minutes go to the rest).
 # For rehearsals: GPU_CHECK_FAIL=stage[,stage] makes those stages fail, GPU_CHECK_HANG=stage makes
 # one hang until its limit kills it (a 3 s limit), GPU_CHECK_BUDGET_S changes the 330 s budget, and
@@ -255,9 +255,9 @@ trap 'stamp "stopped by a signal"; exit 143' TERM INT HUP
 stamp "GPU check: OUT=$OUT WORK=$WORK, ${BUDGET_S}s budget, GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)"
 : >"$REPORT/stages.tsv"
 
-# GPU_CHECK_ENGINE=exllamav3: exllamav3's stages instead of the ones below (it ends the run).
+# GPU_CHECK_PLAN=exl3: exllamav3's stages instead of the ones below (it ends the run).
 # shellcheck source=bench/gpu/stages_exl3.sh
-[ "${GPU_CHECK_ENGINE:-exllamav2}" = exllamav3 ] && source bench/gpu/stages_exl3.sh
+[ "${GPU_CHECK_PLAN:-check}" = exl3 ] && source bench/gpu/stages_exl3.sh
 
 # Limits: about twice what each took on the H200 (# N s: the first run there, 2026-12-04; serve_fp16
 # from the second, speculation never reached). That is ~375 s before speculation, so a 330 s budget

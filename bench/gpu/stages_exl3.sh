@@ -1,8 +1,8 @@
-# The exllamav3 variant of the GPU check: sourced by run.sh when GPU_CHECK_ENGINE=exllamav3, after its
+# The exllamav3 variant of the GPU check: sourced by run.sh when GPU_CHECK_PLAN=exl3, after its
 # machinery (stage, record, pack, the exit trap), it runs these stages instead of exllamav2's and ends the run.
 #
 #   here:  bash bench/gpu/fetch_wheels.sh && bash bench/gpu/build_ext_exl3.sh
-#   there: GPU_CHECK_ENGINE=exllamav3 bash bench/gpu/run.sh   # carry .whl and bench/gpu/build/prebuilt
+#   there: GPU_CHECK_PLAN=exl3 bash bench/gpu/run.sh   # carry .whl and bench/gpu/build/prebuilt
 #
 # Stages, the most important proof first:
 #   preflight, wheels   as run.sh's

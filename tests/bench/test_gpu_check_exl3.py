@@ -1,4 +1,4 @@
-"""The GPU check's exllamav3 variant (GPU_CHECK_ENGINE=exllamav3 bench/gpu/run.sh, bench/gpu/stages_exl3.sh,
+"""The GPU check's exllamav3 variant (GPU_CHECK_PLAN=exl3 bench/gpu/run.sh, bench/gpu/stages_exl3.sh,
 check.py --engine exllamav3), kept from rotting until a session has a GPU: its stages, limits and report with
 nothing there to use (seconds), the checks' expectations of an exllamav3 server, and the direct baseline run
 through on exllamav3's doubles (tests/harness/exllamav3_fakes.py). bench/gpu/rehearse_exl3.sh rehearses it in
@@ -35,7 +35,7 @@ def run_exl3_check(tmp_path, **env) -> tuple[int, str, dict[str, list[str]]]:
     done = subprocess.run(
         ["bash", str(ROOT / "bench" / "gpu" / "run.sh")],
         env={
-            **os.environ, "GPU_CHECK_ENGINE": "exllamav3",
+            **os.environ, "GPU_CHECK_PLAN": "exl3",
             "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "PYTHON": sys.executable,
             "WHEELS": str(tmp_path / "no-wheels"), "PREBUILT": str(tmp_path / "no-prebuilt"), **env,
         },
@@ -90,7 +90,7 @@ def test_a_missing_prebuilt_extension_is_named_and_the_jit_build_needs_a_gpu(tmp
 def test_the_checks_expect_exllamav3s_samplers_weights_and_name(stub):
     with pytest.raises(AssertionError, match="llama.cpp"):
         checks.Checks(stub, expect_exllamav2=True, engine="exllamav3").model_info()
-    assert "triton" in checks.PAGED_PROVIDERS and {"typical_p", "mirostat"}.isdisjoint(checks.SAMPLERS["exllamav3"])
+    assert "exllamav3" in checks.PAGED_PROVIDERS and {"typical_p", "mirostat"}.isdisjoint(checks.SAMPLERS["exllamav3"])
     assert checks.WEIGHTS["exllamav3"] == ("EXL3", "FP16", "BF16")
 
 
@@ -115,7 +115,7 @@ def test_the_direct_baseline_runs_through_on_exllamav3s_doubles(tmp_path, monkey
     monkeypatch.setattr(binding, "import_classes", lambda: fakes.classes(generators))
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 64}))
     measured = direct_rates(tmp_path, [[0, 5, 6]] * 16, tokens=24, reps=1)
-    assert measured["provider"] == "triton" and measured["paged"] and set(measured["tok_s"]) == {"1", "4", "16"}
+    assert measured["provider"] == "exllamav3" and measured["paged"] and set(measured["tok_s"]) == {"1", "4", "16"}
     assert measured["tok_s"]["16"] > 2 * measured["tok_s"]["1"] > 0  # sixteen decode in the time of one
     generator = generators[0]
     assert generator.closed and generator._cache.initialized

@@ -59,7 +59,7 @@ def served(model_dir, monkeypatch):
 def test_model_info_says_what_the_folder_and_settings_hold(served):
     engine, generators = served
     info = engine.info
-    assert (info.engine, info.quantization, info.attention_provider) == ("exllamav3", "EXL3 4.0 bpw", "triton")
+    assert (info.engine, info.quantization, info.attention_provider) == ("exllamav3", "EXL3 4.0 bpw", "exllamav3")
     assert info.samplers == SUPPORTED_SAMPLERS and info.has_chat_template
     assert (info.cache_tokens, info.cache_page_tokens, info.cache_reserve_tokens) == (2048, 256, 4)  # 1 + 3 drafts
     assert (info.max_batch_size, info.bos_token_id, info.eos_token_ids) == (4, 1, (1, 2))  # config + the fake tokenizer
