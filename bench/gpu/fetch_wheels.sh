@@ -23,5 +23,5 @@ rm -rf .whl && mkdir .whl
     opentelemetry-exporter-otlp-proto-common==1.45.2 opentelemetry-exporter-otlp-proto-grpc==1.45.2 \
     opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-exporter-prometheus==0.66b2 \
     opentelemetry-exporter-http-transport==0.66b2 opentelemetry-exporter-otlp-common==0.66b2 \
-    pyzmq==27.3.0 msgpack==1.2.4
+    pyzmq==27.3.0 msgpack==1.2.4 msgspec==0.23.0
 du -sh .whl

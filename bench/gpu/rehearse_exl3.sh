@@ -31,10 +31,24 @@ make_prebuilt() {  # make_prebuilt DIR stand-in|corrupt: a prebuilt folder as bu
     if [ "$2" = corrupt ]; then
         head -c 65536 /dev/urandom >"$dir/exllamav3_ext.so"
     else
+        # exllamav3's modules take functions from the extension as they import (moe_batch_recon: ext.silu_mul):
+        # every name of the stand-in is a function that does nothing.
         include=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-        printf '%s\n' '#include <Python.h>' \
-            'static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "exllamav3_ext", "a stand-in", -1, NULL};' \
-            'PyMODINIT_FUNC PyInit_exllamav3_ext(void) { return PyModule_Create(&module); }' >"$dir/stand_in.c"
+        cat >"$dir/stand_in.c" <<'C'
+#include <Python.h>
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "exllamav3_ext", "a stand-in", -1, NULL};
+PyMODINIT_FUNC PyInit_exllamav3_ext(void) {
+    PyObject *m = PyModule_Create(&module), *d, *r;
+    if (!m) return NULL;
+    d = PyModule_GetDict(m);
+    PyDict_SetItemString(d, "__builtins__", PyEval_GetBuiltins());
+    r = PyRun_String("def __getattr__(name):\n    if name.startswith('__'):\n        raise AttributeError(name)\n"
+                     "    return lambda *args, **kwargs: None\n", Py_file_input, d, d);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    return m;
+}
+C
         gcc -shared -fPIC -I"$include" "$dir/stand_in.c" -o "$dir/exllamav3_ext.so" || return 1
     fi
     echo "sha256     $(sha256sum "$dir/exllamav3_ext.so" | cut -d' ' -f1)" >"$dir/build-info-exl3.txt"

@@ -121,3 +121,11 @@ def test_the_direct_baseline_runs_through_on_exllamav3s_doubles(tmp_path, monkey
     assert generator.closed and generator._cache.initialized
     assert generator.fields == {"max_batch_size": 16, "max_chunk_size": 2048}
     assert all(job.sampling.names == ["SS_Argmax"] for job in generator.enqueued)
+
+
+@pytest.mark.skipif(os.environ.get("TOKENSPOUT_GPU_REHEARSAL") != "1", reason="set TOKENSPOUT_GPU_REHEARSAL=1 (~8 min)")
+def test_the_cpu_rehearsal_passes():
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu" / "rehearse_exl3.sh")], capture_output=True, text=True,
+                          timeout=2400)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "rehearsal: 0 failed" in done.stdout
