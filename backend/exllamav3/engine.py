@@ -4,7 +4,7 @@ exllamav3 (and torch) are imported inside `ExLlamaV3Engine.__init__`: `import ex
 CUDA extension unless a prebuilt one imports. It batches continuously over its own paged cache with its
 own Triton attention kernels (no flash-attn). Not yet run on a GPU: its CPU side (the shared exllama
 core, the job and sampler steps, the filter shell, the loading order, the vocabulary) is tested on CPU
-against doubles checked with exllamav3 1.6.5's own source; bench/gpu/run_exl3.sh is the GPU check.
+against doubles checked with exllamav3 1.6.5's own source; the GPU check is GPU_CHECK_PLAN=exl3 bench/gpu/run.sh.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@
 #   bash bench/gpu/rehearse_exl3.sh
 #
 # Real: the preflight, the wheel install, the imports (tokenspout's exllamav3 engine, check.py), exllamav3
-# itself imported over the prebuilt extension (a CUDA torch imports without a GPU), tiny_llama.py, the report
-# and the archive. Until build_ext_exl3.sh has built the real extension, a stand-in (an empty C module of
+# itself imported over the prebuilt extension (a CUDA torch imports without a GPU), tiny_llama.py, exllamav3's
+# own classes taking what the binding gives them (binding_exl3.py), the report and the archive. Until build_ext_exl3.sh has built the real extension, a stand-in (an empty C module of
 # that name, built in a second) takes its place; the last line says so.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -62,7 +62,7 @@ if [ ! -f "$PREBUILT/exllamav3_ext.so.gz" ]; then
     echo "note: $stand_in"
 fi
 make_prebuilt "$SCRATCH/corrupt" corrupt
-CPU_STAGES="preflight wheels imports_exl3 extension_exl3 tiny_model"
+CPU_STAGES="preflight wheels imports_exl3 extension_exl3 tiny_model binding_exl3"
 
 # rehearse NAME EXPECTED_RC "stage=STATUS ..." [VAR=value ...]: one run of run.sh and what it must report
 rehearse() {
@@ -89,7 +89,7 @@ rehearse() {
     fi
 }
 
-all_ok="preflight=ok wheels=ok imports_exl3=ok extension_exl3=ok jit_build_exl3=SKIP tiny_model=ok"
+all_ok="preflight=ok wheels=ok imports_exl3=ok extension_exl3=ok jit_build_exl3=SKIP tiny_model=ok binding_exl3=ok"
 all_ok+=" serve_fp16_exl3=SKIP convert_exl3=SKIP serve_exl3=SKIP speculation_exl3=SKIP"
 echo "rehearsing GPU_CHECK_PLAN=exl3 bench/gpu/run.sh with $(python3 --version) from $VENV"
 rehearse clean 0 "$all_ok"
@@ -100,7 +100,8 @@ expect_after_failure() {  # the expectations when stage $1 fails: what needs it 
         stage=${expectation%%=*}
         case "$failed:$stage" in
             "$failed:$failed") result+=" $stage=FAIL" ;;
-            wheels:imports_exl3 | wheels:extension_exl3 | wheels:tiny_model) result+=" $stage=SKIP" ;;
+            wheels:imports_exl3 | wheels:extension_exl3 | wheels:tiny_model | wheels:binding_exl3 | \
+                extension_exl3:binding_exl3 | tiny_model:binding_exl3) result+=" $stage=SKIP" ;;
             *) result+=" $expectation" ;;
         esac
     done

@@ -10,6 +10,8 @@
 #   extension_exl3      the prebuilt exllamav3_ext test-imported alone, then exllamav3 imported on it (no build)
 #   jit_build_exl3      only if that failed: exllamav3's own JIT build (177 .cu files: minutes even on 16 cores)
 #   tiny_model          run.sh's tiny random Llama (FP16), from exllamav2's calibration text
+#   binding_exl3        exllamav3's own classes (no GPU needed) take what the binding gives them: a Job with
+#                       every sampler, the grammar filter on its Filter, a Generator enqueueing and cancelling
 #   serve_fp16_exl3     tokenspout serving the FP16 model on exllamav3 (check.py --engine exllamav3): the
 #                       served checks (streaming equal to unary, stops, cancellation, a JSON-schema stream,
 #                       every sampler, 4 streams batched, n, tools), transformers' greedy tokens, and decode
@@ -73,6 +75,8 @@ stage_convert_exl3() {
     grep -q '"exl3"' "$WORK/model/exl3/config.json" || { echo "config.json names no exl3 quantization"; return 1; }
 }
 
+stage_binding_exl3() { "$PYTHON" bench/gpu/binding_exl3.py "$WORK/model/fp16"; }
+
 stage_speculation_exl3() {
     local variant=fp16
     [ -f "$WORK/model/exl3/config.json" ] && variant=exl3
@@ -80,7 +84,7 @@ stage_speculation_exl3() {
         --speculation --json "$REPORT/check-exl3-speculation.json" --time-limit "$STAGE_LIMIT"
 }
 export -f stage_imports_exl3 stage_extension_exl3 stage_jit_build_exl3 serve_exl3 stage_serve_fp16_exl3 \
-    stage_serve_exl3 stage_convert_exl3 stage_speculation_exl3
+    stage_serve_exl3 stage_convert_exl3 stage_binding_exl3 stage_speculation_exl3
 
 # Limits: guesses (this variant has not run on a GPU yet), the served stages with room for Triton's first
 # compiles; a stage left under half its limit is skipped, not started.
@@ -96,6 +100,7 @@ else
     stage jit_build_exl3 420 wheels gpu && STATUS[extension_exl3]=ok
 fi
 stage tiny_model 45 wheels
+stage binding_exl3 45 extension_exl3 tiny_model
 stage serve_fp16_exl3 180 gpu imports_exl3 extension_exl3 tiny_model
 stage convert_exl3 150 gpu extension_exl3 tiny_model
 stage serve_exl3 150 gpu imports_exl3 convert_exl3

@@ -25,8 +25,8 @@ from tests.harness import exllamav3_fakes as fakes
 from tests.harness.exllama_fakes import FakeGenerators
 from tests.harness.servers import ROOT
 
-STAGES = ["preflight", "wheels", "imports_exl3", "extension_exl3", "jit_build_exl3", "tiny_model", "serve_fp16_exl3",
-          "convert_exl3", "serve_exl3", "speculation_exl3"]
+STAGES = ["preflight", "wheels", "imports_exl3", "extension_exl3", "jit_build_exl3", "tiny_model", "binding_exl3",
+          "serve_fp16_exl3", "convert_exl3", "serve_exl3", "speculation_exl3"]
 GPU_STAGES = ["serve_fp16_exl3", "convert_exl3", "serve_exl3", "speculation_exl3"]
 
 
