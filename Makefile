@@ -14,7 +14,7 @@ LLAMA_CPP := $(shell grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
 LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
 LLAMA_WHEELS := $(HOME)/.cache/tokenspout/wheels/$(shell echo '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS) $(shell uname -m) $(shell $(PYTHON) -V 2>&1)' | sha256sum | cut -c1-16)
 
-.PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint check run test test-fast bench clean
+.PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint check run test test-fast bench llama-server clean
 
 help:
 	@echo "make run    - create the environment, fetch the model, serve it and stream an answer"
@@ -23,6 +23,7 @@ help:
 	@echo "make check - lint (ruff, buf) and type-check (mypy, strict on backend/ and service/)"
 	@echo "make proto  - regenerate the Python and TypeScript code from protos/"
 	@echo "make bench  - run the streaming benchmark"
+	@echo "make llama-server - build the benchmarks' reference, llama.cpp's llama-server, once, and print its path"
 	@echo "make clients - generate and build the Go, Java and C++ examples (clients/README.md)"
 
 $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
@@ -87,7 +88,8 @@ $(DEPLOY_VENV)/.installed: deploy/requirements-tools.txt
 	touch $@
 
 deploy-tools: $(DEPLOY_VENV)/.installed
-	command -v haproxy >/dev/null && command -v curl >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy curl)
+	# openssl: docs/getting-started.md's keys and certificate, run as written by tests/test_docs_examples.py.
+	command -v haproxy >/dev/null && command -v curl >/dev/null && command -v openssl >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy curl openssl)
 
 # Generated clients in Go, Java and C++ (tests/clients/test_clients_generated.py, clients/README.md): Debian's
 # toolchains, protoc plugins and gRPC libraries. `NAME=VERSION*` pins bookworm's upstream version and
@@ -120,6 +122,22 @@ test-fast: check tools deploy-tools
 
 bench: venv model
 	$(PY) -m bench.streaming $(BENCH_ARGS)
+
+# The benchmarks' reference: llama.cpp's own llama-server, built once (about 7 minutes on 2 cores) from the source
+# vendored in the pinned llama-cpp-python sdist, at the same CPU level as the engine's wheel; prints its path
+# (`--llama-server PATH`).
+LLAMA_SERVER := $(subst /wheels/,/llama-server/,$(LLAMA_WHEELS))/llama-server
+llama-server: $(LLAMA_SERVER)
+	@echo $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): | $(VENV)/.installed
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	  $(PY) -m pip download --quiet --no-deps --no-binary :all: --dest "$$tmp" $(LLAMA_CPP); \
+	  tar -xzf "$$tmp"/*.tar.gz -C "$$tmp"; \
+	  cmake -S "$$tmp"/llama_cpp_python-*/vendor/llama.cpp -B "$$tmp/build" -DCMAKE_BUILD_TYPE=Release \
+	    -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF $(LLAMA_CMAKE_ARGS) >/dev/null; \
+	  cmake --build "$$tmp/build" --target llama-server -j "$$(nproc)" >/dev/null; \
+	  mkdir -p $(@D); cp "$$tmp/build/bin/llama-server" $@
 
 clean:
 	rm -rf $(VENV) $(DEPLOY_VENV) node_modules .pytest_cache build/clients clients/go/gen clients/java/gen clients/cpp/gen

@@ -62,6 +62,7 @@ from backend.local_engine import WorkerEngine
 from backend.process.host import EngineHost
 from backend.process.remote import RemoteEngine
 from backend.registry import MODEL_RECIPE, EngineRecipe, build_engine
+from backend.setting import Group, SettingHelp, setting
 from backend.types import (
     ALL_REQUEST_FEATURES,
     COMMON_SAMPLERS,
@@ -75,6 +76,7 @@ from backend.types import (
     MirostatParams,
     ModelInfo,
     OutputParams,
+    PrefixReuse,
     SamplingParams,
     Scheduling,
     SpeculationMode,
@@ -128,6 +130,7 @@ __all__ = [
     "FinishReason",
     "GeneratedToken",
     "GenerationRequest",
+    "Group",
     "LlamaCppSettings",
     "MAX_DRAFT_TOKENS",
     "MirostatParams",
@@ -136,11 +139,14 @@ __all__ = [
     "ModelInfo",
     "Output",
     "OutputParams",
+    "PrefixReuse",
     "RemoteEngine",
     "SAMPLE_SEPARATOR",
     "SamplingParams",
     "Scheduling",
     "SchedulingPolicy",
+    "setting",
+    "SettingHelp",
     "SpeculationMode",
     "SpeculationParams",
     "SpeculationSetting",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.constraints import ConstraintLimits
+from backend.setting import Group, setting
 from backend.types import SpeculationMode
 
 
@@ -53,6 +54,9 @@ class AttentionSetting(enum.StrEnum):
     SDPA = "sdpa"
     """tokenspout's own paged attention on torch's scaled_dot_product_attention
     (backend.exllamav2.paged_attention), whatever else is installed."""
+    TRITON = "triton"
+    """tokenspout's own paged attention as a Triton kernel that reads each page once through the block
+    table (backend.exllamav2.paged_attention_triton); needs triton, which CUDA builds of torch bring."""
     OFF = "off"
     """No paged attention: exllamav2's own unpaged path, one request at a time."""
 
@@ -76,11 +80,15 @@ class SchedulingPolicy(enum.StrEnum):
 
 @dataclass(frozen=True)
 class FairnessSettings:
-    scheduling: SchedulingPolicy = SchedulingPolicy.FAIR
-    time_slice_steps: int = 16
-    """Steps a sequence runs at least before it may be preempted for another caller's share."""
-    max_running_per_caller: int = 0
-    """Sequences one caller may have in the batch at once (0: max_batch_size)."""
+    scheduling: SchedulingPolicy = setting(
+        SchedulingPolicy.FAIR,
+        "`fair`: callers share the server by weighted token counts, priority first. `fifo`: first come, first "
+        "served; then only `priority` 0 is accepted.", Group.SCHEDULING)
+    time_slice_steps: int = setting(
+        16, "Engine steps a sequence runs at least before it may give its slot to another caller. A more urgent "
+        "request does not wait.", Group.SCHEDULING, values="at least 1")
+    max_running_per_caller: int = setting(
+        0, "One caller's sequences in the batch. `0`: `max_batch_size`.", Group.SCHEDULING, values="0 or more")
 
     def __post_init__(self) -> None:
         _require([
@@ -95,31 +103,44 @@ class FairnessSettings:
 
 @dataclass(frozen=True)
 class LlamaCppSettings:
-    threads: int = 0
-    """CPU threads for llama.cpp; 0: the engine picks every core or every core but one, whichever
-    decodes faster as the machine's load changes (see backend.llamacpp.speculation.threads)."""
-    batch_tokens: int = 512
-    """Most tokens in one llama_decode call: bounds a prefill chunk, and so how long decoding waits for it."""
-    gpu_layers: int = 0
-    """Layers to offload to a GPU (a CUDA or Metal build of llama.cpp)."""
-    prefix_cache: bool = True
-    """Start each prompt from the longest cached prefix of earlier ones (greedy output is unchanged)."""
-    prefix_cache_slots: int = 2
-    """Cache streams beyond max_batch_size that only keep prefixes (context_length cells each)."""
-    prefix_cache_generated: bool = True
-    """Keep what a sequence generated cached too, computed again as prompt rows once it ends (so greedy
-    output is still unchanged): a chat's next turn reuses the previous answer (backend.llamacpp.retile)."""
-    prefix_cache_decoded: bool = False
-    """Let a chat's next turn take the cells its previous answer was decoded in as they are, as llama-server
-    does, instead of computing that answer again: the next turn computes only its new message at once, but
-    its greedy output may part from a cold run's at near ties (llama.cpp rounds a token decoded alone
-    otherwise than one in a prompt group). Prompts that continue no answer keep the guarantee."""
-    max_pause_s: float = 300.0
-    """A sequence whose caller reads nothing for this long ends with ABORTED (PAUSED_TOO_LONG)."""
-    first_token_hold_ms: float = 2.0
-    """After a step that gave a request its first token, how long the next step waits so that the threads
-    sending it (the service's, a sidecar's, a caller's on the same cores) run before llama.cpp's threads take
-    the cores again; not while another request waits for its own first token. 0: no wait."""
+    # threads = 0: backend.llamacpp.speculation.threads picks the count as the machine's load changes.
+    threads: int = setting(
+        0, "CPU threads. `0` adapts: the engine runs every core or every core but one, whichever costs less per "
+        "row as the machine's load changes. A number fixes the count.", Group.LLAMA_CPP, values="0 or more")
+    batch_tokens: int = setting(
+        512, "Most prompt tokens in one decode call. It bounds a prefill chunk, and so how long decoding streams "
+        "wait for it.", Group.LLAMA_CPP, values="at least `max_batch_size`")
+    gpu_layers: int = setting(
+        0, "Layers offloaded to a GPU (needs a CUDA or Metal build of llama.cpp).", Group.LLAMA_CPP,
+        values="0 or more")
+    prefix_cache: bool = setting(
+        True, "Start each prompt from the longest cached prefix of earlier prompts and answers, to the token, and "
+        "compute only the rest ([engines](engines.md#prefix-cache-and-prompt-layout)).", Group.LLAMA_CPP)
+    prefix_cache_slots: int = setting(
+        2, "Cache streams beyond `max_batch_size` that only keep prefixes, `context_length` cells each.",
+        Group.LLAMA_CPP, values="0 or more")
+    prefix_cache_generated: bool = setting(
+        True, "Keep what a sequence generated cached too, so a chat's next turn computes only its new message: the "
+        "answer's cells as decoded, or with `prefix_cache_exact` computed again as prompt rows while the engine is "
+        "idle or when the next turn arrives ([engines](engines.md#prefix-cache-and-prompt-layout)).",
+        Group.LLAMA_CPP)
+    # llama.cpp rounds a row otherwise in another group (a token decoded alone, a tile cut short): near ties part.
+    prefix_cache_exact: bool = setting(
+        False, "Greedy output equal to a cold run's whatever was cached: reuse only cells computed as a cold prompt "
+        "computes them (whole 64-token tiles; answers computed again as prompt rows; prefixes under 16 tokens "
+        "computed again). Off, cells are reused to the token as they were computed, as llama-server, vLLM and "
+        "SGLang reuse them, and output may part from a cold run's where two tokens nearly tie. Replaces "
+        "`prefix_cache_decoded` (now the default behaviour). Reported as `prefix_reuse` in `GetModelInfo` and "
+        "`GetServerStatus` ([engines](engines.md#prefix-cache-and-prompt-layout)).", Group.LLAMA_CPP)
+    max_pause_s: float = setting(
+        300.0, "A stream whose caller reads nothing this long ends with `ABORTED` (`PAUSED_TOO_LONG`).",
+        Group.LLAMA_CPP, values="seconds, above 0")
+    first_token_hold_ms: float = setting(
+        2.0, "After a step that gave a request its first token, the next step waits this long, so that the "
+        "threads sending it (the service's, a sidecar's, a caller's on the same cores) run before llama.cpp's "
+        "threads take the cores again; not while another request waits for its own first token. `0`: no wait "
+        "([benchmarks](benchmarks.md#time-to-first-token-and-decode-against-llama-server)).", Group.LLAMA_CPP,
+        values="0 to 100")
 
     def __post_init__(self) -> None:
         _require([
@@ -134,15 +155,26 @@ class LlamaCppSettings:
 
 @dataclass(frozen=True)
 class ExLlamaV2Settings:
-    cache_tokens: int = 0
-    """The cache's token budget shared by all jobs (0: context_length * max_batch_size)."""
-    cache_type: CacheType = CacheType.FP16
-    gpu_split: tuple[float, ...] = ()
-    """GB per GPU (empty: fill the GPUs in order)."""
-    draft_model: str = ""
-    """An EXL2 model directory with the same vocabulary, whose proposals the model checks (speculative decoding)."""
-    attention: AttentionSetting = AttentionSetting.AUTO
-    """Which paged attention exllamav2 runs on (backend.exllamav2.attention_provider)."""
+    cache_tokens: int = setting(
+        0, "Cache budget shared by all jobs, in tokens (rounded up to 256-token pages). `0`: `context_length` x "
+        "`max_batch_size`.", Group.EXLLAMAV2, values="0 or more")
+    cache_type: CacheType = setting(
+        CacheType.FP16, "Cache precision. A quantized cache holds more tokens in the same memory.",
+        Group.EXLLAMAV2)
+    gpu_split: tuple[float, ...] = setting(
+        (), "GB per GPU, comma-separated (`20,24`).", Group.EXLLAMAV2, values="positive numbers, comma-separated",
+        shown_default="all GPUs in order")
+    draft_model: str = setting(
+        "", "An EXL2 directory with the same vocabulary, whose proposals the model checks. Excludes "
+        "`speculation = ngram`.", Group.EXLLAMAV2, values="a directory")
+    # backend.exllamav2.attention_provider picks and reports the provider.
+    attention: AttentionSetting = setting(
+        AttentionSetting.AUTO, "Which paged attention exllamav2 runs on: `auto` (flash-attn when a paged one "
+        "imports, else `sdpa`), `flash-attn` (flash-attn >= 2.5.7 or no start), `sdpa` (tokenspout's own paged "
+        "attention on torch's `scaled_dot_product_attention`), `triton` (tokenspout's own paged attention as a "
+        "Triton kernel that reads each page once through the block table; needs `triton`, which CUDA builds of "
+        "torch install), `off` (unpaged: one request at a time). `GetModelInfo.attention_provider` says which "
+        "runs.", Group.EXLLAMAV2)
 
     def __post_init__(self) -> None:
         _require([
@@ -160,22 +192,29 @@ class TensorParallelBackend(enum.StrEnum):
 
 @dataclass(frozen=True)
 class ExLlamaV3Settings:
-    cache_tokens: int = 0
-    """The cache's token budget shared by all jobs (0: context_length * max_batch_size)."""
-    cache_bits: int = 0
-    """Bits per key in the cache: 0 for FP16, 2 to 8 to quantize it (more tokens in the same memory)."""
-    cache_v_bits: int = 0
-    """Bits per value, where they differ from the keys' (0: cache_bits)."""
-    gpu_split: tuple[float, ...] = ()
-    """GB to use per GPU (empty: fill the GPUs in order)."""
-    tensor_parallel: bool = False
-    """Split each layer across the GPUs (one process per GPU beyond the first) instead of layers across them."""
-    tensor_parallel_backend: TensorParallelBackend = TensorParallelBackend.NATIVE
-    draft_model: str = ""
-    """An EXL3 model directory with the same vocabulary, whose proposals the model checks (speculative decoding)."""
-    ngram_match_min: int = 2
-    """With speculation = ngram: the fewest tokens of the output that must match earlier text to draft what
-    followed it (TabbyAPI's default)."""
+    cache_tokens: int = setting(
+        0, "Cache budget shared by all jobs, in tokens (rounded up to 256-token pages). `0`: `context_length` x "
+        "`max_batch_size`.", Group.EXLLAMAV3, values="0 or more")
+    cache_bits: int = setting(
+        0, "`0`: an FP16 cache. `2` to `8`: keys (and values) quantized to that many bits; more tokens in the same "
+        "memory.", Group.EXLLAMAV3, values="0, or 2 to 8")
+    cache_v_bits: int = setting(
+        0, "Bits for the values where they differ from the keys' (`0`: `exllamav3_cache_bits`). Needs "
+        "`exllamav3_cache_bits`.", Group.EXLLAMAV3, values="0, or 2 to 8")
+    gpu_split: tuple[float, ...] = setting(
+        (), "GB to use per GPU, comma-separated (`20,24`).", Group.EXLLAMAV3,
+        values="positive numbers, comma-separated", shown_default="all GPUs in order")
+    tensor_parallel: bool = setting(
+        False, "Split each layer across the GPUs (one process per GPU beyond the first) rather than layers across "
+        "them.", Group.EXLLAMAV3)
+    tensor_parallel_backend: TensorParallelBackend = setting(
+        TensorParallelBackend.NATIVE, "How tensor-parallel processes exchange activations.", Group.EXLLAMAV3)
+    draft_model: str = setting(
+        "", "An EXL3 directory with the same vocabulary, whose proposals the model checks. Excludes "
+        "`speculation = ngram`.", Group.EXLLAMAV3, values="a directory")
+    ngram_match_min: int = setting(
+        2, "With `speculation = ngram`: output tokens that must match earlier text before what followed it is "
+        "drafted (TabbyAPI's default).", Group.EXLLAMAV3, values="at least 1")
 
     def __post_init__(self) -> None:
         _require([
@@ -195,37 +234,53 @@ _SECTIONS = {"llamacpp": LlamaCppSettings, "exllamav2": ExLlamaV2Settings, "exll
 
 @dataclass(frozen=True)
 class EngineConfig:
-    kind: EngineKind = field(default=EngineKind.LLAMA_CPP, metadata={"setting": "engine"})
-    model: str = "default"
-    """A local GGUF path (or "default": the embedded SmolLM2-135M-Instruct), or a model directory for exllamav2 or exllamav3."""
-    model_id: str = ""
-    """The name callers use in `model`; defaults to the model's own name."""
-    context_length: int = 2048
-    """Most tokens one sequence holds, prompt and output together."""
-    max_batch_size: int = 8
-    """Sequences decoded together."""
-    speculation: SpeculationSetting = SpeculationSetting.AUTO
-    """What a request that does not choose gets; the output is the same either way."""
-    max_draft_tokens: int = 16
-    """Most proposed tokens checked in one step, for a request that does not say."""
-    max_queued_requests: int = 16
-    """Requests that may wait beyond max_batch_size; more are refused with RESOURCE_EXHAUSTED."""
-    max_queued_per_caller: int = 0
-    """Requests one caller may have waiting beyond max_running_per_caller (0: max_queued_requests)."""
+    kind: EngineKind = setting(
+        EngineKind.LLAMA_CPP, "`llama.cpp` (GGUF, CPU or GPU), `exllamav2` (EXL2/GPTQ/FP16 directory, CUDA) or "
+        "`exllamav3` (EXL3/FP16/BF16 directory, CUDA). See [engines](engines.md#at-a-glance).", Group.SERVER,
+        name="engine")
+    model: str = setting(
+        "default", "A GGUF file, or `default` for the embedded SmolLM2-135M-Instruct. For exllamav2 and exllamav3, a "
+        "model directory. A local path, not a Hugging Face hub id ([your own model](getting-started.md#your-own-model)).",
+        Group.SERVER, values="a path, or `default`")
+    model_id: str = setting(
+        "", "The name callers may put in a request's `model`.", Group.SERVER, values="text",
+        shown_default="the model's name")
+    context_length: int = setting(
+        2048, "Most tokens one sequence holds, prompt and output together.", Group.SERVER, values="at least 16")
+    max_batch_size: int = setting(
+        8, "Sequences decoded together. On llama.cpp each owns `context_length` cache cells.", Group.SERVER,
+        values="at least 1")
+    speculation: SpeculationSetting = setting(
+        SpeculationSetting.AUTO, "What a request that does not choose gets. `auto`: n-gram proposals on "
+        "llama.cpp, checked only where that pays; on exllamav2 and exllamav3 off, or the draft model "
+        "when one is set. `off`. "
+        "`ngram`.", Group.SPECULATION)
+    max_draft_tokens: int = setting(
+        16, "Most proposed tokens checked in one step, for a request that does not say. exllamav2 checks at most "
+        "8.", Group.SPECULATION, values=f"1 to {MAX_DRAFT_TOKENS}")
+    max_queued_requests: int = setting(
+        16, "Requests that may wait for a batch place. Beyond them a request is refused at once (see "
+        "[fair sharing](engines.md#scheduling-and-fair-sharing)).", Group.SERVER, values="0 or more")
+    max_queued_per_caller: int = setting(
+        0, "One caller's requests waiting beyond those. `0`: `max_queued_requests`. Past both: "
+        "`RESOURCE_EXHAUSTED` (`CALLER_OVER_LIMIT`).", Group.SCHEDULING, values="0 or more")
     fairness: FairnessSettings = field(default_factory=FairnessSettings)
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
     exllamav2: ExLlamaV2Settings = field(default_factory=ExLlamaV2Settings)
     exllamav3: ExLlamaV3Settings = field(default_factory=ExLlamaV3Settings, metadata={"prefix": "exllamav3_"})
     constraint: ConstraintLimits = field(default_factory=ConstraintLimits, metadata={"prefix": "constraint_"})
-    compile_threads: int = 1
-    """Threads for large constraint compiles (small ones have a thread of their own), apart from everything else."""
-    max_concurrent_compiles: int = 4
-    """Large constraint compiles running at once; more are refused with RESOURCE_EXHAUSTED and RetryInfo."""
-    cache_events: bool = False
-    """Track which prompt prefixes the cache holds, as KV-cache events for routers (WatchCacheEvents,
-    and ZMQ with cache_events_endpoint). llama.cpp only."""
-    cache_events_replay_batches: int = 10_000
-    """Event batches kept for a subscriber that asks to catch up; an older start gets a snapshot."""
+    compile_threads: int = setting(
+        1, "Threads for large constraint compiles. Sources up to 16 kB compile on one separate thread.",
+        Group.CONSTRAINTS, values="at least 1")
+    max_concurrent_compiles: int = setting(
+        4, "Large compiles running or waiting at once. Beyond: `RESOURCE_EXHAUSTED` (`TOO_MANY_COMPILES`).",
+        Group.CONSTRAINTS, values="at least 1")
+    cache_events: bool = setting(
+        False, "Track the cached prompt blocks and serve them as `WatchCacheEvents`. llama.cpp only, and needs "
+        "`prefix_cache`.", Group.CACHE_EVENTS)
+    cache_events_replay_batches: int = setting(
+        10_000, "Batches kept for replay; an older start gets a snapshot.", Group.CACHE_EVENTS,
+        values="at least 1")
 
     def __post_init__(self) -> None:
         _require([

@@ -74,9 +74,14 @@ class SamplingParams:
     banned_strings: tuple[str, ...] = ()
     token_healing: bool = False
 
+    @staticmethod
+    def greedy_at(temperature: float) -> bool:
+        """Temperature 0 always takes the most likely token: the one spelling of greedy."""
+        return temperature == 0.0
+
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.greedy_at(self.temperature)
 
     @property
     def penalized(self) -> bool:
@@ -245,6 +250,17 @@ class ChatContext:
     """None: the template's default."""
 
 
+class PrefixReuse(enum.StrEnum):
+    """How an engine reuses cached prefixes, and so whether greedy output may depend on what was cached."""
+
+    OFF = "off"
+    AS_CACHED = "as_cached"
+    """Cells taken as they were computed (decoded ones included), as llama-server, vLLM and SGLang take them:
+    greedy output may part from a cold run's at a near tie."""
+    EXACT = "exact"
+    """Only cells a cold run computes the same way (llama.cpp's prefix_cache_exact): greedy output is a cold run's."""
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     model_id: str
@@ -273,12 +289,13 @@ class ModelInfo:
     cache_block_size: int = 0
     """Tokens per block of its KV-cache events (0: it publishes none)."""
     attention_provider: str = ""
-    """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" (tokenspout's paged
-    attention) or "none" (unpaged); "exllamav3" for exllamav3 (its own paged Triton kernels); "" where it means nothing
-    (a test's fake engine)."""
+    """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" or "triton" (tokenspout's
+    paged attention) or "none" (unpaged); "exllamav3" for exllamav3 (its own paged Triton kernels); "" where it
+    means nothing (a test's fake engine)."""
     reuses_decoded_cells: bool = False
-    """Whether a next turn reuses its answer's cells as decoding computed them (greedy output may then differ
-    from a cold run's at a near tie); False where cached cells are reused only as a cold prompt computes them."""
+    """Whether a next turn reuses its answer's cells as decoding computed them."""
+    prefix_reuse: PrefixReuse = PrefixReuse.OFF
+    """How it reuses cached prefixes (GetModelInfo.prefix_reuse)."""
     cache_tokens: int = 0
     """Where every request's prompt + max_new_tokens is reserved up front in whole pages of `cache_page_tokens`
     (the exllama generators), the cache's size: a request that can never fit is refused before it is queued.

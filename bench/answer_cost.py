@@ -1,12 +1,13 @@
 """What keeping chats' answers in the prefix cache costs chats that never continue.
 
-Two servers, prefix_cache_generated on (the default) and off, each running the same batches of
-single-turn chats (unique questions, greedy, a fixed number of tokens, 8 at a time), alternated rep
-by rep. No answer is ever asked for again, so every answer the engine computes again as prompt rows
-(backend.llamacpp.retile) is pure cost. Between sides the benchmark waits until the server is done
-computing answers again while idle, so one side's leftovers never slow the other's run. Prints
-decode tokens/s per side, the per-rep ratio on / off (target: no loss, >= ~0.95 within this
-machine's noise) and the tokens computed again.
+Two servers with prefix_cache_exact (where answers are computed again as prompt rows to be shared; to
+the token, the default, they are kept as decoded at no cost), prefix_cache_generated on (the default)
+and off, each running the same batches of single-turn chats (unique questions, greedy, a fixed number
+of tokens, 8 at a time), alternated rep by rep. No answer is ever asked for again, so every answer the
+engine computes again as prompt rows (backend.llamacpp.retile) is pure cost. Between sides the
+benchmark waits until the server is done computing answers again while idle, so one side's leftovers
+never slow the other's run. Prints decode tokens/s per side, the per-rep ratio on / off (target: no
+loss, >= ~0.95 within this machine's noise) and the tokens computed again.
 
     python -m bench.answer_cost [--reps 4] [--chats 24] [--tokens 128]
 """
@@ -48,7 +49,7 @@ def main() -> int:
     parser.add_argument("--chats", type=int, default=24)
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
-    flags = ("--max-batch-size", str(STREAMS), "--threads", "2")
+    flags = ("--max-batch-size", str(STREAMS), "--threads", "2", "--prefix-cache-exact")
     with tempfile.TemporaryDirectory() as tmp:
         servers = {"on": start_server(pathlib.Path(tmp), *flags),
                    "off": start_server(pathlib.Path(tmp), *flags, "--prefix-cache-generated", "false")}

@@ -48,7 +48,8 @@ def outputs(model, prompts: list[tuple[int, ...]], mode: SpeculationMode, group:
     """Each prompt's greedy token ids, and (checked, kept) proposed tokens over all of them."""
     results, checked, kept = [], 0, 0
     for start in range(0, len(prompts), group):
-        core = make_core(model, context_length=1024, max_batch_size=group, batch_tokens=512, threads=threads)
+        core = make_core(model, context_length=1024, max_batch_size=group, batch_tokens=512, threads=threads,
+                         prefix_cache_exact=True)  # so that only speculation may part outputs
         try:
             recorders = []
             for i, prompt in enumerate(prompts[start:start + group]):

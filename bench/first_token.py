@@ -1,7 +1,10 @@
-"""First token of a short prompt, paired: tokenspout as configured, tokenspout with `--first-token-hold-ms 0`,
-and llama-server, in one run, each request in turn to each (rotating which goes first), with no pause and
-with a pause before each request (an idle server, as a caller who types). Prints each side's median and
-the two tokenspout ratios against llama-server (time: lower is better).
+"""First token of a short prompt, one request at a time, against llama-server at its defaults (`cache_prompt`
+on, as every client of it gets it), in one run. Two kinds of prompt (bench.prompt_kinds): one that shares
+nothing with any earlier prompt, then one that extends it by a few words, each sent to every side in turn
+(rotating which goes first), with no pause and with a pause before each request (an idle server, as a caller
+who types). Sides: tokenspout at its defaults (prefix reuse to the token), tokenspout with
+`--prefix-cache-exact` (the greedy guarantee's price) and llama-server. Prints each side's median and each
+tokenspout side's speed against llama-server (its time / ours: higher is better, target >= 1.0).
 
     python -m bench.first_token --llama-server PATH [--prompts 30] [--pauses 0,0.3] [--rounds 2]
 """
@@ -18,13 +21,15 @@ from collections.abc import Callable
 import grpc
 
 from backend.common.models import default_model_path
-from bench.common import PROMPTS, greedy_request
+from bench.common import greedy_request
 from bench.llama_server import start_llama_server
+from bench.prompt_kinds import extended, fresh_prompts
 from bench.streaming import CONTEXT, SLOTS, THREADS
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 TOKENS = 8
+SIDES = ("tokenspout", "exact", "llama-server")
 
 
 def first_token_s(stub: pb_grpc.GenerationServiceStub, prompt: str) -> float:
@@ -38,16 +43,17 @@ def first_token_s(stub: pb_grpc.GenerationServiceStub, prompt: str) -> float:
     return first
 
 
-def paired(sides: list[Callable[[str], float]], prompts: int, pause_s: float) -> list[float]:
-    """Each side's median first-token time over `prompts` unique prompts, each sent to every side in turn."""
-    times: list[list[float]] = [[] for _ in sides]
-    for i in range(prompts):
-        prompt = f"Request {i} of {time.monotonic_ns()}: {PROMPTS[i % len(PROMPTS)]}"
-        for k in range(len(sides)):
-            side = (i + k) % len(sides)
-            time.sleep(pause_s)
-            times[side].append(sides[side](prompt))
-    return [statistics.median(t) for t in times]
+def paired(sides: list[Callable[[str], float]], prompts: list[str], pause_s: float) -> dict[str, list[float]]:
+    """Each side's median first-token time for the fresh prompts and for their extensions: each fresh prompt goes to
+    every side in turn, then its extension does, so each side's extension follows its own fresh prompt."""
+    times: dict[str, list[list[float]]] = {kind: [[] for _ in sides] for kind in ("fresh", "extends")}
+    for i, prompt in enumerate(prompts):
+        for kind, text in (("fresh", prompt), ("extends", extended(prompt, i))):
+            for k in range(len(sides)):
+                side = (i + k) % len(sides)
+                time.sleep(pause_s)
+                times[kind][side].append(sides[side](text))
+    return {kind: [statistics.median(t) for t in per_side] for kind, per_side in times.items()}
 
 
 def main() -> int:
@@ -57,29 +63,32 @@ def main() -> int:
     parser.add_argument("--pauses", default="0,0.3")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    pauses = [float(p) for p in args.pauses.split(",")]
+    prompts = iter(fresh_prompts(4 + args.rounds * len(pauses) * args.prompts, seed=time.monotonic_ns()))
     flags = ("--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS), "--threads", str(THREADS))
     with tempfile.TemporaryDirectory() as tmp:
-        held = start_server(pathlib.Path(tmp), *flags)
-        unheld = start_server(pathlib.Path(tmp), *flags, "--first-token-hold-ms", "0")
+        ours = start_server(pathlib.Path(tmp), *flags)
+        exact = start_server(pathlib.Path(tmp), *flags, "--prefix-cache-exact")
         reference = start_llama_server(args.llama_server, default_model_path(), CONTEXT, SLOTS, THREADS)
-        stubs = [pb_grpc.GenerationServiceStub(grpc.insecure_channel(s.address)) for s in (held, unheld)]
+        stubs = [pb_grpc.GenerationServiceStub(grpc.insecure_channel(s.address)) for s in (ours, exact)]
         sides: list[Callable[[str], float]] = [
             lambda p: first_token_s(stubs[0], p),
             lambda p: first_token_s(stubs[1], p),
-            lambda p: reference.stream(p, TOKENS, cache_prompt=False).ttft_s,
+            lambda p: reference.stream(p, TOKENS).ttft_s,  # at its defaults: cache_prompt on
         ]
         try:
-            paired(sides, 4, 0.0)  # warm all three
-            print("| pause | tokenspout | hold 0 | llama-server | ratio | ratio, hold 0 |\n|---|---|---|---|---|---|")
+            paired(sides, [next(prompts) for _ in range(4)], 0.0)  # warm all three
+            print("| pause | prompt | tokenspout | exact | llama-server | speed | speed, exact |\n|---|---|---|---|---|---|---|")
             for _ in range(args.rounds):
-                for pause in (float(p) for p in args.pauses.split(",")):
-                    ours, unheld_s, theirs = paired(sides, args.prompts, pause)
-                    print(f"| {pause:g} s | {ours * 1000:.1f} ms | {unheld_s * 1000:.1f} ms | {theirs * 1000:.1f} ms "
-                          f"| {ours / theirs:.3f} | {unheld_s / theirs:.3f} |", flush=True)
+                for pause in pauses:
+                    medians = paired(sides, [next(prompts) for _ in range(args.prompts)], pause)
+                    for kind, (mine, exact_s, theirs) in medians.items():
+                        print(f"| {pause:g} s | {kind} | {mine * 1000:.1f} ms | {exact_s * 1000:.1f} ms | "
+                              f"{theirs * 1000:.1f} ms | {theirs / mine:.3f} | {theirs / exact_s:.3f} |", flush=True)
         finally:
             reference.stop()
-            stop_server(held)
-            stop_server(unheld)
+            stop_server(ours)
+            stop_server(exact)
     return 0
 
 

@@ -2,13 +2,14 @@
 
 1. Chat sessions of 6 turns on one replica, each turn resending its history and the answers it got
    (greedy, stopping at the model's end of turn or `--tokens`), a few sessions at a time. For
-   tokenspout, tokenspout with prefix_cache_decoded (answers' cells taken as they were decoded, as
-   llama-server does), the baseline tokenspout (prefix_cache_generated = false, prompts' cells only)
-   and llama-server (its slots keep generated tokens), alternating rep by rep, each on fresh sessions:
+   tokenspout (answers' cells reused to the token as they were decoded, as llama-server does),
+   tokenspout with prefix_cache_exact (answers computed again as prompt rows, greedy output a cold
+   run's), the baseline tokenspout (prefix_cache_generated = false, prompts' cells only) and
+   llama-server (its slots keep generated tokens), alternating rep by rep, each on fresh sessions:
    - cache share: prompt tokens served from cache / prompt tokens sent (target >= 0.9);
    - turn-6 time to first token, median, tokenspout / llama-server (target <= 1).
    `--think-s` waits that long between a turn's answer and the next turn (0: at once, the worst
-   case for tokenspout, whose engine computes the answer again as prompt rows right after it).
+   case for prefix_cache_exact, whose engine computes the answer again as prompt rows after it).
 2. Salted callers (cache_scope = caller, two API keys), per rep on a fresh system prompt: caller B's
    TTFT on caller A's prefix, B's on a prefix no one sent (cold), and A's on its own prefix again.
    Targets: B on A's / B cold ~ 1 (no reuse), A's own clearly below.
@@ -163,7 +164,7 @@ def main() -> int:
           f"system prompt {f'shared, ~{args.app_words} words' if args.app_words else 'per session'}, "
           f"{os.cpu_count()} cores")
     servers = {"tokenspout": start_server(tmp, *flags),
-               "decoded": start_server(tmp, *flags, "--prefix-cache-decoded", "true"),
+               "exact": start_server(tmp, *flags, "--prefix-cache-exact"),
                "baseline": start_server(tmp, *flags, "--prefix-cache-generated", "false")}
     reference = start_llama_server(args.llama_server, model, CONTEXT, SLOTS, args.threads) if args.llama_server else None
     results: dict[str, list[Sessions]] = {name: [] for name in (*servers, "llama-server")}
@@ -189,11 +190,11 @@ def main() -> int:
                       f"reachable {statistics.median(r.reachable_share for r in runs):.3f}), turn-6 TTFT {ms(ttfts)}")
         if reference:
             theirs = statistics.median(t for r in results["llama-server"] for t in r.last_turn_ttft)
-            for name in ("tokenspout", "decoded"):
+            for name in ("tokenspout", "exact"):
                 mine = statistics.median(t for r in results[name] for t in r.last_turn_ttft)
                 print(f"turn-6 TTFT {name} / llama-server: {mine / theirs:.2f} (target <= 1)")
-        status = stubs["tokenspout"].GetServerStatus(pb.GetServerStatusRequest())
-        print(f"tokenspout: {status.retiled_tokens_total} tokens computed again as prompt rows after their turn")
+        status = stubs["exact"].GetServerStatus(pb.GetServerStatusRequest())
+        print(f"exact: {status.retiled_tokens_total} tokens computed again as prompt rows after their turn")
         for channel in channels.values():
             channel.close()
     finally:

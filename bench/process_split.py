@@ -13,7 +13,9 @@ small model on a fast GPU, Python-bound, like the H200 runs (docs/benchmarks.md)
              (--engine-process false); bench.ceiling_client's N streams
 
 and prints, per layout, gRPC / direct for the steady rate (while all N stream) and the whole run (from
-the first request to the last token), each over `--reps` reps, sides alternating.
+the first request to the last token), each over `--reps` reps, sides alternating, and the cores the server
+(all its processes) and the client kept busy over the run: where that nears the machine's cores, the
+machine, not the layout, sets the ceiling.
 
     python -m bench.process_split [--streams 1,4,16,64] [--tokens 200] [--step-cpu-s 0.003] [--step-s 0.001]
 """
@@ -92,8 +94,9 @@ def main() -> None:
     flags = ("--max-batch-size", str(most), "--max-queued-requests", str(most))
     print(f"fake engine step: {args.step_cpu_s * 1e3:g} ms holding the GIL + {args.step_s * 1e3:g} ms released; "
           f"{args.tokens} tokens a stream, {args.reps} reps")
-    print("| streams | direct tok/s (steady) | " + " | ".join(f"{layout}: gRPC/direct steady | whole" for layout in layouts)
-          + " |\n|" + "---|" * (2 + 2 * len(layouts)))
+    print("| streams | direct tok/s (steady) | "
+          + " | ".join(f"{layout}: gRPC/direct steady | whole | cores busy, server + client" for layout in layouts)
+          + " |\n|" + "---|" * (2 + 3 * len(layouts)))
     with tempfile.TemporaryDirectory() as tmp:
         servers = {layout: start_server(pathlib.Path(tmp), *flags, *LAYOUTS[layout], faults=step, fake_engine=True)
                    for layout in layouts}
@@ -102,7 +105,9 @@ def main() -> None:
                 measure(servers[layout].address, servers[layout].process.pid, 4, 20, args.step_s + args.step_cpu_s)
             for streams in counts:
                 baseline: list[dict[str, float]] = []
-                ratios: dict[str, dict[str, list[float]]] = {layout: {"steady": [], "whole": []} for layout in layouts}
+                ratios: dict[str, dict[str, list[float]]] = {
+                    layout: {"steady": [], "whole": [], "server": [], "client": []} for layout in layouts
+                }
                 for rep in range(args.reps):
                     order = ["direct", *layouts]
                     for side in order if rep % 2 == 0 else order[::-1]:
@@ -113,6 +118,9 @@ def main() -> None:
                         result = measure(server.address, server.process.pid, streams, args.tokens, 1.0)
                         ratios[side]["steady"].append(result["steady_tokens_per_s"])
                         ratios[side]["whole"].append(result["whole_tokens_per_s"])
+                        seconds = result["tokens"] / result["whole_tokens_per_s"]
+                        ratios[side]["server"].append(result["server_cpu_s"] / seconds)
+                        ratios[side]["client"].append(result["client_cpu_s"] / seconds)
                         time.sleep(0.5)
                 steady = sorted(b["steady"] for b in baseline)[len(baseline) // 2]
                 whole = sorted(b["whole"] for b in baseline)[len(baseline) // 2]
@@ -120,6 +128,7 @@ def main() -> None:
                 for layout in layouts:
                     cells.append(span([r / steady for r in ratios[layout]["steady"]]))
                     cells.append(span([r / whole for r in ratios[layout]["whole"]]))
+                    cells.append(f"{span(ratios[layout]['server'])} + {span(ratios[layout]['client'])}")
                 print("| " + " | ".join(cells) + " |", flush=True)
         finally:
             for server in servers.values():

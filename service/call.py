@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -36,13 +35,9 @@ from backend import (
     Scheduling,
     TokenEvent,
 )
-from backend.constraints import ConstraintError, ConstraintSpec
-from backend.tools import GrammarBuilder
 from service import auth, convert
 from service.cache_scope import CacheScope, cache_salt
 from service.callers import Callers
-from service.chat_output import ChatOutput, wants_parsing
-from service.chat_tools import COMPOSED, ToolPlan, grammar_spec
 from service.compiles import CompileGate
 from service.config import ServeConfig
 from service.errors import (
@@ -51,12 +46,11 @@ from service.errors import (
     ServiceError,
     already_exists,
     from_engine,
-    invalid_argument,
     unimplemented,
 )
 from service.lifecycle import Lifecycle
 from service.prompt import Prompt, PromptBuilder, off_loop_if_large
-from service.samples import Samples, by_sample
+from service.samples import OutputParser, Samples, by_sample
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
 from service.tracing import RequestTrace
@@ -163,8 +157,8 @@ class GenerationCall:
         self._trace: RequestTrace | None = None
         self._ended = False
         """The engine ended the request: every sample finished, or it failed."""
-        self._plan = ToolPlan()
-        self._reasoning_opened = False
+        self._output_parser: Callable[[], OutputParser] | None = None
+        """Makes each sample's output parser (a chat turn's, when its output holds reasoning or tool calls)."""
 
     @property
     def generation(self) -> GenerationRequest:
@@ -198,11 +192,11 @@ class GenerationCall:
             if isinstance(header, str):  # always: gRPC gives bytes only for a -bin header
                 request.request_id = header[: self._calls.validator.limits.max_request_id_length]
         params, prompt, arrival_time = await off_loop_if_large(self._prepare, request)
-        self._plan = params.tool_plan
         self.request_id = params.request_id
         CURRENT_REQUEST_ID.set(params.request_id)
-        spec = await self._chat_constraint(params, prompt)
+        spec = params.constraint if prompt.chat is None else await prompt.chat.constraint(self._calls.compiles)
         report = None if spec is None else await self._calls.compiles.compile(spec)
+        self._output_parser = None if prompt.chat is None else prompt.chat.output_parser()
         self._generation = GenerationRequest(
             request_id=self._calls.engine_id(params.request_id),  # claimed in run(), with no await between
             prompt_token_ids=prompt.token_ids,
@@ -220,7 +214,7 @@ class GenerationCall:
             sample_seeds=params.sample_seeds,
             prompt_logprobs=params.prompt_logprobs,
             turn_end=prompt.turn_end,
-            cache_salt=cache_salt(self._calls.cache_scope, self._key, request.cache_salt),
+            cache_salt=cache_salt(self._calls.cache_scope, self._key, params.cache_salt),
         )
         return self._generation
 
@@ -228,11 +222,11 @@ class GenerationCall:
         """Submits the request and sends one message per batch of its events, or a heartbeat when none came
         for a while. Leaving before the engine ended it cancels it there. A coroutine that sends, not a
         generator the handler iterates: one frame less to suspend and resume for each of its messages."""
+        samples = Samples(self.generation, self.request_id, self._output_parser)
         stream = self._submit()
         lifecycle, request_trace = self._calls.lifecycle, self._trace
         try:
             with lifecycle.interruptible(stream.interrupt):
-                samples = Samples(self.generation, self.request_id, self._chat_output_factory())
                 pacing = self._pacing()
                 while not samples.done:
                     batch = await stream.next_batch(*pacing)
@@ -257,48 +251,15 @@ class GenerationCall:
             self._calls.close(self._identity, self.request_id)
             if not self._ended:  # the caller left, or the server ended the call: free its sequences now
                 self._calls.engine.cancel(self.generation.request_id)
-                self._ended_early()
+                self._ended_early(samples.generated_tokens)
             self._calls.engine.release(self.generation.request_id)
 
     def _prepare(self, request: pb.GenerateStreamRequest) -> tuple[RequestParams, Prompt, float]:
         """The checks and the prompt (on a worker thread when the input is large), and when they were done:
         the request's arrival, from which its queue time counts."""
         params = self._calls.validator.params(request)
-        prompt = self._calls.prompts.prompt(request, params.stopping.max_new_tokens, params.tool_plan)
-        self._reasoning_opened = prompt.reasoning_opened
+        prompt = self._calls.prompts.prompt(request, params.stopping.max_new_tokens, params.chat)
         return params, prompt, time.monotonic()
-
-    async def _chat_constraint(self, params: RequestParams, prompt: Prompt) -> ConstraintSpec | None:
-        """The caller's constraint, or the grammar of a chat's tools and reasoning (service.chat_tools) with
-        each tool's schema compiled first, so one llguidance cannot enforce is named."""
-        plan, formats = params.tool_plan, self._calls.validator.formats
-        for i, tool in enumerate(plan.tools if plan.calls_parsed else ()):
-            if isinstance(tool.parameters, dict):
-                schema = ConstraintSpec("json_schema", json.dumps(tool.parameters))
-                try:
-                    await self._calls.compiles.compile(schema)
-                except ConstraintError as exc:
-                    where = f"chat.tools[{i}].parameters"
-                    raise invalid_argument([FieldViolation(where, f"cannot be enforced: {exc}")]) from None
-        builder = GrammarBuilder(lambda marker: False)  # markers are spelled as text (see docs/api.md)
-        spec = grammar_spec(plan, formats, params.constraint, prompt.reasoning_opened, builder)
-        if spec is not None and spec.kind == COMPOSED:
-            if params.constraint is not None:  # its own problems name its own field
-                await self._calls.compiles.compile(params.constraint)
-            try:
-                await self._calls.compiles.compile(spec)
-            except ConstraintError as exc:
-                raise invalid_argument([FieldViolation("chat", f"the grammar of its tools and reasoning: {exc}")]) from None
-        return spec
-
-    def _chat_output_factory(self) -> Callable[[], ChatOutput] | None:
-        """Makes each sample's output parser, for a chat whose output holds reasoning or tool calls."""
-        plan, formats = self._plan, self._calls.validator.formats
-        if not wants_parsing(formats, plan, self._request.HasField("chat")):
-            return None
-        opened = self._reasoning_opened and plan.reasoning_mode != pb.REASONING_MODE_OFF
-        caller_constraint = self._request.HasField("constraint")
-        return lambda: ChatOutput(formats, plan, opened, caller_constraint)
 
     def _deadline(self) -> float | None:
         """The caller's gRPC deadline on the engine's clock: a request still queued then never starts."""
@@ -345,17 +306,19 @@ class GenerationCall:
         log.info("request %s finished: %s, %d tokens", self.request_id, finish.reason.value,
                  finish.usage.completion_tokens, extra=_ids(self.request_id))
 
-    def _ended_early(self) -> None:
+    def _ended_early(self, tokens: int) -> None:
         """Says who ended the call before the engine did, and why: the server (its reason), or the caller
-        (time_limit once its deadline has passed, else cancelled)."""
+        (time_limit once its deadline has passed, else cancelled); and the tokens it had been sent."""
         deadline = self.generation.deadline
         reason = "time_limit" if deadline is not None and time.monotonic() >= deadline else "cancelled"
         ending = self._calls.lifecycle.ending
         if ending is not None:
             reason = ending.reason.lower()
-            log.info("request %s ended by the server: %s", self.request_id, reason, extra=_ids(self.request_id))
+            log.info("request %s ended by the server: %s, %d tokens", self.request_id, reason, tokens,
+                     extra=_ids(self.request_id))
         else:
-            log.info("request %s ended by the caller: %s", self.request_id, reason, extra=_ids(self.request_id))
+            log.info("request %s ended by the caller: %s, %d tokens", self.request_id, reason, tokens,
+                     extra=_ids(self.request_id))
         if self._trace:
             self._trace.ended_early(reason)
 

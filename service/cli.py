@@ -4,36 +4,57 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import sys
 from typing import TYPE_CHECKING
 
-from service import logs
-from service.config import SETTINGS, ServeConfig, load_config
+from service import logs, settings_help
+from service.config import ServeConfig, load_config
 
 if TYPE_CHECKING:  # the server is imported only to serve (fetch-model needs none of it)
     from backend import EngineRecipe
 
 
+_SERVE_HELP = """\
+Every setting is also an environment variable (TOKENSPOUT_ and its name in upper case, as
+TOKENSPOUT_CONTEXT_LENGTH=4096) and a key of the TOML file (context_length = 4096). Flags win over
+the environment, the environment over the file. docs/configuration.md lists the same settings."""
+
+
 def _parser() -> argparse.ArgumentParser:
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each command's own (to report a command's mistakes with that command's usage)."""
     parser = argparse.ArgumentParser(prog="tokenspout", description="Streams LLM tokens over gRPC.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the gRPC server")
-    serve.add_argument("--config", help="TOML file with settings (also TOKENSPOUT_CONFIG)")
-    # Values stay text here: load_config parses every source the same way, with one-line errors.
-    for name, setting in SETTINGS.items():
-        flag = "--" + name.replace("_", "-")
-        help_text = f"default: {setting.default!r}"
-        if setting.kind is bool:  # `--flag` alone means true; `--flag false` is false
-            serve.add_argument(flag, dest=name, nargs="?", const="true", default=None, help=help_text)
-        else:
-            serve.add_argument(flag, dest=name, default=None, help=help_text)
-    commands.add_parser("fetch-model", help="fetch the embedded default model into the cache and print its path")
-    return parser
+    serve = commands.add_parser(
+        "serve", help="run the gRPC server", description=_SERVE_HELP, usage="%(prog)s [--config FILE] [--SETTING VALUE ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+    )
+    serve.add_argument("--config", metavar="FILE", help="TOML file with settings (also TOKENSPOUT_CONFIG)")
+    settings_help.add_setting_flags(serve)
+    fetch = commands.add_parser("fetch-model", help="fetch the embedded default model into the cache and print its path")
+    return parser, {"serve": serve, "fetch-model": fetch}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Arguments a command does not know are reported with that command's usage, and the flags they may mean."""
+    parser, commands = _parsers()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = commands[args.command]
+        known = [option for action in command._actions for option in action.option_strings]
+        hints = [f"{word} (did you mean {', '.join(close)}?)" if (close := difflib.get_close_matches(word, known, 3))
+                 else word for word in unknown]
+        command.error(f"unrecognized arguments: {' '.join(hints)}")
+    return args
 
 
 def main(argv: list[str] | None = None, recipe: EngineRecipe | None = None) -> int:
     """`recipe` replaces backend.registry.MODEL_RECIPE (tests wrap the engine it builds, or serve a fake one)."""
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     if args.command == "fetch-model":
         from backend import default_model_path
 

@@ -5,9 +5,10 @@ engine's settings are declared with the engine (backend.config.EngineConfig)
 and nested here, the service's own are below. Environment variables are the
 names upper-cased with a TOKENSPOUT_ prefix (TOKENSPOUT_CONTEXT_LENGTH, ...);
 the config file is TOML with the names at the top level. Every value is parsed
-by its field's type (a bool is true/false/1/0/yes/no, nothing else; a closed
-set is one of its values), and every rule between settings is checked when its
-section is built, so a bad start-up is one line naming the setting.
+by its field's type (service.setting_values), and every rule between settings
+is checked when its section is built, so a bad start-up is one line naming the
+setting. Each setting is declared with its help (backend.setting), which
+`serve --help` and docs/configuration.md show (service.settings_help).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from backend import EngineConfig
+from backend import EngineConfig, Group, SettingHelp, setting
 from service.cache_scope import CacheScope
-from service.callers import ANY_CALLER, CallerWeight, parse_weights
-from service.keys import ApiKey, parse_keys
+from service.callers import ANY_CALLER, CallerWeight
+from service.keys import ApiKey
+from service.setting_values import check_typed, coerce
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -74,62 +76,103 @@ class LogLevel(enum.StrEnum):
 
 @dataclass(frozen=True)
 class ServeConfig:
-    listen: str = "127.0.0.1:50051"
+    listen: str = setting(
+        "127.0.0.1:50051", "Address to bind. Port 0 picks a free one.", Group.SERVER, values="`host:port`")
     engine: EngineConfig = field(default_factory=EngineConfig)
-    engine_process: bool = True
-    """Run the engine in a process of its own, supervised, beside the gRPC front ends (false: in the server's
-    process, as one front end with it)."""
-    front_ends: int = 1
-    """gRPC front-end processes, all on `listen` (SO_REUSEPORT spreads connections, not calls), one engine."""
-    max_engine_restarts: int = 5
-    """Times in a row the engine process is started again after dying before the server gives up and exits
-    (a run of an hour without dying starts the count again)."""
-    caller_weights: tuple[CallerWeight, ...] = ()
-    """`name=weight` per fairness key (comma-separated, or a TOML list): its share relative to others (default 1)."""
-    priority_callers: tuple[str, ...] = (ANY_CALLER,)
-    """The callers (identities) that may send a priority above 0; "*" is everyone, empty is no one."""
-    fairness_header: str = ""
-    """A header the proxy in front sets to name the tenant (x-gateway-inference-fairness-id); empty: off."""
-    cache_scope: CacheScope = CacheScope.SHARED
-    """Whose requests share cached prefixes: everyone's (`shared`), or each caller's own (`caller`: its
-    fairness key); a request's cache_salt narrows either (see service.cache_scope)."""
-    caller_metric_labels: int = 20
-    """Callers that get their own label on per-caller metrics (the first seen); the rest share "_other"."""
-    stream_buffer_events: int = 64
-    """Token events buffered for a caller that reads slowly before its sequence is paused."""
-    grace_period_s: float = 30.0
-    max_input_bytes: int = 1 << 20
-    """Largest prompt, chat (all contents) or Tokenize text in UTF-8 bytes; more is INVALID_ARGUMENT."""
-    compile_timeout_s: float = 10.0
-    """How long a caller waits for its constraint to compile (it finishes and is cached regardless)."""
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    """When set, clients must present a certificate signed by this CA (mTLS)."""
-    api_keys_file: str = ""
-    """API keys, one `name:sha256hex` per line; re-read when it changes and on SIGHUP."""
-    api_keys: tuple[ApiKey, ...] = ()
-    """API keys as comma-separated `name:sha256hex` (usually TOKENSPOUT_API_KEYS)."""
-    reflection_requires_auth: bool = False
-    """With API keys configured, reflection also needs a key (health stays open)."""
-    special_tokens_in_chat_content: bool = False
-    """Opt-in, unsafe: special-token text inside chat messages becomes real special tokens."""
-    tool_call_format: ToolCallFormat = ToolCallFormat.AUTO
-    """The tool-call markup parsed and enforced: auto takes the template's (hermes for the fallback prompt)."""
-    reasoning_format: ReasoningFormatSetting = ReasoningFormatSetting.AUTO
-    """The reasoning markup parsed out of text and enforced: auto is the template's, else think."""
-    log_level: LogLevel = LogLevel.INFO
-    log_format: LogFormat = LogFormat.TEXT
-    trace_content: bool = False
-    """Opt-in: record prompt and output text in spans (gen_ai.input/output.messages)."""
-    prometheus_port: int = 0
-    """Serve Prometheus metrics on this port (0: off). OTLP export follows the OTEL_* variables."""
-    cache_events_endpoint: str = ""
-    """Publish the KV-cache events over ZMQ PUB here (tcp://*:5557 binds, tcp://host:port connects); needs cache_events."""
-    cache_events_replay_endpoint: str = ""
-    """A ZMQ ROUTER address where a subscriber asks for missed batches or a snapshot (tcp://*:5558); empty: none."""
-    cache_events_topic: str = ""
-    """The ZMQ topic of every batch; empty: kv@<POD_IP or host name>@<model id>, as llm-d's indexer parses it."""
+    engine_process: bool = setting(
+        True, "The engine in a process of its own, supervised and started again if it dies "
+        "([the engine process](engines.md#the-engine-process)); `false`: on a thread of the server's process, "
+        "whose death then ends the server.", Group.SERVER)
+    front_ends: int = setting(
+        1, "gRPC front-end processes on `listen`, one engine. The kernel spreads connections, not calls, among "
+        "them. Needs `engine_process`.", Group.SERVER, values="1 to 64")
+    max_engine_restarts: int = setting(
+        5, "Deaths of the engine process in a row after which the server exits (status 3) instead of starting "
+        "it again; an hour up starts the count again.", Group.SERVER, values="0 or more")
+    caller_weights: tuple[CallerWeight, ...] = setting(
+        (), "`name=weight` per caller: its share relative to others.", Group.SCHEDULING,
+        values="`name=weight` entries, comma-separated (or a TOML list); weights above 0",
+        shown_default="every caller 1")
+    priority_callers: tuple[str, ...] = setting(
+        (ANY_CALLER,), "Callers that may send `priority` above 0. `*` is everyone; empty is no one. Others get "
+        "`PERMISSION_DENIED`.", Group.SCHEDULING, values="caller names, comma-separated (or a TOML list)")
+    fairness_header: str = setting(
+        "", "A header a trusted proxy sets to name the tenant (e.g. `x-gateway-inference-fairness-id`). Its value "
+        "becomes the caller's fairness key. Set it only where every call comes through that proxy.",
+        Group.SCHEDULING, values="a header name")
+    cache_scope: CacheScope = setting(
+        CacheScope.SHARED, "Whose requests share cached prefixes: `shared` (everyone's; a request's `cache_salt` "
+        "narrows it) or `caller` (each caller's own, by fairness key; `cache_salt` divides further, and no salt "
+        "reaches another caller's cells). `caller` closes the first-token-time side channel between callers; the "
+        "llama.cpp engine only (exllamav2 and exllamav3 refuse it at start-up).", Group.SCHEDULING)
+    caller_metric_labels: int = setting(
+        20, "Callers that get their own `tokenspout.caller` metric label (the first seen). The rest share "
+        "`_other`.", Group.SCHEDULING, values="0 or more")
+    stream_buffer_events: int = setting(
+        64, "Token events buffered for a slow reader before its sequence is paused.", Group.STREAMS,
+        values="at least 2")
+    grace_period_s: float = setting(
+        30.0, "On SIGTERM or SIGINT, how long running streams may finish.", Group.STREAMS,
+        values="seconds, 0 or more")
+    max_input_bytes: int = setting(
+        1 << 20, "Largest prompt, chat (all messages) or Tokenize input, in UTF-8 bytes. More is "
+        "`INVALID_ARGUMENT`.", Group.STREAMS, values="at least 1")
+    compile_timeout_s: float = setting(
+        10.0, "How long a caller waits for a compile (`COMPILE_BUDGET_EXCEEDED` after). The compile still "
+        "finishes into the cache.", Group.CONSTRAINTS, values="seconds, above 0")
+    tls_cert: str = setting(
+        "", "Serve TLS with this certificate (PEM). Goes with `tls_key`.", Group.SECURITY, values="a PEM file")
+    tls_key: str = setting(
+        "", "The certificate's private key (PEM, unencrypted). Goes with `tls_cert`.", Group.SECURITY,
+        values="a PEM file")
+    tls_client_ca: str = setting(
+        "", "Also require client certificates signed by this CA (mTLS). Needs `tls_cert`.", Group.SECURITY,
+        values="a PEM file")
+    api_keys_file: str = setting(
+        "", "API keys, one `name:sha256hex` per line, `#` comments allowed. Re-read when it changes and on "
+        "SIGHUP; a file that does not parse keeps the previous keys.", Group.SECURITY, values="a file")
+    api_keys: tuple[ApiKey, ...] = setting(
+        (), "More keys, as text (also in the TOML file).", Group.SECURITY,
+        values="`name:sha256hex` entries, comma-separated")
+    reflection_requires_auth: bool = setting(
+        False, "With API keys, reflection needs a key too. Health stays open. Needs keys.", Group.SECURITY)
+    special_tokens_in_chat_content: bool = setting(
+        False, "Unsafe opt-in: special-token text inside chat messages becomes special tokens. For trusted "
+        "callers only.", Group.SECURITY)
+    tool_call_format: ToolCallFormat = setting(
+        ToolCallFormat.AUTO, "How the model writes tool calls, parsed out of its output and enforced: `auto` (the "
+        "chat template's own markup; `hermes` with the fallback prompt when the template takes no tools), "
+        "`hermes`, `llama3_json`, `mistral`, or `none` (chats with tools are refused). See "
+        "[API](api.md#tool-calls-and-reasoning).", Group.TOOLS)
+    reasoning_format: ReasoningFormatSetting = setting(
+        ReasoningFormatSetting.AUTO, "The reasoning markup parsed out of text and enforced: `auto` (the "
+        "template's, else `think`), `think` (`<think>`...`</think>`), or `none` (reasoning stays in text; "
+        "`REASONING_MODE_ON` is refused).", Group.TOOLS)
+    log_level: LogLevel = setting(LogLevel.INFO, "The least severe level logged.", Group.TELEMETRY,
+                                  values="`DEBUG`, `INFO`, `WARNING`, `ERROR` or `CRITICAL`, any case")
+    log_format: LogFormat = setting(
+        LogFormat.TEXT, "`text`: time, level, logger and message. `json`: one object per line, with "
+        "`request_id`, `trace_id` and `caller`.", Group.TELEMETRY)
+    trace_content: bool = setting(
+        False, "Record prompt and output text in spans (`gen_ai.input.messages`, `gen_ai.output.messages`).",
+        Group.TELEMETRY)
+    prometheus_port: int = setting(
+        0, "Serve Prometheus metrics on this port, at `/metrics` (front end i of several on this port + i). `0` "
+        "is off. OTLP export follows the `OTEL_*` variables.", Group.TELEMETRY, values="0 to 65535")
+    prometheus_host: str = setting(
+        "", "The address the metrics listener binds. By default the host of `listen`, so a server that listens "
+        "on loopback keeps its metrics there too; `0.0.0.0` (or `::`) exposes them on every interface.",
+        Group.TELEMETRY, values="a host name or address", shown_default="the host of `listen`")
+    cache_events_endpoint: str = setting(
+        "", "Also publish the events over ZMQ PUB, in vLLM's msgpack format. An address with `*` (`tcp://*:5557`), "
+        "`ipc://` or `inproc://` is bound; any other is connected to (a central subscriber that binds).",
+        Group.CACHE_EVENTS, values="a ZMQ address")
+    cache_events_replay_endpoint: str = setting(
+        "", "A ZMQ ROUTER address (bound) where a subscriber asks for missed batches or a snapshot "
+        "(`tcp://*:5558`).", Group.CACHE_EVENTS, values="a ZMQ address")
+    cache_events_topic: str = setting(
+        "", "The topic of every ZMQ message, as llm-d's indexer parses it.", Group.CACHE_EVENTS, values="text",
+        shown_default="`kv@<POD_IP or host name>@<model id>`")
 
     def __post_init__(self) -> None:
         rules = [
@@ -158,6 +201,16 @@ class ServeConfig:
                 raise ValueError(message)
 
     @property
+    def metrics_host(self) -> str:
+        """Where the Prometheus listener binds: prometheus_host, else the host gRPC listens on (all interfaces
+        for an empty host, loopback for a unix socket), so metrics are never more exposed than the API."""
+        if self.prometheus_host:
+            return self.prometheus_host
+        if self.listen.startswith("unix"):
+            return "127.0.0.1"
+        return self.listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
     def authenticates(self) -> bool:
         """Keys are configured (even an empty keys file keeps authentication on)."""
         return bool(self.api_keys or self.api_keys_file)
@@ -173,6 +226,7 @@ class Setting:
     """Attribute names from ServeConfig down to the value."""
     kind: Any
     default: Any
+    help: SettingHelp
 
 
 def _settings(cls: type, path: tuple[str, ...] = (), prefix: str = "") -> dict[str, Setting]:
@@ -190,7 +244,8 @@ def _settings(cls: type, path: tuple[str, ...] = (), prefix: str = "") -> dict[s
             assert callable(f.default_factory), f"setting {name} has no default"
             default = f.default_factory()
         assert name not in found, f"two settings named {name}"
-        found[name] = Setting(name, (*path, f.name), kind, default)
+        assert "help" in f.metadata, f"setting {name} has no help: declare it with backend.setting(...)"
+        found[name] = Setting(name, (*path, f.name), kind, default, f.metadata["help"])
     return found
 
 
@@ -218,77 +273,6 @@ def _build(cls: type[_Section], values: Mapping[tuple[str, ...], Any], path: tup
     return cls(**arguments)
 
 
-# -- parsing values ---------------------------------------------------------------------------
-
-_TRUE = ("true", "1", "yes")
-_FALSE = ("false", "0", "no")
-_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
-
-
-def parse_bool(text: str) -> bool:
-    word = text.strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise ValueError(f"{text!r} is not a boolean (use true/false, 1/0 or yes/no)")
-
-
-def _coerce(setting: Setting, value: Any) -> Any:
-    """A value from any source as its setting's type; TOML values must already have that type."""
-    name, kind = setting.name, setting.kind
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        try:
-            return kind(value.strip())
-        except (AttributeError, ValueError):
-            choices = [member.value for member in kind]
-            raise ValueError(f"{name} must be {', '.join(choices[:-1])} or {choices[-1]}, not {value!r}") from None
-    if kind == tuple[ApiKey, ...]:
-        if not isinstance(value, str):
-            raise ValueError(f"{name}: expected text, got {value!r}")
-        return tuple(parse_keys(value.replace(",", "\n"), name))
-    if kind == tuple[float, ...]:
-        return _numbers(name, value)
-    if kind == tuple[str, ...]:
-        return _strings(name, value)
-    if kind == tuple[CallerWeight, ...]:
-        return parse_weights(_strings(name, value), name)
-    try:
-        if isinstance(value, str):
-            if kind is bool:
-                return parse_bool(value)
-            return kind(value.strip()) if kind is not str else value
-        if kind is bool and isinstance(value, bool):
-            return value
-        if kind is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}" if kind is bool else f"{name}: expected {_KIND_NAMES[kind]}, got {value!r}") from exc
-    raise ValueError(f"{name}: expected {_KIND_NAMES[kind]}, got {value!r}")
-
-
-def _strings(name: str, value: Any) -> tuple[str, ...]:
-    """Comma-separated text ("a,b"), or a TOML list of strings."""
-    if isinstance(value, str):
-        return tuple(item.strip() for item in value.split(",") if item.strip())
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return tuple(value)
-    raise ValueError(f"{name}: expected comma-separated text or a list of strings, got {value!r}")
-
-
-def _numbers(name: str, value: Any) -> tuple[float, ...]:
-    """Comma-separated numbers ("20,24"), or a TOML list of them."""
-    items = [item for item in value.split(",") if item.strip()] if isinstance(value, str) else value
-    try:
-        if not isinstance(items, list) or any(isinstance(item, bool) for item in items):
-            raise ValueError
-        return tuple(float(item) for item in items)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected comma-separated numbers, got {value!r}") from None
-
-
 # -- loading ------------------------------------------------------------------------------------
 
 
@@ -307,12 +291,14 @@ def load_config(
         unknown = set(from_file) - set(SETTINGS)
         if unknown:
             raise ValueError(f"unknown settings in {path}: {', '.join(sorted(unknown))}")
+        for name, value in from_file.items():
+            check_typed(name, SETTINGS[name].kind, value, path)
         values.update(from_file)
     for name in SETTINGS:
         if ENV_PREFIX + name.upper() in environ:
             values[name] = environ[ENV_PREFIX + name.upper()]
     values.update({k: v for k, v in flags.items() if v is not None and k in SETTINGS})
-    by_path = {SETTINGS[name].path: _coerce(SETTINGS[name], value) for name, value in values.items()}
+    by_path = {SETTINGS[name].path: coerce(name, SETTINGS[name].kind, value) for name, value in values.items()}
     config = _build(ServeConfig, by_path)
     _check_files(config)
     return config

@@ -11,11 +11,12 @@ from backend import (
     FinishReason,
     GeneratedToken,
     ModelInfo,
+    PrefixReuse,
     SpeculationMode,
     SpeculationParams,
     TokenEvent,
 )
-from service.chat_tools import ChatFormats
+from service.chat import ChatFormats
 from service.limits import Limits
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -113,15 +114,22 @@ SPECULATION_MODES = {
 }
 
 
+PREFIX_REUSE = {
+    PrefixReuse.OFF: pb.PREFIX_REUSE_OFF,
+    PrefixReuse.AS_CACHED: pb.PREFIX_REUSE_AS_CACHED,
+    PrefixReuse.EXACT: pb.PREFIX_REUSE_EXACT,
+}
+
+
 def speculation_pb(params: SpeculationParams) -> pb.Speculation:
     return pb.Speculation(mode=SPECULATION_MODES[params.mode], max_draft_tokens=params.max_draft_tokens)
 
 
-def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats | None = None) -> pb.GetModelInfoResponse:
+def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats) -> pb.GetModelInfoResponse:
     return pb.GetModelInfoResponse(
-        tool_call_format=formats.tools.name if formats and formats.tools else "",
-        template_renders_tools=bool(formats and formats.template_renders_tools),
-        reasoning_format=formats.reasoning.name if formats and formats.reasoning else "",
+        tool_call_format=formats.tools.name if formats.tools else "",
+        template_renders_tools=formats.template_renders_tools,
+        reasoning_format=formats.reasoning.name if formats.reasoning else "",
         model_id=info.model_id,
         engine=info.engine,
         context_length=info.context_length,
@@ -137,6 +145,7 @@ def model_info(info: ModelInfo, limits: Limits, formats: ChatFormats | None = No
         attention_provider=info.attention_provider,
         cache_block_size=info.cache_block_size,
         reuses_decoded_cells=info.reuses_decoded_cells,
+        prefix_reuse=PREFIX_REUSE[info.prefix_reuse],
         limits=pb.Limits(
             max_batch_size=info.max_batch_size,
             max_new_tokens=info.context_length,
@@ -216,6 +225,7 @@ def server_status(
         cache_block_size=info.cache_block_size,
         cache_events_sequence=cache_events_sequence,
         attention_provider=info.attention_provider,
+        prefix_reuse=PREFIX_REUSE[info.prefix_reuse],
         callers=callers,
     )
 

@@ -20,6 +20,7 @@ from backend import CacheEventHub, EngineHost, EngineRecipe, EngineUnavailable, 
 from service import logs
 from service.config import ServeConfig
 from service.kv_publisher import cache_publisher
+from service.parent import end_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ ENGINE_CRASH_EXIT_CODE = 70
 
 
 def main(config: ServeConfig, recipe: EngineRecipe, run_dir: str, restarts: int, ready: Connection) -> None:
+    end_with_parent()
     logs.configure(config.log_level, config.log_format)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor too: it decides
     try:
@@ -47,7 +49,10 @@ def main(config: ServeConfig, recipe: EngineRecipe, run_dir: str, restarts: int,
     log.info("engine (pid %d) serving %s%s", os.getpid(), engine.info.model_id,
              f", started again after dying ({restarts})" if restarts else "")
     ready.send(("ready", engine.info.model_id))
-    host.serve()
+    try:
+        host.serve()
+    except Exception as exc:  # its output thread failed: nothing reaches the front ends any more
+        _crashed(exc)
     log.info("engine stopping")
     engine.close()
     host.close()

@@ -17,10 +17,12 @@ from multiprocessing.connection import Connection
 from backend import EngineRecipe, ModelError, RemoteEngine
 from service import logs
 from service.config import ServeConfig
+from service.parent import end_with_parent
 from service.server import StartupError, TokenspoutServer, freeze_startup, serve_until_signal
 
 
 def main(config: ServeConfig, recipe: EngineRecipe, run_dir: str, index: int, ready: Connection) -> None:
+    end_with_parent()
     logs.configure(config.log_level, config.log_format)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor too: it decides, through SIGTERM
     sys.exit(asyncio.run(_serve(config, recipe, pathlib.Path(run_dir), index, ready)))

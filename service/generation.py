@@ -46,8 +46,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self._validator = validator
         self._config = config
         self._lifecycle = lifecycle
-        self._prompts = PromptBuilder(engine, validator.limits.max_input_bytes, config.special_tokens_in_chat_content,
-                                      validator.formats)
+        self._prompts = PromptBuilder(engine, validator.limits.max_input_bytes, config.special_tokens_in_chat_content)
         self._compiles = CompileGate(engine, config.compile_timeout_s)
         self._calls = Calls(engine, validator, self._prompts, self._compiles, config, lifecycle,
                             telemetry or Telemetry(enabled=False))
@@ -119,9 +118,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     def _tokenize_response(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
         response = pb.TokenizeResponse()
-        self._validator.check_tokenize(request)
-        if request.HasField("chat"):
-            self._fill_tokens(response, self._prompts.chat_tokens(request.chat))
+        chat = self._validator.check_tokenize(request)
+        if chat is not None:
+            self._fill_tokens(response, self._prompts.chat_tokens(request.chat, chat))
             return response
         texts = self._prompts.tokenize_texts(request)
         if request.texts:

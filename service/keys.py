@@ -48,6 +48,7 @@ class KeyStore:
         self._inline = list(inline)
         self._path = path
         self._stamp: tuple[int, int, int] | None = None
+        """The file as last read, or as last found unreadable (so one bad version is reported once)."""
         self._checked_at = 0.0
         self._keys = list(self._inline)
         if path:
@@ -65,18 +66,31 @@ class KeyStore:
         self._stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
 
     def reload_if_changed(self, force: bool = False) -> None:
-        """At most once a second (or when forced, on SIGHUP): a changed or replaced file is re-read."""
+        """At most once a second (or when forced, on SIGHUP): a changed or replaced file is re-read. A file
+        that does not parse, or has gone, is reported once, not at every check, until it changes again."""
         now = time.monotonic()
         if not self._path or not (force or now - self._checked_at >= _FILE_CHECK_S):
             return
         self._checked_at = now
         try:
             stat = os.stat(self._path)
-            if force or (stat.st_mtime_ns, stat.st_size, stat.st_ino) != self._stamp:
-                self.reload()
-                log.info("API keys reloaded from %s: %d keys", self._path, len(self._keys))
+        except OSError as exc:
+            self._refuse(None, exc, force)
+            return
+        stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        if not force and stamp == self._stamp:
+            return
+        try:
+            self.reload()
+            log.info("API keys reloaded from %s: %d keys", self._path, len(self._keys))
         except (OSError, ValueError) as exc:
-            log.error("API keys file not reloaded, the previous keys stay in force: %s", exc)
+            self._refuse(stamp, exc, force)
+
+    def _refuse(self, stamp: tuple[int, int, int] | None, problem: Exception, force: bool) -> None:
+        """The previous keys stay; said once per version of the file (and at every SIGHUP)."""
+        if force or stamp != self._stamp:
+            log.error("API keys file not reloaded, the previous keys stay in force: %s", problem)
+        self._stamp = stamp
 
     def name_for(self, key: str) -> str | None:
         """The name of a configured key, or None. Compares every digest, whichever matches."""

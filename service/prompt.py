@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from backend import ChatContext, ChatMessage, ChatTemplateError, Engine, common_prefix
-from service.chat_tools import ChatFormats, ToolPlan, chat_messages, check_chat, reasoning_opened
+from service.chat import ChatTurn
+from service.chat.render import truncated_chat
 from service.errors import FieldViolation, invalid_argument, out_of_range
-from service.truncation import truncated_chat
 from service.validate import input_bytes
 from tokenspout.v1 import generation_pb2 as pb
 
@@ -35,25 +35,22 @@ class Prompt:
     """Where a chat's last message begins in token_ids (0: not known; see GenerationRequest)."""
     truncated_tokens: int = 0
     """How many tokens truncate_input_tokens dropped."""
-    reasoning_opened: bool = False
-    """The chat's rendering ends inside a reasoning block (its template opened it)."""
     turn_end: tuple[int, ...] = ()
     """For a chat: what its template writes after an answer (see GenerationRequest.turn_end)."""
+    chat: ChatTurn | None = None
+    """A chat's turn, completed: it knows whether its rendering opened reasoning (ChatTurn.prompted)."""
 
 
 class PromptBuilder:
-    def __init__(
-        self, engine: Engine, max_input_bytes: int, special_tokens_in_chat_content: bool = False,
-        formats: ChatFormats | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, max_input_bytes: int, special_tokens_in_chat_content: bool = False) -> None:
         self._engine = engine
-        self._formats = formats or ChatFormats.resolve(engine.info, "auto", "auto")
         self._max_input_bytes = max_input_bytes
         self._special_tokens_in_chat_content = special_tokens_in_chat_content
         self._turn_end: tuple[int, ...] | None = None
 
-    def prompt(self, request: pb.GenerateStreamRequest, max_new_tokens: int, plan: ToolPlan = ToolPlan()) -> Prompt:
-        """The tokens of a checked request's input, truncated as it asks.
+    def prompt(self, request: pb.GenerateStreamRequest, max_new_tokens: int, chat: ChatTurn | None = None) -> Prompt:
+        """The tokens of a checked request's input, truncated as it asks; for a chat, rendered as its checked turn
+        (`chat`, RequestParams.chat) says, which comes back completed.
 
         Raises INVALID_ARGUMENT (too large, or nothing to generate from) or OUT_OF_RANGE (no room left
         in the context, or more than the engine could ever hold with `max_new_tokens`); a chat template's
@@ -65,7 +62,8 @@ class PromptBuilder:
             raise invalid_argument([FieldViolation(field_name, f"{size} bytes; at most {self._max_input_bytes}")])
         keep = request.truncate_input_tokens
         if field_name == "chat":
-            messages, context, tokens, truncated = self._chat(request.chat, keep, plan)
+            assert chat is not None, "a chat's turn comes from its checks (RequestParams.chat)"
+            messages, context, tokens, truncated = self._chat(request.chat, keep, chat)
         else:
             messages, context = [], ChatContext()
             tokens, truncated = _last(self._text_tokens(request), keep)
@@ -73,11 +71,11 @@ class PromptBuilder:
         problem = self._engine.info.budget_problem(len(tokens), max_new_tokens)
         if problem:
             raise out_of_range("stopping.max_new_tokens", problem)
-        opened = field_name == "chat" and reasoning_opened(
-            self._formats, b"".join(self._engine.token_piece(t) for t in tokens[-4:])
-        )
         start = self._last_message_start(messages, tokens, context)
-        return Prompt(tuple(tokens), start, truncated, opened, self.turn_end() if field_name == "chat" else ())
+        if chat is None or field_name != "chat":
+            return Prompt(tuple(tokens), start, truncated)
+        chat = chat.prompted(b"".join(self._engine.token_piece(t) for t in tokens[-4:]))
+        return Prompt(tuple(tokens), start, truncated, self.turn_end(), chat)
 
     def turn_end(self) -> tuple[int, ...]:
         """The tokens the chat template writes after an answer, up to where the next message begins, found
@@ -95,13 +93,9 @@ class PromptBuilder:
                 self._turn_end = tuple(answered[len(written) :])
         return self._turn_end
 
-    def chat_tokens(self, chat: pb.Chat) -> list[int]:
-        """A chat's tokens as the template renders it, whole, tools included (Tokenize)."""
-        violations: list[FieldViolation] = []
-        plan = check_chat(chat, self._formats, 1 << 20, violations)
-        if violations:
-            raise invalid_argument(violations)
-        messages, context = chat_messages(chat, plan, self._formats)
+    def chat_tokens(self, chat: pb.Chat, turn: ChatTurn) -> list[int]:
+        """A chat's tokens as the template renders it (its turn checked), whole, tools included (Tokenize)."""
+        messages, context = turn.render(chat)
         return self._renderer(chat, context)(messages)
 
     def tokenize_texts(self, request: pb.TokenizeRequest) -> list[tuple[bytes, list[int]]]:
@@ -118,9 +112,9 @@ class PromptBuilder:
             return list(request.prompt_token_ids.ids)  # as given: the caller decides on BOS
         return self._engine.tokenize(request.prompt, add_special=True)
 
-    def _chat(self, chat: pb.Chat, keep: int, plan: ToolPlan) -> tuple[list[ChatMessage], ChatContext, list[int], int]:
-        """The messages kept, their tokens, and how many tokens dropping the others saved (see service.truncation)."""
-        messages, context = chat_messages(chat, plan, self._formats)
+    def _chat(self, chat: pb.Chat, keep: int, turn: ChatTurn) -> tuple[list[ChatMessage], ChatContext, list[int], int]:
+        """The messages kept, their tokens, and how many tokens dropping the others saved (see service.chat.render)."""
+        messages, context = turn.render(chat)
         render = self._renderer(chat, context)
         tokens = render(messages)
         if not keep or len(tokens) <= keep:

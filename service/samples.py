@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from backend import Finish, FinishReason, GenerationRequest, TokenEvent
 from backend.constraints import ConstraintSpec, json_output_problem
 from service import convert
-from service.chat_output import ChatOutput
 from service.errors import deadline_exceeded
 from tokenspout.v1 import generation_pb2 as pb
+
+
+class OutputParser(Protocol):
+    """One sample's reader of its own output (a chat's: service.chat.output), given each of its messages in order
+    to rewrite before it goes out."""
+
+    def rewrite(self, message: pb.GenerateStreamResponse, events: Sequence[TokenEvent]) -> None: ...
 
 
 class Samples:
@@ -18,15 +25,17 @@ class Samples:
     how each finished, and with a non-strict JSON constraint, the text to check once it ends."""
 
     def __init__(
-        self, generation: GenerationRequest, request_id: str, chat_output: Callable[[], ChatOutput] | None = None,
+        self, generation: GenerationRequest, request_id: str, output_parser: Callable[[], OutputParser] | None = None,
     ) -> None:
         self._generation = generation
-        self._chat_output = chat_output
-        self._outputs: dict[int, ChatOutput] = {}
+        self._output_parser = output_parser
+        """Makes each sample's parser, when the output is parsed (a chat's reasoning and tool calls)."""
+        self._parsers: dict[int, OutputParser] = {}
         self._request_id = request_id
         self.n = generation.n
         self._with_tokens = generation.output.return_tokens
         self._started: set[int] = set()
+        self._generated: dict[int, int] = {}
         self.finishes: dict[int, Finish] = {}
         self.done = False
         """Every sample has finished (an attribute, not a property: read after every message)."""
@@ -46,8 +55,12 @@ class Samples:
             message.truncated_input_tokens = generation.truncated_tokens
         if index:  # 0 is the field's default: nothing to set
             message.index = index
-        if self._chat_output is not None:
-            self._outputs.setdefault(index, self._chat_output()).rewrite(message, events)
+        if self._output_parser is not None:
+            parser = self._parsers.get(index)
+            if parser is None:  # a sample's first message (setdefault would make a parser for every one)
+                parser = self._parsers[index] = self._output_parser()
+            parser.rewrite(message, events)
+        self._generated[index] = events[-1].generated_tokens
         finish = events[-1].finish
         if finish is not None:
             self.finishes[index] = finish
@@ -59,6 +72,11 @@ class Samples:
         if self._approximated is not None:
             self._check_output(index, message, self._approximated)
         return message
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the samples' messages have carried so far, all samples together."""
+        return sum(self._generated.values())
 
     def _check_output(self, index: int, message: pb.GenerateStreamResponse, spec: ConstraintSpec) -> None:
         """Non-strict JSON constraints were approximated: say honestly, at the end, whether the output complies."""
@@ -77,5 +95,3 @@ def by_sample(batch: list[TokenEvent]) -> list[tuple[int, list[TokenEvent]]]:
     for event in batch:
         grouped.setdefault(event.index, []).append(event)
     return list(grouped.items())
-
-

@@ -46,7 +46,7 @@ def sampling_params(s: pb.SamplingParams, info: ModelInfo, limits: Limits, viola
     if check.has("seed"):
         seed = check.integer("seed", 0)
     else:
-        seed = 0 if temperature == 0.0 else secrets.randbelow(MAX_SEED + 1)
+        seed = 0 if SamplingParams.greedy_at(temperature) else secrets.randbelow(MAX_SEED + 1)
     # The sub-messages are checked only when set: a request rarely sets them.
     xtc = checked(s.xtc, "sampling.xtc", violations, probability=(0.0, 1.0), threshold=(0.0, 0.5)) if s.HasField("xtc") else {}
     mirostat = (checked(s.mirostat, "sampling.mirostat", violations, tau=(0.0, 20.0, True), eta=(0.0, 1.0, True))

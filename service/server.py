@@ -19,23 +19,25 @@ import logging
 import pathlib
 import signal
 import socket
+import time
+from collections.abc import Callable
 
 import grpc
 import zmq
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
-from backend import MODEL_RECIPE, CacheEventHub, Engine, EngineRecipe, RemoteEngine
+from backend import MODEL_RECIPE, CacheEventHub, Engine, EngineRecipe, EngineStats, RemoteEngine
 from service import auth
 from service.boundary import ErrorBoundary
-from service.chat_tools import ChatFormats
+from service.chat import ChatFormats
 from service.config import ServeConfig
 from service.generation import GenerationServicer
 from service.kv_publisher import ZmqCachePublisher, cache_publisher
 from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, Lifecycle
 from service.limits import Limits
 from service.reflection import ReflectionServicer, load_descriptor_set
-from service.telemetry import Telemetry, from_environment
+from service.telemetry import MetricsListenError, Telemetry, from_environment
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -63,6 +65,26 @@ _CUT_WAIT_S = 2.0
 _WATCH_FLUSH_S = 0.1
 # After the engine died: how long health probes and callers see NOT_SERVING / UNAVAILABLE before the exit.
 _ENGINE_DOWN_LINGER_S = 5.0
+
+
+def _fresh_stats(engine: RemoteEngine) -> Callable[[], EngineStats]:
+    """The figures of an engine in another process as they are at a metrics scrape (read on the exporter's thread):
+    asked for on the event loop, unless it does not answer within a second (then as last sent, at most 250 ms old
+    while they change). One question serves a scrape's every instrument."""
+    loop = asyncio.get_running_loop()
+    last: list[tuple[float, EngineStats]] = []
+
+    def read() -> EngineStats:
+        if last and time.monotonic() - last[0][0] < 0.05:
+            return last[0][1]
+        try:
+            stats = asyncio.run_coroutine_threadsafe(engine.current_stats(), loop).result(timeout=1.0)
+        except Exception:  # the engine is starting again, or the loop is busy past a second
+            return engine.stats
+        last[:] = [(time.monotonic(), stats)]
+        return stats
+
+    return read
 
 
 class StartupError(Exception):
@@ -116,9 +138,12 @@ class TokenspoutServer:
             check_port(config.listen)  # before anything else, so a busy port is the only line printed
         self.config = config
         prometheus_port = config.prometheus_port + front_end if config.prometheus_port else 0
-        self.telemetry = telemetry = telemetry or from_environment(
-            config.trace_content, prometheus_port, config.caller_metric_labels
-        )
+        try:
+            self.telemetry = telemetry = telemetry or from_environment(
+                config.trace_content, prometheus_port, config.caller_metric_labels, config.metrics_host
+            )
+        except MetricsListenError as exc:
+            raise StartupError(str(exc)) from None
         try:
             self.auth = auth.interceptor(config)
         except (OSError, ValueError) as exc:
@@ -159,7 +184,7 @@ class TokenspoutServer:
         self.engine = engine
         self.telemetry.describe_engine(engine.info)
         if self.telemetry.enabled:
-            self.telemetry.observe_engine(lambda: engine.stats)
+            self.telemetry.observe_engine(_fresh_stats(engine) if isinstance(engine, RemoteEngine) else lambda: engine.stats)
         model = self.config.engine.model
         validator = RequestValidator(
             engine.info,

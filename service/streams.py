@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 from typing import Any
 
 from backend import Engine, ErrorEvent, Event, EventSink, TokenEvent
@@ -143,10 +144,12 @@ class EventRelay:
     """Carries events from the engine thread to request streams on the event loop: one wake-up of the loop
     per engine step, whatever the number of streams. No lock: deque.extend and popleft are atomic, and
     _flush clears `_scheduled` before it drains, so events added after the drain found the deque empty
-    schedule the next flush."""
+    schedule the next flush. Events that arrive on the loop itself (an engine in another process, read
+    there) go straight to their streams."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._loop_thread = threading.get_ident()
         self._pending: collections.deque[tuple[_StreamSink, Event]] = collections.deque()
         self._scheduled = False
 
@@ -154,7 +157,11 @@ class EventRelay:
         return _StreamSink(stream, self)
 
     def deliver(self, outputs: list[tuple[EventSink, Event]]) -> None:
-        """Called on the engine thread with the events of one step (EventBatcher)."""
+        """Called on the engine thread with the events of one step (EventBatcher), or on the loop."""
+        if threading.get_ident() == self._loop_thread and not self._scheduled:  # nothing is waiting to go first
+            for sink, event in outputs:
+                sink.stream.put(event)  # type: ignore[attr-defined]  # this relay's sinks are all _StreamSinks
+            return
         self._pending.extend(outputs)  # type: ignore[arg-type]  # this relay's sinks are all _StreamSinks
         if not self._scheduled:  # else a flush that has not started draining yet will take them
             self._scheduled = True

@@ -37,6 +37,10 @@ _TOKEN_BUCKETS = [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 
 OTHER_CALLERS = "_other"
 
 
+class MetricsListenError(OSError):
+    """The Prometheus listener could not bind (a busy port, an address not on this host): one line, exit 2."""
+
+
 class CallerLabels:
     """Per-caller metric labels, bounded: the first `limit` callers seen keep their own label for good (so a
     counter never moves between labels), the rest share OTHER_CALLERS."""
@@ -173,7 +177,9 @@ def _cache_utilisation(stats: EngineStats) -> float:
     return stats.cache_tokens_used / stats.cache_tokens_total if stats.cache_tokens_total else 0.0
 
 
-def from_environment(record_content: bool = False, prometheus_port: int = 0, caller_labels: int = 20) -> Telemetry:
+def from_environment(
+    record_content: bool = False, prometheus_port: int = 0, caller_labels: int = 20, prometheus_host: str = "127.0.0.1",
+) -> Telemetry:
     """Exporters from the standard OTEL_* variables; off unless an endpoint (or Prometheus) is set."""
     endpoint_set = any(
         os.environ.get(name)
@@ -203,7 +209,11 @@ def from_environment(record_content: bool = False, prometheus_port: int = 0, cal
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
 
-        start_http_server(prometheus_port)
+        try:
+            start_http_server(prometheus_port, addr=prometheus_host)
+        except OSError as exc:
+            where = f"{prometheus_host}:{prometheus_port}"
+            raise MetricsListenError(f"cannot serve metrics on {where}: {exc.strerror or exc}") from None
         readers.append(PrometheusMetricReader())
     return Telemetry(tracer_provider, MeterProvider(metric_readers=readers, resource=resource), record_content,
                      caller_labels=caller_labels)

@@ -22,7 +22,7 @@ from backend import (
     StopParams,
 )
 from backend.constraints import ConstraintSpec
-from service.chat_tools import ChatFormats, ToolPlan, chat_bytes, check_chat
+from service.chat import ChatFormats, ChatTurn, chat_bytes, check_chat
 from service.errors import FieldViolation, invalid_argument, not_found_model, unimplemented
 from service.fields import RangeChecker, listed_strings, printable_ascii
 from service.limits import Limits
@@ -49,8 +49,10 @@ class RequestParams:
     sample_seeds: tuple[int, ...]
     prompt_logprobs: int
     queue_timeout_s: float | None
-    tool_plan: ToolPlan = ToolPlan()
-    """A chat's tools, choice and reasoning (nothing for other inputs)."""
+    cache_salt: str = ""
+    """The caller's salt as it sent it (service.cache_scope mixes in who the caller is)."""
+    chat: ChatTurn | None = None
+    """A chat's turn, checked (None for other inputs); service.prompt completes it."""
 
 
 class RequestValidator:
@@ -60,7 +62,7 @@ class RequestValidator:
     ) -> None:
         self._info = info
         self.limits = limits
-        self.formats = formats or ChatFormats.resolve(info, "auto", "auto")
+        self.formats = formats or ChatFormats.resolve(info)
         self._model_names = {"", "default", info.model_id, *model_names}
 
     def check_model(self, model: str) -> None:
@@ -97,9 +99,7 @@ class RequestValidator:
         output = self._output(request.output, violations)
         speculation = self._speculation(request.speculation, violations)
         violations.extend(self._input_violations(request))
-        plan = self.tool_plan(request.chat, violations) if request.HasField("chat") else ToolPlan()
-        if plan.calls_parsed and constraint is not None:
-            violations.append(FieldViolation("constraint", "cannot be combined with tool calls (set chat.tool_choice to none)"))
+        chat = self.chat_turn(request.chat, constraint, violations) if request.HasField("chat") else None
         if constraint is not None:
             for name in ("banned_strings", "token_healing"):
                 if getattr(sampling, name):
@@ -120,12 +120,16 @@ class RequestValidator:
             sample_seeds=sample_seeds(request, sampling) if request.n > 1 else (),
             prompt_logprobs=request.output.prompt_top_logprobs if _wants_prompt_logprobs(request) else -1,
             queue_timeout_s=request.queue_timeout_ms / 1000 if request.queue_timeout_ms else None,
-            tool_plan=plan,
+            cache_salt=request.cache_salt,
+            chat=chat,
         )
 
-    def tool_plan(self, chat: pb.Chat, violations: list[FieldViolation]) -> ToolPlan:
-        """A chat's tools, tool choice, history and reasoning, checked (see service.chat_tools)."""
-        return check_chat(chat, self.formats, self.limits.max_constraint_chars, violations)
+    def chat_turn(
+        self, chat: pb.Chat, constraint: ConstraintSpec | None, violations: list[FieldViolation],
+    ) -> ChatTurn:
+        """A chat's tools, tool choice, history and reasoning, checked, with the caller's constraint (see
+        service.chat); a tool's schema is bounded as a constraint is."""
+        return check_chat(chat, self.formats, constraint, self.limits.max_constraint_chars, violations)
 
     def constraint_spec(self, c: pb.Constraint, violations: list[FieldViolation]) -> ConstraintSpec | None:
         """The neutral form of a constraint; shape problems are added to `violations`."""
@@ -160,8 +164,9 @@ class RequestValidator:
             max_whitespace=c.max_whitespace if c.HasField("max_whitespace") else None,
         )
 
-    def check_tokenize(self, request: pb.TokenizeRequest) -> None:
-        """Raises INVALID_ARGUMENT for a Tokenize call of a shape it cannot answer."""
+    def check_tokenize(self, request: pb.TokenizeRequest) -> ChatTurn | None:
+        """A Tokenize call's chat turn, checked as a generation's is (None for text); raises INVALID_ARGUMENT for
+        a call of a shape it cannot answer."""
         texts = request.texts
         violations = []
         if texts and request.WhichOneof("input") is not None:
@@ -176,6 +181,12 @@ class RequestValidator:
                                              f"{size} bytes; at most {self.limits.max_input_bytes}"))
         if violations:
             raise invalid_argument(violations)
+        if not request.HasField("chat"):
+            return None
+        turn = self.chat_turn(request.chat, None, violations)
+        if violations:
+            raise invalid_argument(violations)
+        return turn
 
     def _input_violations(self, request: pb.GenerateStreamRequest) -> list[FieldViolation]:
         """The input's shape (its size and tokens are service.prompt's)."""

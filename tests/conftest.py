@@ -11,7 +11,9 @@ and there anything that would load the model fails, naming the fixture to ask fo
 
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
 from collections.abc import Iterator
 
 import grpc
@@ -21,6 +23,11 @@ from tests.harness import servers
 from tests.harness.inprocess_server import InProcessServer, start_fake
 from tests.harness.servers import REPORT, SERVER_CONTEXT_LENGTH, RunningServer, refuse_in_the_fast_lane, start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
+
+if shutil.which("nvidia-smi") is None:
+    # Without a GPU, tokenspout's Triton paged-attention kernel runs in Triton's interpreter on CPU
+    # tensors; Triton reads this when a kernel is defined, so before any test imports one.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 MODEL_FIXTURES = frozenset({"model", "model_path", "server"})
 """Asking for one of these (directly or through another fixture) marks a test `model`."""

@@ -23,6 +23,7 @@ import llguidance
 import numpy as np
 
 from backend.constraints.spec import ConstraintSpec
+from backend.setting import Group, setting
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # declared in llguidance's stub only
@@ -49,20 +50,22 @@ class ConstraintLimits:
     """llguidance's parser limits for one constraint, explicit (its own defaults, except where noted);
     past them a constraint is INVALID_ARGUMENT. The server's settings are these names after `constraint_`."""
 
-    max_items_in_row: int = 2000
-    """Most alternatives in one grammar rule."""
-    lexer_fuel: int = 1_000_000
-    """Work allowed building a constraint's lexer (about 50 per microsecond)."""
-    step_lexer_fuel: int = 200_000
-    """Lexer work allowed per token mask (about 14 per microsecond)."""
-    step_max_items: int = 50_000
-    """Parser items allowed per token mask."""
-    max_lexer_states: int = 50_000
-    """About 1-2 kB each, shared by every matcher of one constraint (llguidance: 250,000)."""
-    max_grammar_size: int = 500_000
-    """Symbols in a compiled grammar."""
-    cache_mb: float = 512
-    """Estimated memory the compiled-constraint cache may hold (see `estimated_bytes`), besides its entry cap."""
+    max_items_in_row: int = setting(
+        2000, "llguidance: most alternatives in one grammar rule.", Group.CONSTRAINTS, values="above 0")
+    lexer_fuel: int = setting(  # about 50 per microsecond
+        1_000_000, "llguidance: work allowed to build a constraint's lexer.", Group.CONSTRAINTS, values="above 0")
+    step_lexer_fuel: int = setting(  # about 14 per microsecond
+        200_000, "llguidance: lexer work allowed per token mask.", Group.CONSTRAINTS, values="above 0")
+    step_max_items: int = setting(
+        50_000, "llguidance: parser items allowed per token mask.", Group.CONSTRAINTS, values="above 0")
+    max_lexer_states: int = setting(  # llguidance's own default: 250,000
+        50_000, "llguidance: lexer states (1-2 kB each, shared by every matcher of one constraint) per "
+        "constraint.", Group.CONSTRAINTS, values="above 0")
+    max_grammar_size: int = setting(
+        500_000, "llguidance: symbols in a compiled grammar.", Group.CONSTRAINTS, values="above 0")
+    cache_mb: float = setting(  # the estimate: estimated_bytes
+        512, "Memory the compiled-constraint cache may hold, estimated at 128 bytes per byte of constraint, "
+        "besides its 256-entry cap.", Group.CONSTRAINTS, values="MB, above 0")
 
     def __post_init__(self) -> None:
         if min(dataclasses.astuple(self)) <= 0:

@@ -2,10 +2,13 @@
 
 exllamav2 0.3.2 decides at import (exllamav2/attn.py, module globals) whether it may run paged:
 only when `import flash_attn` gives version >= 2.5.7 with `flash_attn_with_kvcache` and
-`flash_attn_2_cuda` imports too. PyPI has no such wheel for current torch and CUDA, so `sdpa` lends
-it tokenspout's own provider (backend.exllamav2.paged_attention) under the name `flash_attn`, for the
-length of the import only: exllamav2.attn keeps the functions it took, and no other library
-(transformers looks for flash_attn by its spec) ever finds the stand-in afterwards.
+`flash_attn_2_cuda` imports too. PyPI has no such wheel for current torch and CUDA, so `sdpa` and
+`triton` lend it tokenspout's own provider under the name `flash_attn`, for the length of the import
+only: exllamav2.attn keeps the functions it took, and no other library (transformers looks for
+flash_attn by its spec) ever finds the stand-in afterwards. Both take flash_attn_func and
+flash_attn_varlen_func (unpaged) from backend.exllamav2.paged_attention; flash_attn_with_kvcache,
+every paged forward, comes from there (`sdpa`: pages gathered, then SDPA) or from
+backend.exllamav2.paged_attention_triton (`triton`: a kernel that reads each page once).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import logging
 import os
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from backend.config import AttentionSetting
 from backend.engine import EngineUnavailable
@@ -26,6 +30,7 @@ log = logging.getLogger(__name__)
 
 FLASH_ATTN = "flash-attn"
 SDPA = "sdpa"
+TRITON = "triton"
 NONE = "none"
 STAND_IN_VERSION = "2.8.3"
 """The flash-attn version the stand-in claims: past 2.5.7, so exllamav2 enables paged mode."""
@@ -37,7 +42,7 @@ _imported: tuple[AttentionSetting, str] | None = None
 
 def import_exllamav2(setting: AttentionSetting | str) -> tuple[types.ModuleType, str]:
     """exllamav2 imported with the attention `setting` asks for, and the provider's name
-    (`flash-attn`, `sdpa` or `none`). A process imports exllamav2 once: a later call with another
+    (`flash-attn`, `sdpa`, `triton` or `none`). A process imports exllamav2 once: a later call with another
     setting that would need another provider raises EngineUnavailable."""
     global _imported
     setting = AttentionSetting(setting)
@@ -60,7 +65,10 @@ def import_exllamav2(setting: AttentionSetting | str) -> tuple[types.ModuleType,
             )
         module = _import_with_env(no_flash_attn=False)
     elif setting is AttentionSetting.SDPA:
-        with _stand_in_flash_attn():
+        with _stand_in_flash_attn(_sdpa_kvcache()):
+            module = _import_with_env(no_flash_attn=False)
+    elif setting is AttentionSetting.TRITON:
+        with _stand_in_flash_attn(_triton_kvcache()):
             module = _import_with_env(no_flash_attn=False)
     else:
         module = _import_with_env(no_flash_attn=True)
@@ -73,7 +81,8 @@ def import_exllamav2(setting: AttentionSetting | str) -> tuple[types.ModuleType,
 
 def describe(provider: str, paged: bool, batch: int) -> str:
     """The start-up line naming the attention exllamav2 runs on, and what it allows."""
-    names = {FLASH_ATTN: "flash-attn", SDPA: "sdpa (tokenspout's paged attention on torch SDPA)", NONE: "none"}
+    names = {FLASH_ATTN: "flash-attn", SDPA: "sdpa (tokenspout's paged attention on torch SDPA)",
+             TRITON: "triton (tokenspout's paged attention kernel, each page read once)", NONE: "none"}
     mode = f"paged, batch {batch}" if paged else "unpaged, one request at a time"
     return f"exllamav2 attention: {names.get(provider, provider)}, {mode}"
 
@@ -96,9 +105,31 @@ def flash_attn_problem() -> str:
 
 def _provider_for(setting: AttentionSetting, current: str) -> str:
     """The provider `setting` needs (`auto` is content with the current one)."""
-    return {AttentionSetting.FLASH_ATTN: FLASH_ATTN, AttentionSetting.SDPA: SDPA, AttentionSetting.OFF: NONE}.get(
-        setting, current
-    )
+    return {
+        AttentionSetting.FLASH_ATTN: FLASH_ATTN, AttentionSetting.SDPA: SDPA, AttentionSetting.TRITON: TRITON,
+        AttentionSetting.OFF: NONE,
+    }.get(setting, current)
+
+
+KvcacheFunction = Callable[..., Any]
+
+
+def _sdpa_kvcache() -> KvcacheFunction:
+    from backend.exllamav2 import paged_attention
+
+    return paged_attention.flash_attn_with_kvcache
+
+
+def _triton_kvcache() -> KvcacheFunction:
+    """The kernel's entry point; EngineUnavailable, before exllamav2's import, where triton is missing."""
+    try:
+        from backend.exllamav2 import paged_attention_triton
+    except ImportError as exc:
+        raise EngineUnavailable(
+            f"attention = triton needs the triton package ({exc}); CUDA builds of torch install it, "
+            "or set attention = sdpa"
+        ) from exc
+    return paged_attention_triton.flash_attn_with_kvcache
 
 
 def _import_with_env(no_flash_attn: bool) -> types.ModuleType:
@@ -121,9 +152,9 @@ def _import_with_env(no_flash_attn: bool) -> types.ModuleType:
 
 
 @contextlib.contextmanager
-def _stand_in_flash_attn() -> Iterator[None]:
-    """`flash_attn` and `flash_attn_2_cuda` in sys.modules backed by tokenspout's provider, then
-    whatever was there before (usually nothing) put back."""
+def _stand_in_flash_attn(kvcache: KvcacheFunction) -> Iterator[None]:
+    """`flash_attn` and `flash_attn_2_cuda` in sys.modules backed by tokenspout's provider (its
+    flash_attn_with_kvcache `kvcache`), then whatever was there before (usually nothing) put back."""
     from backend.exllamav2 import paged_attention
 
     saved = {name: sys.modules.get(name) for name in _STAND_IN_NAMES}
@@ -131,7 +162,7 @@ def _stand_in_flash_attn() -> Iterator[None]:
     flash_attn.__version__ = STAND_IN_VERSION  # type: ignore[attr-defined]
     flash_attn.flash_attn_func = paged_attention.flash_attn_func  # type: ignore[attr-defined]
     flash_attn.flash_attn_varlen_func = paged_attention.flash_attn_varlen_func  # type: ignore[attr-defined]
-    flash_attn.flash_attn_with_kvcache = paged_attention.flash_attn_with_kvcache  # type: ignore[attr-defined]
+    flash_attn.flash_attn_with_kvcache = kvcache  # type: ignore[attr-defined]
     # attn.py imports it but only the tensor-parallel C++ path uses it, which one GPU never takes.
     cuda = types.ModuleType("flash_attn_2_cuda", "empty: exllamav2 imports it, one GPU never calls it")
     sys.modules.update(flash_attn=flash_attn, flash_attn_2_cuda=cuda)

@@ -21,6 +21,7 @@ from backend.exllamav2.binding import ExLlamaV2Binding, import_classes
 from backend.exllamav2.loading import load, unavailable_message, unloadable_weights
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS
 from backend.exllamav2.sizes import PAGE_SIZE, generator_sizes, speculation
+from backend.types import PrefixReuse
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class ExLlamaV2Engine(ExllamaEngine):
             bos_token_id=loaded.tokenizer.bos_token_id, eos_token_ids=eos_token_ids, samplers=SUPPORTED_SAMPLERS,
             speculation_modes=(drafts.mode,), default_speculation=drafts, attention_provider=provider,
             reuses_decoded_cells=sizes.paged,  # its cache pages keep generated tokens as decoded
+            prefix_reuse=PrefixReuse.AS_CACHED if sizes.paged else PrefixReuse.OFF,
             cache_tokens=sizes.cache_tokens, cache_page_tokens=PAGE_SIZE,
         )
         binding = ExLlamaV2Binding(classes, loaded, sizes, drafts, eos_token_ids, xconfig.vocab_size)

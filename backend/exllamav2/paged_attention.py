@@ -18,6 +18,8 @@ what lies past each sequence; tokens per second measured with this provider say 
 ALiBi, cache_batch_idx, cache_leftpad, dropout and the softmax
 LSE are not implemented (exllamav2 passes none of them on one GPU) and raise NotImplementedError.
 `stats` counts the calls so that a GPU check can show that batched paged calls happened.
+`kvcache_call` (checks, in-place append, counting) is shared with backend.exllamav2.paged_attention_triton,
+the `triton` setting's flash_attn_with_kvcache, which reads the pages through the block table instead.
 """
 
 from __future__ import annotations
@@ -107,6 +109,35 @@ def flash_attn_with_kvcache(
     cache_seqlens[b] + Lnew keys. Without them cache_seqlens are the lengths to attend over.
     cache_seqlens may be an int or a (B,) tensor. Returns (B, Lq, Hq, D), contiguous.
     """
+    call = kvcache_call(q, k_cache, v_cache, k, v, cache_seqlens, block_table, rotary_cos, rotary_sin,
+                        cache_batch_idx, cache_leftpad, alibi_slopes, return_softmax_lse)
+    key_slots = check_capacity(call.cache_seqlens, 0 if k is None else k.shape[1], k_cache, call.block_table)
+    k_seq = _live_keys(k_cache, call.block_table, q.shape[0], key_slots)
+    v_seq = _live_keys(v_cache, call.block_table, q.shape[0], key_slots)
+    q_lens = torch.full((q.shape[0],), q.shape[1], dtype=torch.long, device=k_cache.device)
+    return _attend(q, k_seq, v_seq, q_lens, call.key_lengths, softmax_scale, causal, window_size, softcap)
+
+
+@dataclasses.dataclass(frozen=True)
+class KvcacheCall:
+    """A flash_attn_with_kvcache call's arguments once checked and its new K/V appended."""
+
+    key_lengths: torch.Tensor
+    """(B,) long, on the cache's device: the keys each sequence attends over, the appended ones included."""
+    block_table: torch.Tensor | None
+    """The block table as long, or None for a contiguous (B, max_len, Hkv, D) cache."""
+    cache_seqlens: int | torch.Tensor
+    """cache_seqlens as given (before the append), or the cache's length where none was."""
+
+
+def kvcache_call(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+    cache_seqlens: int | torch.Tensor | None, block_table: torch.Tensor | None, rotary_cos: torch.Tensor | None,
+    rotary_sin: torch.Tensor | None, cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None, return_softmax_lse: bool,
+) -> KvcacheCall:
+    """What every provider of flash_attn_with_kvcache does before it attends: refuse what is not
+    implemented, append k and v in place, count the call; the lengths to attend over."""
     _refuse(rotary=rotary_cos is not None or rotary_sin is not None, cache_batch_idx=cache_batch_idx is not None,
             cache_leftpad=cache_leftpad is not None, alibi_slopes=alibi_slopes is not None,
             return_softmax_lse=return_softmax_lse)
@@ -124,10 +155,7 @@ def flash_attn_with_kvcache(
         _append(k_cache, v_cache, k, v, seqlens, block_table)
         seqlens = seqlens + k.shape[1]
     _count_kvcache_call(batch, k, paged=block_table is not None)
-    key_slots = _key_slots(cache_seqlens, 0 if k is None else k.shape[1], k_cache, block_table)
-    k_seq, v_seq = _live_keys(k_cache, block_table, batch, key_slots), _live_keys(v_cache, block_table, batch, key_slots)
-    q_lens = torch.full((batch,), q.shape[1], dtype=torch.long, device=device)
-    return _attend(q, k_seq, v_seq, q_lens, seqlens, softmax_scale, causal, window_size, softcap)
+    return KvcacheCall(seqlens, block_table, cache_seqlens)
 
 
 def _refuse(**asked_for: bool) -> None:
@@ -173,10 +201,11 @@ def _append(
     v_cache.index_put_(index, v.to(v_cache.dtype))
 
 
-def _key_slots(
+def check_capacity(
     cache_seqlens: int | torch.Tensor, new: int, k_cache: torch.Tensor, block_table: torch.Tensor | None
 ) -> int:
-    """How many key positions to read per sequence: up to the longest sequence when the lengths are on
+    """How many key positions to read per sequence (ValueError if the longest does not fit what the
+    cache addresses): up to the longest sequence when the lengths are on
     the host, else all that the block table addresses. Reading device lengths would sync once per
     layer; exllamav2's table is only as wide as the batch's longest sequence (generator/dynamic.py:1143-1165),
     so the untrimmed read stays O(context)."""

@@ -21,6 +21,7 @@ from backend.exllamav3.binding import ExLlamaV3Binding, import_classes
 from backend.exllamav3.loading import load, unavailable_message, unloadable_weights
 from backend.exllamav3.sampler import SUPPORTED_SAMPLERS
 from backend.exllamav3.sizes import PAGE_SIZE, generator_sizes, reserve_tokens, speculation
+from backend.types import PrefixReuse
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class ExLlamaV3Engine(ExllamaEngine):
             bos_token_id=loaded.tokenizer.bos_token_id, eos_token_ids=eos_token_ids, samplers=SUPPORTED_SAMPLERS,
             speculation_modes=(drafts.mode,), default_speculation=drafts, attention_provider=ATTENTION_PROVIDER,
             reuses_decoded_cells=True,  # completed pages of output are hashed and reused as decoded
+            prefix_reuse=PrefixReuse.AS_CACHED,
             cache_tokens=sizes.cache_tokens, cache_page_tokens=PAGE_SIZE, cache_reserve_tokens=reserve_tokens(drafts),
         )
         log.info("exllamav3: %s, batch %d, cache %d tokens (%s), %s", info.quantization, sizes.batch,

@@ -1,13 +1,16 @@
-"""The llama.cpp engine's KV-cache events: the cells another request could start from, in 64-token blocks.
+"""The llama.cpp engine's KV-cache events: the cells another request could start from, in chained blocks.
 
 Two kinds of cells are reusable by other requests (see backend.llamacpp.slots):
-an idle slot's cached prefix, as far as its entry offers it (the prompt part, and
-with prefix_cache_decoded the decoded answer; an owner's own output is otherwise
-for its owner alone), and a live sequence's prompt
-cells once computed (`min(cached, exact_rows)`), which a new request copies
-from the running sequence. Both count, each as one holder in the ledger, so
-the events follow exactly what `Slots._best_prefix` would offer. Blocks are
-TILE_ROWS tokens: a cached prompt is reused in whole tiles (see layout.py).
+an idle slot's cached prefix, as far as its entry offers it, and a live
+sequence's shared cells once computed (Slots.offered), which a new request
+copies from the running sequence. Both count, each as one holder in the ledger,
+so the events follow exactly what `Slots._best_prefix` would offer.
+
+Blocks are BLOCK_SIZE tokens, vLLM's default block: reuse is to the token, and a
+router scores a prompt by the blocks it finds, so a trailing part block is
+reusable but not reported (as vLLM reports only full blocks). With
+prefix_cache_exact a cached prompt is reused in whole tiles (see layout.py), so
+blocks are EXACT_BLOCK_SIZE (TILE_ROWS) tokens.
 
 A salt (default "") is mixed into a chain's first block, so prefixes kept apart
 by salt never share a block name.
@@ -19,26 +22,26 @@ from collections.abc import Iterable
 
 from backend.common.cache_events import BlockLedger, CacheEventHub
 from backend.llamacpp.layout import TILE_ROWS
-from backend.llamacpp.prefix_cache import PrefixIndex
 from backend.llamacpp.sequence import Sequence
+from backend.llamacpp.slots import Slots
 
-BLOCK_SIZE = TILE_ROWS
+BLOCK_SIZE = 16
+EXACT_BLOCK_SIZE = TILE_ROWS
 
 
-def live_cells(seq: Sequence) -> int:
-    """The prompt cells of a running sequence that another request may copy (as Slots._best_prefix has it)."""
-    if not seq.placed or seq.needs_prefix:
-        return 0
-    return min(seq.cached, seq.exact_rows)
+def block_size(exact: bool) -> int:
+    """Tokens per block: vLLM's default block to the token, an attention tile with prefix_cache_exact."""
+    return EXACT_BLOCK_SIZE if exact else BLOCK_SIZE
 
 
 class LlamaCppCacheEvents:
     """Feeds the ledger from the prefix index's changes and the running sequences; engine thread only."""
 
-    def __init__(self, index: PrefixIndex, medium: str, replay_batches: int) -> None:
-        self._index = index
-        index.changed = set()  # the index notes which slots it put, dropped or moved
-        self.hub = CacheEventHub(BlockLedger(BLOCK_SIZE, medium), replay_batches)
+    def __init__(self, slots: Slots, medium: str, replay_batches: int) -> None:
+        self._slots = slots
+        self._index = slots.prefixes
+        self._index.changed = set()  # the index notes which slots it put, dropped or moved
+        self.hub = CacheEventHub(BlockLedger(block_size(slots.exact), medium), replay_batches)
         self._ledger = self.hub.ledger
         self._live: set[str] = set()
 
@@ -51,21 +54,18 @@ class LlamaCppCacheEvents:
             if entry is None:
                 ledger.let_go(("slot", slot))
             else:
-                ledger.hold(("slot", slot), entry.offered, _salt(entry))
+                ledger.hold(("slot", slot), entry.offered, entry.cache_salt)
         changed.clear()
         live: set[str] = set()
+        size = ledger.block_size
         for seq in running:
-            cells = live_cells(seq)
-            if cells // BLOCK_SIZE != ledger.blocks(("seq", seq.id)):
-                ledger.hold(("seq", seq.id), seq.tokens[:cells], _salt(seq.request))
-            if cells >= BLOCK_SIZE:
+            cells = self._slots.offered(seq)
+            if cells // size != ledger.blocks(("seq", seq.id)):
+                ledger.hold(("seq", seq.id), seq.tokens[:cells], seq.cache_salt)
+            if cells >= size:
                 live.add(seq.id)
         for gone in self._live - live:
             ledger.let_go(("seq", gone))
         self._live = live
         self.hub.publish()
 
-
-def _salt(holder: object) -> str:
-    """The cache salt of an index entry (`salt`) or of a request (`cache_salt`); "" when unsalted."""
-    return str(getattr(holder, "salt", "") or getattr(holder, "cache_salt", "") or "")

@@ -38,7 +38,7 @@ from backend.llamacpp.admission import Admitter
 from backend.llamacpp.batch import Batch
 from backend.llamacpp.cache_events import LlamaCppCacheEvents
 from backend.llamacpp.first_token_hold import FirstTokenHold
-from backend.llamacpp.layout import TILE_ROWS, PromptLayout
+from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.prompt_logprobs import score_rows
 from backend.llamacpp.retile import retile_ended, to_retile
@@ -64,8 +64,7 @@ class LlamaCppCore(CoreBase[Sequence]):
         tuner = ThreadTuner(own.threads, plain_row_share=model.plain_row_share)
         self.ctx = model.new_context(slots, config.context_length, own.batch_tokens, tuner.threads)
         self.context_length: int = llama_cpp.llama_n_ctx_seq(self.ctx)
-        self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own.prefix_cache, self.context_length,
-                           own.prefix_cache_generated and own.batch_tokens >= 2 * TILE_ROWS, own.prefix_cache_decoded)
+        self.slots = Slots(llama_cpp.llama_get_memory(self.ctx), slots, own, self.context_length)
         self.scheduler = Scheduler(
             config.max_batch_size, own.batch_tokens, own.max_pause_s, self.context_length, FairnessPolicy(config),
             self.slots.comeback_cost,
@@ -77,7 +76,7 @@ class LlamaCppCore(CoreBase[Sequence]):
         self.admitter = Admitter(self.scheduler, self.slots, self.ledger)
         self.first_token_hold = FirstTokenHold(own.first_token_hold_ms)
         self.cache_events = LlamaCppCacheEvents(
-            self.slots.prefixes, "GPU" if own.gpu_layers else "CPU", config.cache_events_replay_batches
+            self.slots, "GPU" if own.gpu_layers else "CPU", config.cache_events_replay_batches
         ) if config.cache_events else None
 
     # -- commands ----------------------------------------------------------------
@@ -90,7 +89,8 @@ class LlamaCppCore(CoreBase[Sequence]):
     def _sequence(self, request: GenerationRequest, sink: EventSink, constraint: CompiledConstraint | None) -> Sequence:
         sampler = Sampler(request.sampling, self.model, self.context_length)
         sampler.start(request.prompt_token_ids)
-        layout = PromptLayout.of(len(request.prompt_token_ids), request.last_message_start, self.scheduler.batch_tokens)
+        layout = PromptLayout.of(len(request.prompt_token_ids), request.last_message_start, self.scheduler.batch_tokens,
+                                 self.slots.exact)
         return Sequence(request, sink, sampler, layout, constraint)
 
     def _queue(self, seq: Sequence) -> None:

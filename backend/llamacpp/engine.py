@@ -5,9 +5,9 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Sequence
 
-from backend.config import EngineConfig
+from backend.config import EngineConfig, LlamaCppSettings
 from backend.constraints import ConstraintCompiler
-from backend.llamacpp.cache_events import BLOCK_SIZE
+from backend.llamacpp.cache_events import block_size
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.model import GgufModel
 from backend.llamacpp.sampling import SUPPORTED_SAMPLERS
@@ -19,6 +19,7 @@ from backend.types import (
     ChatContext,
     ChatMessage,
     ModelInfo,
+    PrefixReuse,
     SpeculationMode,
     SpeculationParams,
 )
@@ -26,7 +27,8 @@ from backend.types import (
 
 class LlamaCppEngine(WorkerEngine):
     def __init__(self, model_path: pathlib.Path, config: EngineConfig = EngineConfig(), model_id: str = "") -> None:
-        self.model = GgufModel(model_path, config.llamacpp.gpu_layers)
+        own = config.llamacpp
+        self.model = GgufModel(model_path, own.gpu_layers)
         core = LlamaCppCore(self.model, config)
         self.info = ModelInfo(
             model_id=model_id or self.model.name,
@@ -46,8 +48,9 @@ class LlamaCppEngine(WorkerEngine):
             template_tool_format=_name(detect_format(self.model.chat_template or "")),
             template_reasoning_format=_name(detect_reasoning(self.model.chat_template or "")),
             attention_provider="llama.cpp",  # its own kernels (flash attention where the build has it)
-            cache_block_size=BLOCK_SIZE if core.cache_events is not None else 0,
-            reuses_decoded_cells=config.llamacpp.prefix_cache and config.llamacpp.prefix_cache_decoded,
+            cache_block_size=block_size(own.prefix_cache_exact) if core.cache_events is not None else 0,
+            reuses_decoded_cells=own.prefix_cache and own.prefix_cache_generated and not own.prefix_cache_exact,
+            prefix_reuse=_prefix_reuse(own),
         )
         self.cache_events = core.cache_events.hub if core.cache_events is not None else None
         constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
@@ -68,6 +71,12 @@ class LlamaCppEngine(WorkerEngine):
     def close(self) -> None:
         self._stop()
         self.model.close()
+
+
+def _prefix_reuse(settings: LlamaCppSettings) -> PrefixReuse:
+    if not settings.prefix_cache:
+        return PrefixReuse.OFF
+    return PrefixReuse.EXACT if settings.prefix_cache_exact else PrefixReuse.AS_CACHED
 
 
 def _name(found: ToolFormat | ReasoningFormat | None) -> str:

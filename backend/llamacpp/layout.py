@@ -17,6 +17,11 @@ from there (or from the start of a plain prompt, or of a chat whose history is
 shorter than a tile) it advances in whole tiles, leaving the last 2 to
 TILE_ROWS + 1 rows for the small groups. Cached rows are reused as far as they
 were computed in the mode the new layout asks for.
+
+That is the guarantee `prefix_cache_exact` asks for. Without it (the default,
+as llama-server, vLLM and SGLang reuse) a layout is `free`: a prompt goes in
+groups as large as a batch takes, and cached rows are reused to the token, but
+for the last one, whose logits the first token is drawn from.
 """
 
 from __future__ import annotations
@@ -31,9 +36,13 @@ MIN_GROUP = 2  # a prompt row is never computed alone
 class PromptLayout:
     length: int
     tiled_until: int
+    free: bool = False
+    """No grouping to keep (prefix_cache_exact off): groups as large as a batch takes, reuse to the token."""
 
     @classmethod
-    def of(cls, length: int, last_message_start: int, batch_tokens: int) -> PromptLayout:
+    def of(cls, length: int, last_message_start: int, batch_tokens: int, exact: bool = True) -> PromptLayout:
+        if not exact:
+            return cls(length, 0, free=True)
         if batch_tokens < 2 * TILE_ROWS:  # tiled groups could not always be formed
             return cls(length, 0)
         start, last_message = 0, length - last_message_start
@@ -46,8 +55,10 @@ class PromptLayout:
 
     def next_group(self, cached: int, batch_tokens: int) -> int:
         """How many rows, from `cached`, the next llama_decode of this prompt takes."""
+        if self.free:
+            return min(self.length - cached, batch_tokens)
         if cached < self.tiled_until:
-            left = self.tiled_until - cached  # TILE_ROWS or more (see reusable) but after cells taken as decoded
+            left = self.tiled_until - cached  # TILE_ROWS or more (see reusable)
             if left <= batch_tokens:
                 return left
             return batch_tokens if left - batch_tokens >= TILE_ROWS else left - TILE_ROWS
@@ -58,6 +69,8 @@ class PromptLayout:
     def reusable(self, common: int, cached_tiled_until: int) -> int:
         """How many of `common` cached rows, computed with a layout tiled until
         `cached_tiled_until`, this prompt takes as they are."""
+        if self.free:
+            return max(0, min(common, self.length - 1))
         rows = common if cached_tiled_until == self.tiled_until else min(common, cached_tiled_until, self.tiled_until)
         rows = max(0, min(rows, self.length - MIN_GROUP))
         if rows < self.tiled_until and self.tiled_until - rows < TILE_ROWS:

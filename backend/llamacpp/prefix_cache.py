@@ -4,28 +4,22 @@ A llama.cpp sequence id (a "slot", one cache stream each) that no live sequence
 holds keeps the cells of the last sequence that used it. This index remembers
 their tokens, so a new prompt can start from the longest cached prefix, and
 names the least recently used entry when a stream has to be overwritten.
-Bookkeeping only: the engine core moves the cells (backend.llamacpp.core).
+Bookkeeping only: the slots move the cells (backend.llamacpp.slots).
 
-Only cells computed as part of a prompt are shared with other requests, as far
-as the new prompt's layout allows (see backend.llamacpp.layout): llama.cpp
+Each entry says how many of its leading tokens other requests may take
+(`shared`); the sequence that left it (one preempted, coming back) may take all
+of it. By default (prefix_cache_exact off) that is every cell, decoded answers
+included, taken to the token as llama-server, vLLM and SGLang take theirs.
+
+With prefix_cache_exact, only cells computed as part of a prompt are shared, as
+far as the new prompt's layout allows (see backend.llamacpp.layout): llama.cpp
 computes a token decoded alone with other kernels than the same token inside a
 prompt, so a later prompt that resent an earlier answer would see slightly
-different numbers, and greedy output could change. The sequence that computed an
-entry (one preempted, coming back) may use all of it: to it, those cells are
-exactly what it had.
-
-Generated tokens are kept all the same: a sequence that ends leaves its entry
-with the tokens it ended with (`ended_with`), and a later engine step computes
-its generated tail again as prompt rows, tiled (backend.llamacpp.retile, which
-says when), before anything is admitted. Until then only its prompt rows are
-shared (`shared`). The entry is then put again, every cell
-prompt-computed and shared, so a chat's next turn takes the previous answer from
-the cache with the same greedy-identical guarantee as a prompt.
-
-With `prefix_cache_decoded` a sequence's entry keeps its decoded cells instead
-(`decoded_from`): a prompt that continues past its prompt takes its cells as
-they are, as llama-server does (output may part from a cold run's at near
-ties); one that shares only prompt rows takes those by its layout, as ever.
+different numbers, and greedy output could change. Generated tokens are kept
+all the same: a sequence that ends leaves its entry with the tokens it ended
+with (`ended_with`), and a later engine step computes its generated tail again
+as prompt rows (backend.llamacpp.retile, which says when), before anything is
+admitted. The entry is then put again, every cell prompt-computed and shared.
 
 Entries carry a salt (the request's cache_salt mixed with the server's cache
 scope, see service.cache_scope): a prompt matches only entries of its own salt,
@@ -50,23 +44,21 @@ class CachedPrefix:
     owner: str = ""
     """The request whose cells these are."""
     shared: int = 0
-    """How many leading tokens other requests may reuse (those computed as prompt)."""
+    """How many leading tokens other requests may reuse (every one, or with prefix_cache_exact those computed
+    as prompt)."""
     tiled_until: int = 0
-    """The layout its prompt rows were computed with (see PromptLayout)."""
+    """The layout its prompt rows were computed with (see PromptLayout; 0 for a free layout)."""
     returning: bool = False
     """Its owner was preempted and will come back for these cells: given up last."""
-    salt: str = ""
-    """Only prompts of the same salt match it ("": the unsalted, shared scope)."""
+    cache_salt: str = ""
+    """Only prompts of the same cache salt match it ("": the unsalted, shared scope)."""
     ended_with: tuple[int, ...] = ()
     """Its sequence ended with these tokens (`tokens` and more): their tail awaits computing as prompt rows."""
-    decoded_from: int = 0
-    """Its cells from here on are the ones its sequence decoded (0: none), offered as they are to prompts that
-    continue past here (the setting prefix_cache_decoded)."""
 
     @property
     def offered(self) -> tuple[int, ...]:
         """The tokens another request of its salt may start from."""
-        return self.tokens if self.decoded_from else self.tokens[: self.shared]
+        return self.tokens[: self.shared]
 
 
 class PrefixIndex:
@@ -95,11 +87,10 @@ class PrefixIndex:
         return self._entries.get(slot)
 
     def put(self, slot: int, tokens: Sequence[int], owner: str, shared: int, tiled_until: int,
-            returning: bool = False, salt: str = "", ended_with: Sequence[int] = (), decoded_from: int = 0) -> None:
+            returning: bool = False, cache_salt: str = "", ended_with: Sequence[int] = ()) -> None:
         self._clock += 1
         self._entries[slot] = CachedPrefix(
-            tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning, salt,
-            tuple(ended_with), decoded_from,
+            tuple(tokens), self._clock, owner, min(shared, len(tokens)), tiled_until, returning, cache_salt, tuple(ended_with),
         )
         if self.changed is not None:
             self.changed.add(slot)
@@ -128,19 +119,16 @@ class PrefixIndex:
         self._clock += 1
         self._entries[slot].last_used = self._clock
 
-    def matches(self, tokens: Sequence[int], owner: str, salt: str = "") -> Iterator[tuple[int, int, int | None]]:
-        """(slot, tokens in common, the layout's tiled_until) for every entry of `salt` sharing a prefix with
-        `tokens`; the layout is None where it may take the cells as they are: the entries of `owner`, and
-        decoded entries it continues past their prompt rows."""
+    def matches(self, tokens: Sequence[int], owner: str, cache_salt: str = "") -> Iterator[tuple[int, int, int | None]]:
+        """(slot, tokens in common, the layout's tiled_until) for every entry of `cache_salt` sharing a prefix with
+        `tokens`; the layout is None where it may take the cells as they are: the entries of `owner`."""
         for slot, entry in self._entries.items():
-            if entry.salt != salt:
+            if entry.cache_salt != cache_salt:
                 continue
             own = entry.owner == owner
             common = common_prefix(entry.tokens if own else entry.offered, tokens)
-            if own or entry.decoded_from and common > entry.decoded_from:
-                yield slot, common, None
-            elif min(common, entry.shared):
-                yield slot, min(common, entry.shared), entry.tiled_until
+            if common:
+                yield slot, common, None if own else entry.tiled_until
 
     def victim(self, free_slots: Iterable[int], keep_newer_than: int | None = None) -> int | None:
         """A free slot to overwrite: an empty one first, else the least recently used entry's, those of

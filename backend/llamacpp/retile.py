@@ -56,7 +56,8 @@ def to_retile(slots: Slots, idle: bool, waiting: Iterable[Sequence]) -> list[int
     for slot in ended:
         entry = slots.prefixes.get(slot)
         assert entry is not None
-        if any(seq.salt == entry.salt and common_prefix(entry.ended_with, seq.tokens) > entry.shared for seq in waiting):
+        if any(seq.cache_salt == entry.cache_salt and common_prefix(entry.ended_with, seq.tokens) > entry.shared
+               for seq in waiting):
             wanted.append(slot)
     return wanted
 

@@ -233,7 +233,7 @@ class Scheduler:
         if not ready:
             return None
         seq = min(ready, key=lambda s: (-s.request.scheduling.priority, s.prefill_turn))  # the most urgent first
-        rows = seq.groups.next_group(seq.cached, self.batch_tokens)
+        rows = seq.layout.next_group(seq.cached, self.batch_tokens)
         waited = self._prompt_rows_since_decode
         if waited and waited + rows > self.batch_tokens and any(s.decodes for s in self.running.values()):
             return None  # decoding sequences have waited long enough

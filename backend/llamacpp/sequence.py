@@ -25,9 +25,6 @@ class Sequence:
         self.sink = sink
         self.sampler = sampler
         self.layout = layout
-        self.groups = layout
-        """How the prompt rows it has yet to compute are grouped: as its layout, unless it took a decoded answer's
-        cells as they are (its output no longer follows the layout's guarantee; the rest goes in few groups)."""
         self.output = SequenceOutput(request, constraint)
         self.tokens: list[int] = list(request.prompt_token_ids)
         self.prompt_length = len(request.prompt_token_ids)
@@ -50,9 +47,6 @@ class Sequence:
         """The prompt whose turn is lowest gets the next prefill group (round robin)."""
         self.paused_since: float | None = None
         """Its caller is not reading: it is skipped in batches, and may be preempted."""
-        self.exact_rows = self.prompt_length
-        """Its prompt rows computed as its layout computes them, which other prompts may share: fewer once it
-        took a decoded answer's cells as they are (see PrefixIndex, prefix_cache_decoded)."""
         self.prompt_scores: list[GeneratedToken] = []
         """With prompt logprobs asked for: the prompt tokens scored so far (see prompt_logprobs)."""
 
@@ -66,8 +60,8 @@ class Sequence:
         return self.id.rpartition(SAMPLE_SEPARATOR)[0] if self.request.sample_index else self.id
 
     @property
-    def salt(self) -> str:
-        """Its cells are shared only with sequences of the same salt (see PrefixIndex)."""
+    def cache_salt(self) -> str:
+        """Its cells are shared only with sequences of the same cache salt (see PrefixIndex)."""
         return self.request.cache_salt
 
     @property

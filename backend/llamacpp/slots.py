@@ -3,11 +3,13 @@
 A running sequence holds one slot. A slot no one holds keeps the cells of the
 last sequence that used it, indexed by token (see PrefixIndex), so a new prompt
 starts from the longest prefix of its own salt any slot holds that its layout
-can take as computed: copied across streams and trimmed, or used in place. A
-sequence that ends leaves every token it has, its generated tail to be computed
-again as prompt rows (see backend.llamacpp.retile). A sequence
-whose prefix a neighbour is computing right now waits a step or two and copies
-it. Idle prefixes live only in free slots, so they never block a live request.
+can take: used in place, or copied across streams and trimmed. A sequence that
+ends leaves every token it has: as decoded (the default, reused to the token),
+or with prefix_cache_exact its generated tail to be computed again as prompt
+rows (see backend.llamacpp.retile). A sequence whose prefix a neighbour is
+computing right now waits a step or two and copies it. Idle prefixes live only
+in free slots, so they never block a live request; when a slot must be
+overwritten, the least recently used prefix goes first.
 
 llama.cpp's per-sequence cache is fast only while a batch's sequences have
 ascending, contiguous ids: new sequences take a slot that keeps them so, and
@@ -22,29 +24,35 @@ from collections.abc import Collection, Iterable
 import llama_cpp
 
 from backend.common.tokens import common_prefix
-from backend.llamacpp.layout import MIN_GROUP, TILE_ROWS, PromptLayout
+from backend.config import LlamaCppSettings
+from backend.llamacpp.layout import MIN_GROUP, TILE_ROWS
 from backend.llamacpp.prefix_cache import PrefixIndex
 from backend.llamacpp.sequence import Sequence
 
-# Shorter shared prefixes are computed again: copying a cache stream costs about as much.
+# With prefix_cache_exact, shorter shared prefixes are computed again: copying a cache stream costs about as much.
 MIN_REUSE_TOKENS = 16
+# To the token, a prefix in another stream is copied when it saves this many rows (a copy of a 2,048-cell
+# stream of the embedded model takes about what 2 prompt rows do on 2 cores: docs/benchmarks.md); a prefix
+# taken in place costs nothing, however short.
+MIN_COPY_TOKENS = 4
 # A sequence back from preemption takes its own cells as they are, but for its last 2 tokens:
 # llama.cpp computes a token alone with other kernels than several (see backend.llamacpp.layout).
 RECOMPUTED_TAIL = 2
 
 
 class Slots:
-    def __init__(self, memory: llama_cpp.llama_memory_t, count: int, prefix_cache: bool, context_length: int = 0,
-                 keep_generated: bool = False, keep_decoded: bool = False) -> None:
+    def __init__(self, memory: llama_cpp.llama_memory_t, count: int, settings: LlamaCppSettings, context_length: int) -> None:
         self._memory = memory
         self.count = count
         self._free = list(range(count))  # a heap: the lowest slot goes first
-        self._prefix_cache = prefix_cache
+        self._prefix_cache = settings.prefix_cache
         self._context_length = context_length
-        self._keep_generated = prefix_cache and keep_generated
-        """Ended sequences leave their generated tail for backend.llamacpp.retile to compute as prompt rows."""
-        self._keep_decoded = prefix_cache and keep_decoded
-        """Ended sequences leave their decoded cells, offered as they are (PrefixIndex, `decoded_from`)."""
+        self.exact = settings.prefix_cache_exact
+        """prefix_cache_exact: only cells computed as a cold prompt computes them are shared (see PrefixIndex)."""
+        self._keep_generated = settings.prefix_cache and settings.prefix_cache_generated and (
+            not self.exact or settings.batch_tokens >= 2 * TILE_ROWS)  # tiles to compute answers again in
+        """Ended sequences leave their generated cells shared: as decoded, or (exact) their tail to be computed
+        again as prompt rows by backend.llamacpp.retile."""
         self.prefixes = PrefixIndex()
         """What free slots still hold."""
 
@@ -54,7 +62,7 @@ class Slots:
         """Gives a sequence a free slot (see _pick_slot), taking in place the prefix that slot holds if it is
         the best; returns how many prompt tokens it took so (None: it still looks, see take_prefixes)."""
         source, shared = self._best_prefix(seq, running)
-        slot = self._pick_slot(source, running)
+        slot = self._pick_slot(source, running, self._in_place(seq, source, shared))
         self._free.remove(slot)
         heapq.heapify(self._free)
         seq.slot, seq.cached, seq.needs_prefix = slot, 0, True
@@ -81,10 +89,10 @@ class Slots:
     def vacate(self, seq: Sequence, returning: bool = False) -> None:
         """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping;
         `returning`: it was preempted, and its cells are kept over others' until it comes back."""
-        if self._prefix_cache and (seq.cached >= MIN_REUSE_TOKENS or returning and seq.cached > RECOMPUTED_TAIL):
-            if not returning and self._keep_decoded and seq.cached > seq.prompt_length:
-                self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.exact_rows,
-                                  seq.layout.tiled_until, salt=seq.salt, decoded_from=seq.prompt_length)
+        worth = MIN_REUSE_TOKENS if self.exact else 1
+        if self._prefix_cache and (seq.cached >= worth or returning and seq.cached > RECOMPUTED_TAIL):
+            if not self.exact:  # to the token: every cell as it is
+                self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, self.offered(seq), 0, returning, seq.cache_salt)
                 return self._free_slot(seq)
             # A chat's: its next turn lays out this history predictably (see backend.llamacpp.retile).
             generated = (not returning and self._keep_generated and bool(seq.request.turn_end)
@@ -92,8 +100,8 @@ class Slots:
             ended = self._ended_with(seq) if generated else []
             if len(ended) >= TILE_ROWS and seq.layout.tiled_until == 0:
                 self._keep_small_prompt(seq)
-            self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.exact_rows, seq.layout.tiled_until,
-                              returning, seq.salt, ended)
+            self.prefixes.put(seq.slot, seq.tokens[: seq.cached], seq.id, seq.prompt_length, seq.layout.tiled_until,
+                              returning, seq.cache_salt, ended)
         else:
             llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         self._free_slot(seq)
@@ -143,7 +151,7 @@ class Slots:
             llama_cpp.llama_memory_seq_rm(self._memory, spare, -1, -1)
         llama_cpp.llama_memory_seq_cp(self._memory, seq.slot, spare, -1, -1)
         llama_cpp.llama_memory_seq_rm(self._memory, spare, seq.prompt_length, -1)
-        self.prefixes.put(spare, seq.tokens[: seq.prompt_length], seq.id, seq.prompt_length, 0, salt=seq.salt)
+        self.prefixes.put(spare, seq.tokens[: seq.prompt_length], seq.id, seq.prompt_length, 0, cache_salt=seq.cache_salt)
 
     def _ended_with(self, seq: Sequence) -> list[int]:
         """Every token the sequence has, then what its chat's template writes after an answer (the next
@@ -157,7 +165,7 @@ class Slots:
         """Every cell at `slot` is prompt-computed now, tiled before `tiled_until`: the whole entry is shared."""
         entry = self.prefixes.get(slot)
         assert entry is not None
-        self.prefixes.put(slot, tokens, entry.owner, len(tokens), tiled_until, salt=entry.salt)
+        self.prefixes.put(slot, tokens, entry.owner, len(tokens), tiled_until, cache_salt=entry.cache_salt)
 
     def forget(self, slot: int) -> None:
         """The entry at `slot` could not be completed: its cells and entry go."""
@@ -169,10 +177,13 @@ class Slots:
         llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, upto, -1)
         seq.cached = upto
 
-    def _pick_slot(self, source: int | None, running: Collection[Sequence]) -> int:
-        """A free slot that keeps the live sequences contiguous (a hole between them, else one beside
+    def _pick_slot(self, source: int | None, running: Collection[Sequence], in_place: bool = False) -> int:
+        """`source` when its prefix is taken in place wherever the slot lies (compact closes the gap it may leave);
+        else a free slot that keeps the live sequences contiguous (a hole between them, else one beside
         them); among those, the one holding the best prefix, else an empty one, else the least
         recently used prefix's."""
+        if in_place and source is not None:
+            return source
         live = [seq.slot for seq in running if seq.placed]
         candidates = self._free
         if live:
@@ -180,7 +191,7 @@ class Slots:
             holes = [slot for slot in self._free if low < slot < high]
             beside = [slot for slot in self._free if slot in (low - 1, high + 1)]
             candidates = holes or beside or self._free
-        if source in candidates and source in self.prefixes:
+        if self.exact and source in candidates and source in self.prefixes:
             return source
         slot = self.prefixes.victim(candidates)
         assert slot is not None, "a sequence is placed only while a slot is free"  # so victim has candidates
@@ -193,7 +204,7 @@ class Slots:
         longer one; returns (sequence, prompt tokens it took) for those that are done looking."""
         taken = []
         for seq in sorted((s for s in running if s.needs_prefix), key=lambda s: s.slot):
-            source, shared = self._best_prefix(seq, running)
+            source, shared = self._best_prefix(seq, running, copying=True)
             if self._computing_longer_prefix(seq, shared, running):
                 continue  # copy it once computed, a step or two from now
             if source is None:
@@ -203,17 +214,30 @@ class Slots:
             taken.append((seq, shared if source is not None else 0))
         return taken
 
-    def _best_prefix(self, seq: Sequence, running: Iterable[Sequence]) -> tuple[int | None, int]:
-        """The slot holding the most reusable computed prefix of the sequence's tokens (idle or live), and its length.
-        None for one that asked for prompt logprobs: cached rows have no logits, so it computes them all."""
+    def offered(self, seq: Sequence) -> int:
+        """The cells of a placed sequence that other requests of its salt may take: its prompt's, and (to the token,
+        with prefix_cache_generated) those it has generated too."""
+        if not seq.placed or seq.needs_prefix:
+            return 0
+        return seq.cached if self._keep_generated and not self.exact else min(seq.cached, seq.prompt_length)
+
+    def _in_place(self, seq: Sequence, source: int | None, shared: int) -> bool:
+        """To the token, a free slot's prefix is taken there when the prompt keeps at least half of what it offers
+        (else it is copied, and the entry stays for others), unless it waits for another preempted sequence."""
+        entry = self.prefixes.get(source) if source is not None and not self.exact else None
+        if entry is None or entry.returning and entry.owner != seq.id:
+            return False
+        return entry.owner == seq.id or 2 * shared >= len(entry.offered)
+
+    def _best_prefix(self, seq: Sequence, running: Iterable[Sequence], copying: bool = False) -> tuple[int | None, int]:
+        """The slot holding the most reusable computed prefix of the sequence's tokens (idle or live), and its length,
+        if it is worth taking (`copying`: into another stream). None for one that asked for prompt logprobs: cached
+        rows have no logits, so it computes them all."""
         if not self._prefix_cache or seq.request.prompt_logprobs >= 0:
             return None, 0
-        candidates = list(self.prefixes.matches(seq.tokens, seq.id, seq.salt))
-        for other in running:  # a live sequence's prompt cells (see PrefixIndex)
-            computed = min(other.cached, other.exact_rows)
-            if other.salt != seq.salt:
-                continue
-            if other is not seq and other.placed and not other.needs_prefix and computed >= MIN_REUSE_TOKENS:
+        candidates = list(self.prefixes.matches(seq.tokens, seq.id, seq.cache_salt))
+        for other in running:  # a live sequence's shared cells (see offered)
+            if other is not seq and other.cache_salt == seq.cache_salt and (computed := self.offered(other)):
                 common = common_prefix(other.tokens[:computed], seq.tokens)
                 candidates.append((other.slot, common, other.layout.tiled_until))
         best: tuple[int | None, int] = (None, 0)
@@ -225,7 +249,8 @@ class Slots:
             if rows > best[1]:
                 best, own = (slot, rows), mine
         # Its own cells save a preempted sequence replaying its output one token a step: worth a copy at any length.
-        return best if best[1] >= (1 if own else MIN_REUSE_TOKENS) else (None, 0)
+        floor = 1 if own else MIN_REUSE_TOKENS if self.exact else MIN_COPY_TOKENS if copying else 1
+        return best if best[1] >= floor else (None, 0)
 
     def _computing_longer_prefix(self, seq: Sequence, available: int, running: Iterable[Sequence]) -> bool:
         if not self._prefix_cache or seq.request.prompt_logprobs >= 0:
@@ -233,9 +258,9 @@ class Slots:
         for other in running:
             if other is seq or other.needs_prefix or other.paused or not other.prefilling or not other.placed:
                 continue
-            if other.salt != seq.salt:
+            if other.cache_salt != seq.cache_salt:
                 continue
-            common = common_prefix(other.tokens[: other.exact_rows], seq.tokens)
+            common = common_prefix(other.tokens[: other.prompt_length], seq.tokens)
             if _reusable(seq, common, other.layout.tiled_until) >= available + MIN_REUSE_TOKENS:
                 return True
         return False
@@ -246,12 +271,8 @@ class Slots:
         if source != seq.slot:
             llama_cpp.llama_memory_seq_cp(self._memory, source, seq.slot, -1, -1)
         llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, shared, -1)
-        entry = self.prefixes.get(source)
-        if entry is not None:
+        if source in self.prefixes:
             self.prefixes.touch(source)
-            if entry.decoded_from and entry.owner != seq.id and shared > entry.decoded_from:  # taken as decoded
-                seq.exact_rows = seq.layout.reusable(entry.shared, entry.tiled_until)
-                seq.groups = PromptLayout(seq.prompt_length, tiled_until=0)
         self.prefixes.settle(seq.id)
         seq.cached = shared
         seq.needs_prefix = False

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import zmq
 
 from backend.common.cache_events import CacheEventBatch
@@ -93,6 +94,7 @@ class EngineHost:
         self._engine_ids: set[str] = set()
         self._outbox: queue.SimpleQueue[_Outbound] = queue.SimpleQueue()
         self._stopping = threading.Event()
+        self._output_failure: BaseException | None = None
         self._output = threading.Thread(target=self._send_loop, name="engine-output", daemon=True)
         self._output.start()
 
@@ -105,13 +107,16 @@ class EngineHost:
     # -- the input thread -------------------------------------------------------------------------
 
     def serve(self) -> None:
-        """Applies front ends' commands until `stop()`."""
+        """Applies front ends' commands until `stop_serving()`. Raises RuntimeError when the output thread has failed
+        (the process should then end, for a restart: nothing would reach the front ends any more)."""
         handlers: dict[type, Callable[[_FrontEnd, Any], None]] = {
             wire.Submit: self._submit, wire.Cancel: self._cancel, wire.Release: self._release,
             wire.Pause: self._pause, wire.Resume: self._resume, wire.Compile: self._compile, wire.Status: self._status,
             wire.WatchCache: self._watch, wire.UnwatchCache: self._unwatch,
         }
         while not self._stopping.is_set():
+            if self._output_failure is not None:
+                raise RuntimeError("the engine's output thread failed") from self._output_failure
             for socket, _ in self._poller.poll(100):
                 if socket is self._inbox:
                     self._read(handlers)
@@ -121,22 +126,24 @@ class EngineHost:
     def _read(self, handlers: dict[type, Callable[[_FrontEnd, Any], None]]) -> None:
         while True:
             try:
-                identity, frame = self._inbox.recv_multipart(zmq.NOBLOCK)
+                identity, *frames = self._inbox.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             try:
+                (frame,) = frames
                 message = wire.decode_to_engine(frame)
-            except Exception:  # a peer speaking something else: its message is dropped, nothing else
-                log.exception("an unreadable message from %r", identity)
+            except (ValueError, msgspec.DecodeError) as exc:  # a peer speaking something else: dropped, nothing else
+                log.error("an unreadable message from %r dropped: %s", identity, exc)
                 continue
-            if isinstance(message, wire.Hello):
-                self._hello(message)
-                continue
-            front_end = self._front_ends.get(int(identity[2:]))
-            if front_end is None:
-                log.warning("a %s from a front end that has not said hello: dropped", type(message).__name__)
-                continue
-            handlers[type(message)](front_end, message)
+            try:
+                if isinstance(message, wire.Hello):
+                    self._hello(message)
+                elif (front_end := self._front_ends.get(_index(identity))) is None:
+                    log.warning("a %s from a front end that has not said hello: dropped", type(message).__name__)
+                else:
+                    handlers[type(message)](front_end, message)
+            except Exception:  # a bug serving one command: it alone is lost, the engine goes on
+                log.exception("serving a %s failed", type(message).__name__)
 
     def _hello(self, hello: wire.Hello) -> None:
         if hello.version != wire.VERSION:
@@ -271,6 +278,13 @@ class EngineHost:
     # -- the output thread ------------------------------------------------------------------------
 
     def _send_loop(self) -> None:
+        try:
+            self._send_all()
+        except BaseException as exc:  # a bug: serve() raises it on the input thread, for the process to end
+            log.exception("the engine's output thread failed")
+            self._output_failure = exc
+
+    def _send_all(self) -> None:
         pushes: dict[int, zmq.Socket[bytes]] = {}
         sent_stats, stats_due = None, time.monotonic()
         while True:
@@ -318,6 +332,11 @@ class EngineHost:
         for index, events in by_front_end.items():
             if (push := pushes.get(index)) is not None:
                 push.send(wire.encode(wire.Events(events)))
+
+
+def _index(identity: bytes) -> int:
+    """The front end's index from its socket identity (front_end_identity); -1 for any other."""
+    return int(identity[2:]) if identity.startswith(b"fe") and identity[2:].isdigit() else -1
 
 
 def _renamed(request: GenerationRequest, request_id: str) -> GenerationRequest:

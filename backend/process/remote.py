@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
 import zmq
 
 from backend.common.cache_events import Listener
@@ -183,7 +184,11 @@ class RemoteEngine:
         """Everything the engine has sent (ZMQ's descriptor says only that something changed: drain it)."""
         inbox = self._inbox
         while inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # type: ignore[operator,arg-type]  # an int for EVENTS
-            message = wire.decode_to_front_end(inbox.recv(zmq.NOBLOCK))
+            try:
+                message = wire.decode_to_front_end(inbox.recv(zmq.NOBLOCK))
+            except msgspec.DecodeError as exc:  # an engine of another version: its message is lost, not the loop
+                log.error("an unreadable message from the engine dropped: %s", exc)
+                continue
             if type(message) is wire.Events:
                 sinks = self._sinks
                 deliver_all([(sink, event) for request_id, event in message.events

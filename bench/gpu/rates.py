@@ -87,10 +87,12 @@ def stream_timeline(stub, request: pb.GenerateStreamRequest, start: threading.Ba
     return timeline
 
 
-def grpc_rates(stub, streams=RATE_STREAMS, tokens: int = RATE_TOKENS, reps: int = RATE_REPS) -> dict:
+def grpc_rates(stub, streams=RATE_STREAMS, tokens: int = RATE_TOKENS, reps: int = RATE_REPS,
+               warmup: tuple[tuple[int, int], ...] | None = None) -> dict:
     """Decode tokens/s through gRPC with 1, 4 and 16 greedy streams at once (median of reps), and
-    the engine steps each took."""
-    prompts = rate_prompts()
+    the engine steps each took. `warmup`: (streams, tokens) runs first, untimed (default: 16 tokens
+    at the most streams, the batched path's first run)."""
+    prompts = rate_prompts(max(streams))
 
     def together(count: int, length: int) -> tuple[float, int]:
         start = threading.Barrier(count)
@@ -101,7 +103,8 @@ def grpc_rates(stub, streams=RATE_STREAMS, tokens: int = RATE_TOKENS, reps: int 
         steps = stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=RPC_TIMEOUT_S).engine_steps - steps
         return window_rate(timelines), steps
 
-    together(max(streams), 16)  # warm-up: the batched path's first run
+    for count, length in warmup or ((max(streams), 16),):
+        together(count, length)
     rates, steps = {}, {}
     for count in streams:
         runs = [together(count, tokens) for _ in range(reps)]
@@ -115,52 +118,66 @@ def direct_rates(model_dir: pathlib.Path, setting: str, prompt_ids: list[list[in
                  tokens: int = RATE_TOKENS, reps: int = RATE_REPS) -> dict:
     """Decode tokens/s of the same greedy jobs, exllamav2 driven directly: imported through the
     engine's attention provider with the server's setting, its generator built as the engine builds it."""
-    from backend.config import EngineConfig
-    from backend.exllamav2.attention_provider import import_exllamav2
-    from backend.exllamav2.loading import load_model_and_cache
-    from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
-
-    exllamav2, provider = import_exllamav2(setting)
-    import torch
-    from exllamav2.attn import has_flash_attn_with_paged
-    from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
-
-    config = EngineConfig(model=str(model_dir), context_length=CONTEXT, max_batch_size=BATCH)
-    xconfig = exllamav2.ExLlamaV2Config(str(model_dir))
-    xconfig.arch_compat_overrides()
-    sizes = generator_sizes(config, has_flash_attn_with_paged, xconfig.no_flash_attn)
-    xconfig.max_seq_len, xconfig.max_input_len, xconfig.max_attention_size = sizes.max_seq_len, sizes.chunk, sizes.chunk**2
-    own = config.exllamav2
-    model, cache = load_model_and_cache(exllamav2, xconfig, own.cache_type, sizes.cache_tokens, own.gpu_split)
-    tokenizer = exllamav2.ExLlamaV2Tokenizer(xconfig, lazy_init=False)
-    generator = ExLlamaV2DynamicGenerator(
-        model=model, cache=cache, tokenizer=tokenizer, **generator_fields(sizes, speculation(config, False))
-    )
-
-    def together(count: int, length: int) -> float:
-        for i, ids in enumerate(prompt_ids[:count]):
-            generator.enqueue(ExLlamaV2DynamicJob(
-                input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=length, stop_conditions=[],
-                gen_settings=ExLlamaV2Sampler.Settings.greedy(), identifier=i,
-            ))
-        timelines: list[Timeline] = [[] for _ in range(count)]
-        while generator.num_remaining_jobs():
-            results = generator.iterate()
-            now = time.perf_counter()
-            for result in results:
-                if result.get("token_ids") is not None:  # one result may carry several held-back tokens
-                    timeline = timelines[result["identifier"]]
-                    timeline.append((now, (timeline[-1][1] if timeline else 0) + result["token_ids"].shape[-1]))
-        assert all(t[-1][1] == length for t in timelines), [t[-1][1] for t in timelines]
-        return window_rate(timelines)
-
-    together(max(streams), 16)  # warm-up, as through gRPC
+    direct = Direct(model_dir, setting, CONTEXT, BATCH)
+    direct.together(prompt_ids, max(streams), 16)  # warm-up, as through gRPC
     rates = {}
     for count in streams:
-        rates[str(count)] = statistics.median(together(count, tokens) for _ in range(reps))
+        rates[str(count)] = statistics.median(direct.together(prompt_ids, count, tokens) for _ in range(reps))
         print(f"  directly, {count} streams: {rates[str(count)]:.1f} tok/s", flush=True)
-    model.unload()
-    return {"tok_s": rates, "provider": provider, "paged": sizes.paged, "setting": setting}
+    direct.model.unload()
+    return {"tok_s": rates, "provider": direct.provider, "paged": direct.sizes.paged, "setting": setting}
+
+
+class Direct:
+    """exllamav2 imported through the engine's attention provider with `setting`, the model loaded
+    and its generator built as the engine builds them (context, batch and cache sizes as the server's)."""
+
+    def __init__(self, model_dir: pathlib.Path, setting: str, context: int, batch: int, cache_tokens: int = 0) -> None:
+        from backend.config import EngineConfig, ExLlamaV2Settings
+        from backend.exllamav2.attention_provider import import_exllamav2
+        from backend.exllamav2.loading import load_model_and_cache
+        from backend.exllamav2.sizes import generator_fields, generator_sizes, speculation
+
+        self.exllamav2, self.provider = import_exllamav2(setting)
+        import torch
+        from exllamav2.attn import has_flash_attn_with_paged
+        from exllamav2.generator import ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob, ExLlamaV2Sampler
+
+        self.torch, self.job_class, self.sampler = torch, ExLlamaV2DynamicJob, ExLlamaV2Sampler
+        config = EngineConfig(model=str(model_dir), context_length=context, max_batch_size=batch,
+                              exllamav2=ExLlamaV2Settings(cache_tokens=cache_tokens))
+        self.xconfig = xconfig = self.exllamav2.ExLlamaV2Config(str(model_dir))
+        xconfig.arch_compat_overrides()
+        self.sizes = sizes = generator_sizes(config, has_flash_attn_with_paged, xconfig.no_flash_attn)
+        xconfig.max_seq_len, xconfig.max_input_len, xconfig.max_attention_size = sizes.max_seq_len, sizes.chunk, sizes.chunk**2
+        own = config.exllamav2
+        self.model, self.cache = load_model_and_cache(self.exllamav2, xconfig, own.cache_type, sizes.cache_tokens, own.gpu_split)
+        self.tokenizer = self.exllamav2.ExLlamaV2Tokenizer(xconfig, lazy_init=False)
+        self.generator = ExLlamaV2DynamicGenerator(
+            model=self.model, cache=self.cache, tokenizer=self.tokenizer, **generator_fields(sizes, speculation(config, False))
+        )
+
+    def together(self, prompt_ids: list[list[int]], count: int, length: int) -> float:
+        """Decode tokens/s of `count` greedy jobs of `length` tokens run at once (window_rate)."""
+        for i, ids in enumerate(prompt_ids[:count]):
+            self.generator.enqueue(self.job_class(
+                input_ids=self.torch.tensor([ids], dtype=self.torch.long), max_new_tokens=length, stop_conditions=[],
+                gen_settings=self.sampler.Settings.greedy(), identifier=i,
+            ))
+        timelines: list[Timeline] = [[] for _ in range(count)]
+        try:
+            while self.generator.num_remaining_jobs():
+                results = self.generator.iterate()
+                now = time.perf_counter()
+                for result in results:
+                    if result.get("token_ids") is not None:  # one result may carry several held-back tokens
+                        timeline = timelines[result["identifier"]]
+                        timeline.append((now, (timeline[-1][1] if timeline else 0) + result["token_ids"].shape[-1]))
+        except BaseException:
+            self.generator.clear_queue()  # a failed run's jobs never reach the next one
+            raise
+        assert all(t[-1][1] == length for t in timelines), [t[-1][1] for t in timelines]
+        return window_rate(timelines)
 
 
 def rate_table(through_grpc: dict, direct: dict) -> dict:

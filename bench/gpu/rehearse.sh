@@ -14,9 +14,20 @@
 # Until build_ext.sh has built the real extension, a stand-in (an empty C module of that name,
 # built in a second) takes its place, so run.sh's prebuilt path is still rehearsed; the last line
 # says so. A corrupt prebuilt is always rehearsed: its stage fails, the rest runs.
+#
+#   bash bench/gpu/rehearse.sh --real-size                           # ~2 min, in the project's .venv
+#
+# --real-size rehearses the real-size plan (GPU_CHECK_PLAN=real-size, bench/gpu/README.md) with the tiny
+# shape instead, in this project's own venv: a stand-in exllamav2 package (tests/harness/stand_ins: 0.3.2's
+# attention detection, the model files checked, the provider called for every paged step, Triton's kernel
+# in its interpreter), a stand-in wheel and extension, and the scripted engine behind `tokenspout serve`.
+# Every stage runs and must pass, then once more with direct_exl2 failing: the stages after it still run.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
+if [ "${1:-}" = --real-size ]; then
+    exec bash "$ROOT/bench/gpu/rehearse_real_size.sh"
+fi
 VENV=${VENV:-$ROOT/bench/gpu/build/venv}
 PREBUILT=${PREBUILT:-$ROOT/bench/gpu/build/prebuilt}
 SCRATCH=${SCRATCH:-/tmp/tokenspout-gpu-rehearsal}

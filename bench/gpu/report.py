@@ -19,6 +19,11 @@ import json
 import pathlib
 import sys
 
+try:
+    from bench.gpu import real_report
+except ImportError:  # run as a file, with nothing of the project on the path
+    import real_report  # type: ignore[no-redef]
+
 BAD_STAGE = ("FAIL", "TIMEOUT")
 NO_TIME = "no time left"
 
@@ -35,15 +40,18 @@ def read_variant(path: pathlib.Path) -> dict:
     except (OSError, ValueError) as error:
         variant = path.stem.removeprefix("check-").removeprefix("smoke-")
         problem = f"no readable report: {type(error).__name__}: {error}"
+        if path.name.startswith("real-"):
+            parts = path.stem.split("-")  # real-FORMAT-LAYER or real-bandwidth
+            return {"kind": "real_size", "format": parts[1], "layer": parts[-1], "errors": [f"{path.name}: {problem}"]}
         if path.name.startswith("smoke-"):
             return {"kind": "paged_smoke", "ok": False, "models": [], "errors": [f"{path.name}: {problem}"]}
         return {"variant": variant, "checks": [], "errors": [problem]}
 
 
 def split_reports(reports: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(paged smoke reports, served variants' reports)."""
+    """(paged smoke reports, served variants' reports); the real-size run's are neither (real_report.py)."""
     smokes = [r for r in reports if r.get("kind") == "paged_smoke"]
-    return smokes, [r for r in reports if r.get("kind") != "paged_smoke"]
+    return smokes, [r for r in reports if r.get("kind") not in ("paged_smoke", "real_size")]
 
 
 def smoke_results(smokes: list[dict]) -> dict[str, dict]:
@@ -154,9 +162,12 @@ def main(argv: list[str]) -> int:
     reports = [read_variant(pathlib.Path(p)) for p in argv[1:]]
     lines = stage_lines(stages)
     smokes, variants = split_reports(reports)
-    if reports:
+    if variants or smokes:
         lines += [""] + variant_lines(variants, smoke_results(smokes))
         lines += [f"  paged smoke error: {str(e)[:160]}" for smoke in smokes for e in smoke.get("errors", [])]
+    real = [r for r in reports if r.get("kind") == "real_size"]
+    if real:
+        lines += [""] + real_report.lines(real)
     bad = failed(stages, reports)
     skipped = sum(status == "SKIP" for _, status, _, _ in stages)
     result = ("FAILED" if bad else "all passed") + (f" ({skipped} stages skipped)" if skipped else "")

@@ -37,10 +37,22 @@
 # and once more on exit, so a run cut off from outside still leaves them.
 #
 # GPU_CHECK_PLAN=exl3 runs the exllamav3 variant instead (bench/gpu/stages_exl3.sh, 540 s budget).
+# GPU_CHECK_PLAN=real-size runs the real-size plan instead (bench/gpu/README.md has the exact device call):
+#   preflight, wheels, imports, extension (or jit_build), provider (attention triton: paged on) as above, then
+#   bandwidth        a copy-bandwidth probe (bench/gpu/real_size.py)
+#   model_FMT        an 8B-shaped model with random weights, FMT exl2, then gptq, then fp16 (make_random_model.py)
+#   direct_FMT       its loading check, exllamav2's own unpaged forward at one stream, its generator driven
+#                    directly at 1/16/64 streams on the Triton provider and on the SDPA one
+#   grpc_FMT         tokenspout serving it (attention triton), the same streams through gRPC
+#   each format's files removed before the next is written. REAL_SIZE_SHAPE (llama3-8b) and REAL_SIZE_ARGS
+#   (real_size.py's flags) change what is measured; MODELS is where the models go (/dev/shm when it exists).
 # GPU_CHECK_SKIP=stage[,stage] skips stages a first run already proved (a rerun's minutes go to the rest).
 # For rehearsals: GPU_CHECK_FAIL=stage[,stage] makes those stages fail, GPU_CHECK_HANG=stage makes
 # one hang until its limit kills it (a 3 s limit), GPU_CHECK_BUDGET_S changes the 330 s budget, and
 # GPU_CHECK_SLOWDOWN=N multiplies it and every limit for a slower machine (the rehearsal on 2 busy cores).
+# GPU_CHECK_STAND_INS=DIR (rehearse.sh --real-size): DIR's stand-in exllamav2 package goes first on the path,
+# the GPU stages run with no GPU (Triton's interpreter for the kernel), and the gRPC stages serve the
+# scripted engine (tests/harness/fake_engine.py) with the same flags.
 set -uo pipefail  # no -e: a stage's failure is a finding, and the next stage runs
 shopt -s nullglob
 cd "$(dirname "$0")/../.." || exit 2
@@ -59,6 +71,18 @@ DEADLINE=$((STARTED + BUDGET_S))
 GPU_CHECK_FAIL=${GPU_CHECK_FAIL:-}
 GPU_CHECK_HANG=${GPU_CHECK_HANG:-}
 GPU_CHECK_SKIP=${GPU_CHECK_SKIP:-}
+PLAN=${GPU_CHECK_PLAN:-check}
+STAND_INS=${GPU_CHECK_STAND_INS:-}
+REAL_SIZE_SHAPE=${REAL_SIZE_SHAPE:-llama3-8b}
+REAL_SIZE_ARGS=${REAL_SIZE_ARGS:---streams 1,16,64 --tokens 128 --reps 2 --warmup-steps 240 --cache-tokens 32768}
+if [ -z "${MODELS:-}" ]; then  # memory-backed when it can hold the largest (FP16: 16 GB), else the disk
+    shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1)
+    if [ -w /dev/shm ] && [ "${shm_free:-0}" -gt 20000000000 ] 2>/dev/null; then
+        MODELS=/dev/shm/tokenspout-models
+    else
+        MODELS=$WORK/models
+    fi
+fi
 
 mkdir -p "$OUT"
 rm -rf "$REPORT" "$WORK/model" "$WORK/exl2-work" "$WORK/ext" "$WORK/site" "$WORK/cuda.env"  # torch_extensions stays
@@ -68,12 +92,15 @@ exec > >(tee -a "$OUT/run.log") 2>&1
 TEE_PID=$!
 stamp() { echo "[$(date -u +%T)] $*"; }
 
-export ROOT OUT WORK REPORT PREBUILT WHEELS PYTHON PYTHONUNBUFFERED=1
-export PYTHONPATH="$WORK/ext:$WORK/site:$ROOT:$ROOT/clients/python${PYTHONPATH:+:$PYTHONPATH}"
+export ROOT OUT WORK REPORT PREBUILT WHEELS PYTHON PYTHONUNBUFFERED=1 MODELS REAL_SIZE_SHAPE REAL_SIZE_ARGS STAND_INS
+export PYTHONPATH="${STAND_INS:+$STAND_INS:}$WORK/ext:$WORK/site:$ROOT:$ROOT/clients/python${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 if nvidia-smi -L >/dev/null 2>&1; then HAVE_GPU=1; else HAVE_GPU=0; fi
-export HAVE_GPU
+if [ -n "$STAND_INS" ]; then HAVE_GPU=1; export TRITON_INTERPRET=1; fi  # the rehearsal: stand-ins on the CPU
+PROVIDER_SETTING=sdpa
+[ "$PLAN" = real-size ] && PROVIDER_SETTING=triton
+export HAVE_GPU PROVIDER_SETTING
 
 # ---- the stages (each runs in a child bash under `timeout`; a nonzero exit is its failure) ----
 
@@ -92,6 +119,7 @@ stage_wheels() {
 stage_imports() {
     "$PYTHON" -c "
 import service.cli, service.server, backend.exllamav2.engine, backend.exllamav2.attention_provider, bench.gpu.check
+import bench.gpu.real_size, bench.gpu.make_random_model
 print('tokenspout and check.py import; grpcio', __import__('grpc').__version__)" &&
         "$PYTHON" bench/gpu/paged_smoke.py --self-check
 }
@@ -113,9 +141,9 @@ stage_provider() {
     "$PYTHON" -c "
 import sys
 from backend.exllamav2.attention_provider import import_exllamav2
-exllamav2, provider = import_exllamav2('sdpa')
+exllamav2, provider = import_exllamav2('$PROVIDER_SETTING')
 import exllamav2.attn as attn
-assert provider == 'sdpa' and attn.has_flash_attn_with_paged, (provider, attn.has_flash_attn_with_paged)
+assert provider == '$PROVIDER_SETTING' and attn.has_flash_attn_with_paged, (provider, attn.has_flash_attn_with_paged)
 assert 'flash_attn' not in sys.modules, 'the stand-in flash_attn outlived the import'
 print('exllamav2', exllamav2.__version__, 'runs paged on', provider, '(the stand-in flash_attn gone after the import)')"
 }
@@ -166,6 +194,28 @@ stage_convert_exl2() {
     [ -f "$WORK/model/exl2/config.json" ] && compgen -G "$WORK/model/exl2/*.safetensors" >/dev/null ||
         { echo "the converter wrote no EXL2 model"; return 1; }
 }
+# The real-size plan's stages (GPU_CHECK_PLAN=real-size); $REAL_SIZE_ARGS is split into flags on purpose.
+stage_bandwidth() { "$PYTHON" bench/gpu/real_size.py bandwidth --json "$REPORT/real-bandwidth.json" ${REAL_SIZE_PROBE:-}; }
+make_model() {
+    rm -rf "${MODELS:?}"
+    "$PYTHON" bench/gpu/make_random_model.py "$MODELS/$1" --format "$1" --shape "$REAL_SIZE_SHAPE"
+}
+measure() {  # measure direct|grpc FORMAT
+    # shellcheck disable=SC2086
+    "$PYTHON" bench/gpu/real_size.py "$1" "$MODELS/$2" --format "$2" --shape "$REAL_SIZE_SHAPE" \
+        --json "$REPORT/real-$2-$1.json" --start-s $((STAGE_LIMIT - 30)) $REAL_SIZE_ARGS ${STAND_INS:+--fake-engine}
+}
+stage_model_exl2() { make_model exl2; }
+stage_model_gptq() { make_model gptq; }
+stage_model_fp16() { make_model fp16; }
+stage_direct_exl2() { measure direct exl2; }
+stage_direct_gptq() { measure direct gptq; }
+stage_direct_fp16() { measure direct fp16; }
+stage_grpc_exl2() { measure grpc exl2; }
+stage_grpc_gptq() { measure grpc gptq; }
+stage_grpc_fp16() { measure grpc fp16; }
+export -f stage_bandwidth make_model measure stage_model_exl2 stage_model_gptq stage_model_fp16 stage_direct_exl2 \
+    stage_direct_gptq stage_direct_fp16 stage_grpc_exl2 stage_grpc_gptq stage_grpc_fp16
 export -f stage_preflight stage_wheels stage_imports stage_extension stage_jit_build stage_provider stage_tiny_model \
     stage_paged_smoke stage_paged_smoke_exl2 stage_model_check serve stage_serve_fp16 stage_serve_gptq stage_serve_exl2 \
     stage_convert_exl2 stage_speculation
@@ -184,8 +234,10 @@ pack() {  # summary.txt and the archive, rewritten whole each time (a kill from 
         echo "tokenspout GPU check, $(date -u '+%F %T') UTC, ${BUDGET_S}s budget, $(($(date +%s) - STARTED))s so far"
         head -8 "$OUT/preflight.txt" 2>/dev/null
         echo
-        "$PYTHON" bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/smoke-*.json "$REPORT"/check-*.json 2>&1 ||
-            python3 bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/smoke-*.json "$REPORT"/check-*.json 2>&1
+        "$PYTHON" bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/smoke-*.json "$REPORT"/check-*.json \
+            "$REPORT"/real-*.json 2>&1 ||
+            python3 bench/gpu/report.py "$REPORT/stages.tsv" "$REPORT"/smoke-*.json "$REPORT"/check-*.json \
+                "$REPORT"/real-*.json 2>&1
     } >"$OUT/summary.txt.tmp" 2>&1
     mv -f "$OUT/summary.txt.tmp" "$OUT/summary.txt"
     cp -f "$OUT/summary.txt" "$OUT/preflight.txt" "$REPORT/" 2>/dev/null
@@ -252,12 +304,12 @@ finish() {
 trap finish EXIT
 trap 'stamp "stopped by a signal"; exit 143' TERM INT HUP
 
-stamp "GPU check: OUT=$OUT WORK=$WORK, ${BUDGET_S}s budget, GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)"
+stamp "GPU check ($PLAN): OUT=$OUT WORK=$WORK, ${BUDGET_S}s budget, GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)${STAND_INS:+ (stand-ins from $STAND_INS)}$([ "$PLAN" = real-size ] && echo ", models in $MODELS")"
 : >"$REPORT/stages.tsv"
 
 # GPU_CHECK_PLAN=exl3: exllamav3's stages instead of the ones below (it ends the run).
 # shellcheck source=bench/gpu/stages_exl3.sh
-[ "${GPU_CHECK_PLAN:-check}" = exl3 ] && source bench/gpu/stages_exl3.sh
+[ "$PLAN" = exl3 ] && source bench/gpu/stages_exl3.sh
 
 # Limits: about twice what each took on the H200 (# N s: the first run there, 2026-12-04; serve_fp16
 # from the second, speculation never reached). That is ~375 s before speculation, so a 330 s budget
@@ -274,6 +326,21 @@ else
     stage jit_build 300 wheels gpu && STATUS[extension]=ok  # 3-4 min: then the budget cuts the tail
 fi
 stage provider 45 extension                               # 10 s
+if [ "$PLAN" = real-size ]; then
+    # Limits: about twice the estimates for an 8B model on an H100 (../shared/research/gpu-real-size.md, s. 4),
+    # EXL2 first, FP16 last: a cut run loses FP16 through gRPC first.
+    rm -rf "${MODELS:?}"
+    stage bandwidth 30 gpu imports                        # ~5 s
+    for fmt in exl2 gptq fp16; do
+        limit=60
+        [ "$fmt" = fp16 ] && limit=90
+        stage "model_$fmt" "$limit" gpu imports           # 15-40 s
+        stage "direct_$fmt" 150 gpu extension "model_$fmt"  # 60-80 s
+        stage "grpc_$fmt" 120 gpu imports extension "model_$fmt"  # 45-60 s
+        rm -rf "${MODELS:?}"
+    done
+    exit 0
+fi
 stage tiny_model 45 wheels                                # 2 s
 stage paged_smoke 90 gpu extension tiny_model             # 25 s
 stage serve_gptq 100 gpu imports extension tiny_model     # 56 s

@@ -169,6 +169,12 @@ def write_model(directory: pathlib.Path, tensors: dict[str, np.ndarray], config:
 
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    write_side_files(directory, config, tokenizer)
+
+
+def write_side_files(directory: pathlib.Path, config: dict, tokenizer: Tokenizer) -> None:
+    """Everything but the weights: config, generation config, tokenizer and its config, special tokens."""
+    directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     # Two end ids: the checks see that every one of them ends a job.
     (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": [1, 3]}))
@@ -181,7 +187,7 @@ def write_model(directory: pathlib.Path, tensors: dict[str, np.ndarray], config:
                 "bos_token": "<s>",
                 "eos_token": "</s>",
                 "chat_template": CHATML,
-                "model_max_length": 2048,
+                "model_max_length": config.get("max_position_embeddings", 2048),
                 "tokenizer_class": "PreTrainedTokenizerFast",
             },
             indent=2,

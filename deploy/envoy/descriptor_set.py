@@ -14,31 +14,18 @@ import pathlib
 import sys
 
 from google.protobuf import descriptor_pb2
-from google.rpc import error_details_pb2, status_pb2
+
+from service.reflection import ERROR_DETAILS, with_imports
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVICE_SET = ROOT / "service" / "descriptors.binpb"
 OUTPUT = ROOT / "deploy" / "envoy" / "descriptors.binpb"
 
 
-def _with_imports(file, seen: dict[str, descriptor_pb2.FileDescriptorProto]) -> None:
-    """`file` and what it imports, imports first (the order a descriptor set wants)."""
-    if file.name in seen:
-        return
-    for dependency in file.dependencies:
-        _with_imports(dependency, seen)
-    proto = descriptor_pb2.FileDescriptorProto()
-    file.CopyToProto(proto)
-    seen[file.name] = proto
-
-
 def descriptor_set() -> bytes:
     service = descriptor_pb2.FileDescriptorSet.FromString(SERVICE_SET.read_bytes())
-    extra: dict[str, descriptor_pb2.FileDescriptorProto] = {}
-    for module in (status_pb2, error_details_pb2):
-        _with_imports(module.DESCRIPTOR, extra)
     names = {f.name for f in service.file}
-    combined = descriptor_pb2.FileDescriptorSet(file=[f for name, f in extra.items() if name not in names])
+    combined = descriptor_pb2.FileDescriptorSet(file=[f for f in with_imports(*ERROR_DETAILS) if f.name not in names])
     combined.file.extend(service.file)
     return combined.SerializeToString(deterministic=True)
 

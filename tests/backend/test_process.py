@@ -5,6 +5,7 @@ hand. The real processes, their deaths and restarts are tests/service/test_engin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -148,57 +149,86 @@ async def test_two_front_ends_may_use_the_same_request_id(host, tmp_path):
         second.close()
 
 
-def test_a_front_end_that_dies_has_its_requests_cancelled_and_released(host, engine, tmp_path):
-    """A raw front end whose pid is a process the test then kills: the engine ends its held request."""
-    engine.plan("held", hold_after=1)
-    body = subprocess.Popen(["sleep", "60"])
+@contextlib.contextmanager
+def raw_front_end(run_dir: pathlib.Path, index: int) -> Iterator[tuple[zmq.Socket, zmq.Socket, str]]:
+    """A front end played by hand: (the socket it sends on, the one it receives on, that one's address)."""
     context = zmq.Context()
     pull = context.socket(zmq.PULL)
-    address = f"ipc://{tmp_path / wire.front_end_socket(5)}"
+    address = f"ipc://{run_dir / wire.front_end_socket(index)}"
     pull.bind(address)
     dealer = context.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.IDENTITY, wire.front_end_identity(5))
-    dealer.connect(f"ipc://{tmp_path / wire.ENGINE_SOCKET}")
+    dealer.setsockopt(zmq.IDENTITY, wire.front_end_identity(index))
+    dealer.connect(f"ipc://{run_dir / wire.ENGINE_SOCKET}")
     try:
-        dealer.send(wire.encode(wire.Hello(5, body.pid, address)))
-        assert isinstance(wire.decode_to_front_end(pull.recv()), wire.Welcome)
-        dealer.send(b"\x93not a message")  # unreadable: dropped, nothing else
-        dealer.send(wire.encode(wire.Submit(request("held-by-the-dead", 50))))
-        events = wire.decode_to_front_end(pull.recv())
-        while not isinstance(events, wire.Events):
-            events = wire.decode_to_front_end(pull.recv())
-        assert events.events[0][0] == "held-by-the-dead"
-        body.kill()
-        body.wait()
-        wait_for(lambda: engine.stats.cancelled_total == 1 and engine.stats.running_sequences == 0, 30, "the cancel")
+        yield dealer, pull, address
     finally:
-        body.kill()
         dealer.close(linger=0)
         pull.close(linger=0)
         context.term()
 
 
-def test_a_front_end_speaking_another_protocol_version_is_not_served(host, tmp_path):
-    """Its Hello is ignored, so its next command is dropped: the first answer it gets is the Welcome to the Hello it
-    sends in this version afterwards (the engine reads one peer's messages in order)."""
-    context = zmq.Context()
-    pull = context.socket(zmq.PULL)
-    address = f"ipc://{tmp_path / wire.front_end_socket(7)}"
-    pull.bind(address)
-    dealer = context.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.IDENTITY, wire.front_end_identity(7))
-    dealer.connect(f"ipc://{tmp_path / wire.ENGINE_SOCKET}")
+def next_of(pull: zmq.Socket, kind: type) -> object:
+    """The next message of `kind` (unasked status reports and others may come between)."""
+    while not isinstance(message := wire.decode_to_front_end(pull.recv()), kind):
+        pass
+    return message
+
+
+def test_a_front_end_that_dies_has_its_requests_cancelled_and_released(host, engine, tmp_path):
+    """A raw front end whose pid is a process the test then kills: the engine ends its held request."""
+    engine.plan("held", hold_after=1)
+    body = subprocess.Popen(["sleep", "60"])
     try:
+        with raw_front_end(tmp_path, 5) as (dealer, pull, address):
+            dealer.send(wire.encode(wire.Hello(5, body.pid, address)))
+            next_of(pull, wire.Welcome)
+            dealer.send(b"\x93not a message")  # unreadable: dropped, nothing else
+            dealer.send(wire.encode(wire.Submit(request("held-by-the-dead", 50))))
+            assert next_of(pull, wire.Events).events[0][0] == "held-by-the-dead"
+            body.kill()
+            body.wait()
+            wait_for(lambda: engine.stats.cancelled_total == 1 and engine.stats.running_sequences == 0, 30, "the cancel")
+    finally:
+        body.kill()
+
+
+def test_a_front_end_speaking_another_protocol_version_is_not_served(host, tmp_path):
+    """Its Hello is ignored, so its next command is dropped: the first status it gets answers the one it asks after
+    its Hello in this version (the engine reads one peer's messages in order)."""
+    with raw_front_end(tmp_path, 7) as (dealer, pull, address):
         dealer.send(wire.encode(wire.Hello(7, os.getpid(), address, version=wire.VERSION + 1)))
         dealer.send(wire.encode(wire.Status(1)))
         dealer.send(wire.encode(wire.Hello(7, os.getpid(), address)))
         dealer.send(wire.encode(wire.Status(2)))
-        assert isinstance(wire.decode_to_front_end(pull.recv()), wire.Welcome)
-        answer = wire.decode_to_front_end(pull.recv())
-        while not (isinstance(answer, wire.StatusReport) and answer.ticket):  # unasked reports may come between
-            answer = wire.decode_to_front_end(pull.recv())
+        next_of(pull, wire.Welcome)
+        answer = next_of(pull, wire.StatusReport)
+        while not answer.ticket:  # unasked reports carry ticket 0
+            answer = next_of(pull, wire.StatusReport)
         assert answer.ticket == 2
+
+
+async def test_peers_that_are_no_front_end_are_dropped_and_the_engine_serves_on(host, tmp_path):
+    """A peer with an identity of its own, or none, and frames of any shape: each message dropped (and logged)."""
+    context = zmq.Context()
+    strangers = [context.socket(zmq.DEALER) for _ in range(2)]
+    strangers[0].setsockopt(zmq.IDENTITY, b"stranger")
+    try:
+        for stranger in strangers:
+            stranger.connect(f"ipc://{tmp_path / wire.ENGINE_SOCKET}")
+            stranger.send(wire.encode(wire.Submit(request("intruder"))))
+            stranger.send_multipart([b"two", b"frames"])
+            stranger.send(wire.encode(wire.Release("intruder")))
+        remote = await connected(tmp_path)
+        try:
+            stream = Stream()
+            remote.submit(request("after"), stream)
+            last = await asyncio.wait_for(stream.ended, 10)
+            assert last.finish is not None
+            stats = await remote.current_stats()
+            assert stats.started_total == 1  # the strangers' submits never reached the engine
+        finally:
+            remote.close()
     finally:
-        dealer.close(linger=0)
-        pull.close(linger=0)
+        for stranger in strangers:
+            stranger.close(linger=0)
         context.term()

@@ -478,3 +478,32 @@ def test_the_cpu_rehearsal_passes():
     done = subprocess.run(["bash", str(rehearse)], capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "rehearsal: 0 failed" in done.stdout
+
+
+def test_the_real_size_summary_sets_each_rate_against_the_bandwidth_limit():
+    report = load_module("real_report")
+    bandwidth = {"kind": "real_size", "layer": "bandwidth", "bandwidth": {"gb_s": 3000.0, "device": "H100"}, "errors": []}
+    direct = {"kind": "real_size", "layer": "direct", "format": "exl2", "weight_bytes_per_token": 3e9, "load_s": 9.0,
+              "load_check": {"finite": True}, "raw_forward": {"tok_s": 200.0}, "errors": [],
+              "direct_tok_s": {"triton": {"1": 150.0, "64": 3000.0}, "sdpa": {"1": 140.0, "64": 1500.0}}}
+    served = {"kind": "real_size", "layer": "grpc", "format": "exl2", "attention": "triton", "errors": ["x: boom"],
+              "grpc_tok_s": {"1": 147.0, "64": 2800.0}}
+    text = "\n".join(report.lines([bandwidth, served, direct]))
+    assert "copy bandwidth 3000.0 GB/s on H100" in text
+    assert "limit 1000.0 tok/s at one stream" in text and "own forward 200.0 tok/s (0.20 of limit) BELOW 0.25" in text
+    assert "1 streams: gRPC 147.0 (0.15 of limit); direct triton 150.0 (0.15 of limit)" in text
+    assert "gRPC/direct 0.980; triton/sdpa 1.07x" in text
+    assert "64 streams: gRPC 2800.0 (0.04 of limit)" in text and "gRPC/direct 0.933 BELOW; triton/sdpa 2.00x" in text
+    assert "error (exl2 grpc): x: boom" in text
+
+
+@pytest.mark.timeout(900)
+def test_the_real_size_device_run_rehearsed_on_the_cpu_with_stand_ins():
+    """The whole real-size plan (run.sh GPU_CHECK_PLAN=real-size) with the tiny shape, the stand-in
+    exllamav2 and the scripted engine: every stage passes, and a failed stage leaves the rest running."""
+    pytest.importorskip("triton")
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu" / "rehearse.sh"), "--real-size"],
+                          capture_output=True, text=True, timeout=880, env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "PASS clean" in done.stdout and "PASS fail-direct_exl2" in done.stdout
+    assert "real-size rehearsal: 0 failed" in done.stdout

@@ -284,3 +284,26 @@ def test_cli(server):
 
     refused = run_cli(*address, "generate", "Hi", "--temperature", "-1")
     assert refused.returncode == 1 and "sampling.temperature" in refused.stderr
+
+
+def test_cli_json_goes_before_or_after_the_command_and_a_missing_file_is_one_line(server, tmp_path):
+    """`--json` after `generate` was read as an abbreviation of `--json-schema` (exit 2); an unreadable @file
+    ended in a traceback."""
+    schema = tmp_path / "city.schema.json"
+    schema.write_text('{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, '
+                      '"required": ["city"], "additionalProperties": false}')
+    address = ["--address", server.address]
+    after = run_cli(*address, "generate", "--chat", "A city", "--json-schema", f"@{schema}", "--temperature", "0",
+                    "--json")
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["finish"]["reason"] == "constraint_complete"
+    before = run_cli(*address, "--json", "tokenize", "Hello world")
+    assert before.returncode == 0 and json.loads(before.stdout)["count"] == 2
+    assert json.loads(run_cli(*address, "tokenize", "Hello world", "--json").stdout) == json.loads(before.stdout)
+    missing = run_cli(*address, "generate", "Hi", "--json-schema", f"@{tmp_path / 'nope.json'}")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().endswith(f"error: cannot read {tmp_path / 'nope.json'}: No such file or directory")
+    no_ca = run_cli(*address, "--ca", str(tmp_path / "nope.pem"), "info")
+    assert no_ca.returncode == 2 and "cannot read" in no_ca.stderr and "Traceback" not in no_ca.stderr
+    abbreviated = run_cli(*address, "generate", "Hi", "--json-sch", "{}")
+    assert abbreviated.returncode == 2 and "unrecognized arguments: --json-sch" in abbreviated.stderr

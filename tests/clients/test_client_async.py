@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 
 import pydantic
 import pytest
 
 import tokenspout
-from tokenspout import AsyncClient, Sampling, Stopping
+from tokenspout import AsyncClient, Client, Sampling, Stopping
 
 
 class City(pydantic.BaseModel):
@@ -17,6 +18,17 @@ class City(pydantic.BaseModel):
 
     name: str
     country: str
+
+
+def test_the_asyncio_client_takes_the_same_arguments_as_the_sync_one():
+    """Both build their requests in tokenspout.base.BaseClient; their own methods (the transports) must stay twins."""
+
+    def methods(cls: type) -> dict[str, list[inspect.Parameter]]:
+        return {name: list(inspect.signature(value).parameters.values())
+                for name, value in vars(cls).items() if callable(value) and not name.startswith("_")}
+
+    assert methods(Client) == methods(AsyncClient)
+    assert set(methods(Client)) == {"stream", "generate", "tokenize", "model_info", "compile", "cancel", "status", "close"}
 
 
 async def test_every_rpc(server):

@@ -371,7 +371,7 @@ class FakeEngine(WorkerEngine):
         return self.vocabulary.tokenize(text, add_special)
 
     def token_piece(self, token_id: int) -> bytes:
-        return piece(token_id)
+        return self.vocabulary.token_piece(token_id)
 
     def render_chat(
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,

@@ -236,3 +236,33 @@ def test_with_mtls_the_certificate_subject_owns_the_request(tmp_path):
         assert "authentication by client certificate (mTLS) only" in server.log()
     finally:
         assert stop_server(server) == 0
+
+
+def test_a_broken_keys_file_is_reported_once_per_version(tmp_path, monkeypatch, caplog):
+    """Every call checks the file (at most once a second): a bad file, or a missing one, logged an error at every
+    check until it was fixed. Now each bad version is said once, and the keys in force stay."""
+    from service import keys
+
+    monkeypatch.setattr(keys, "_FILE_CHECK_S", 0.0)  # every call checks, as calls a second apart would
+    path = tmp_path / "keys"
+    path.write_text(f"alice:{digest(KEYS['alice'])}\n")
+    store = keys.KeyStore(path=str(path))
+    caplog.set_level("INFO", logger=keys.__name__)
+
+    def said(text: str) -> int:
+        return sum(text in record.getMessage() for record in caplog.records)
+
+    path.write_text("alice has no digest\n")
+    for _ in range(5):
+        store.reload_if_changed()
+    assert said("API keys file not reloaded") == 1 and store.name_for(KEYS["alice"]) == "alice"
+    store.reload_if_changed(force=True)  # SIGHUP: the operator asks, so the answer comes again
+    assert said("API keys file not reloaded") == 2
+    path.unlink()
+    for _ in range(5):
+        store.reload_if_changed()
+    assert said("API keys file not reloaded") == 3 and said("No such file") == 1
+    path.write_text(f"bob:{digest(KEYS['bob'])}\n")
+    store.reload_if_changed()
+    assert said("API keys reloaded") == 1 and store.name_for(KEYS["bob"]) == "bob"
+    assert store.name_for(KEYS["alice"]) is None

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from backend.config import EngineConfig, EngineKind
+from backend.llamacpp.cache_events import BLOCK_SIZE
 from service.config import ServeConfig
 from tests.harness.helpers import rpc_error, wait_for
 from tests.harness.kv_subscriber import GrpcFollower, ZmqFollower
@@ -69,7 +70,7 @@ def test_subscribers_rebuild_the_servers_index_from_events_alone(events_stub):
     stub = events_stub
     info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     sources = info.cache_event_sources
-    assert info.cache_block_size == 64 and sources.endpoint.startswith("tcp://127.0.0.1:") and sources.replay_endpoint
+    assert info.cache_block_size == BLOCK_SIZE and sources.endpoint.startswith("tcp://127.0.0.1:") and sources.replay_endpoint
     assert sources.topic.startswith("kv@") and sources.topic.endswith(f"@{info.model_id}")
     rng = random.Random(1037)
     stems = [[rng.randrange(300, 4000) for _ in range(260)] for _ in range(5)]
@@ -109,7 +110,7 @@ def test_subscribers_rebuild_the_servers_index_from_events_alone(events_stub):
 
 def test_status_reports_the_block_size_and_the_last_sequence(events_stub):
     status = events_stub.GetServerStatus(pb.GetServerStatusRequest(), timeout=10)
-    assert status.cache_block_size == 64 and status.cache_events_sequence >= 0
+    assert status.cache_block_size == BLOCK_SIZE and status.cache_events_sequence >= 0
 
 
 def test_a_start_no_longer_kept_is_out_of_range(events_stub):

@@ -62,11 +62,12 @@ def test_a_chats_next_turn_takes_the_previous_answer_from_the_cache(shared):
         answer, usage = served(shared, request)
         history = pb.Chat(messages=request.chat.messages[:-1], add_generation_prompt=False)
         before = shared.Tokenize(pb.TokenizeRequest(chat=history)).count
-        if i > 0:  # everything before the new question, the previous answer included
-            assert usage.cached_tokens == before, (i, usage)
+        if i > 0:  # everything before the new question, the previous answer included, to the token: but for the
+            # answer's last sampled token (never fed) and the end of turn the template writes after it
+            assert before - 3 <= usage.cached_tokens <= before - 2, (i, before, usage)
         turns += [question, answer]
     status = shared.GetServerStatus(pb.GetServerStatusRequest())
-    assert status.retiled_tokens_total > 0
+    assert status.retiled_tokens_total == 0  # the answers' cells taken as decoded, never computed again
 
 
 def test_salted_requests_share_cached_prefixes_only_within_their_salt(shared):

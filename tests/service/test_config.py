@@ -83,7 +83,7 @@ def test_exllamav2_attention_from_flag_environment_and_file(tmp_path):
     assert load_config({}, environ=environ, config_file=str(config_file)).engine.exllamav2.attention == "flash-attn"
     flags = vars(_parser().parse_args(["serve", "--attention", "sdpa"]))
     assert load_config(flags, environ=environ, config_file=str(config_file)).engine.exllamav2.attention == "sdpa"
-    with pytest.raises(ValueError, match="attention must be auto, flash-attn, sdpa or off"):
+    with pytest.raises(ValueError, match="attention must be auto, flash-attn, sdpa, triton or off"):
         load_config({"attention": "xformers"}, environ={})
 
 

@@ -231,3 +231,23 @@ def _compiled(stub, constraint: pb.Constraint) -> pb.CompileConstraintResponse |
     except grpc.RpcError as error:  # the port is closed until the new front end listens
         assert error.code() == grpc.StatusCode.UNAVAILABLE, error
         return None
+
+
+def test_killing_the_supervisor_takes_the_engine_and_the_front_ends_with_it(tmp_path):
+    """kill -9 (or an OOM kill) of `tokenspout serve` leaves no orphan holding the port or the model."""
+    server = start_server(tmp_path, "--front-ends", "2", "--context-length", "512", fake_engine=True)
+    children = [engine_pid(server), *front_end_pids(server, 2).values()]
+    server.process.kill()
+    server.process.wait(timeout=30)
+    wait_for(lambda: not any(_alive(pid) for pid in children), 30, "the children to end")
+    error = rpc_error(lambda: pb_grpc.GenerationServiceStub(grpc.insecure_channel(server.address)).GetServerStatus(
+        pb.GetServerStatusRequest(), timeout=5))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE  # nobody listens on the port any more
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False

@@ -9,10 +9,11 @@ import shutil
 import subprocess
 import sys
 
-import jsonschema
+from tests.harness.faults import StepGate
+from tests.harness.helpers import wait_for
+from tests.harness.servers import start_server, stop_server
 
 GRPCURL = shutil.which("grpcurl", path=str(pathlib.Path(sys.executable).parent)) or "grpcurl"
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def grpcurl(server, *args: str, data: dict | None = None) -> subprocess.CompletedProcess:
@@ -90,35 +91,44 @@ def test_sampler_messages_in_json_and_unimplemented_ones(server):
     assert "Code: Unimplemented" in top_a.stderr and "sampling.top_a" in top_a.stderr
 
 
-def readme_call(key: str) -> tuple[str, str]:
-    """The README's one `grpcurl -d '<json>' 127.0.0.1:50051 <method>` example whose JSON has `key`:
-    its JSON text as printed and its method, so the README's examples stay tested as written."""
-    calls = re.findall(r"grpcurl -plaintext -d '(\{.*?\})' 127\.0\.0\.1:50051 (\S+)", README.read_text(), re.S)
-    (found,) = [(data, method) for data, method in calls if f'"{key}"' in data]
-    return found
+def details(stderr: str) -> list[dict]:
+    """The google.rpc details grpcurl printed for an error, each as JSON (it prints an unknown type as base64)."""
+    return [json.loads(line.split(")", 1)[1]) for line in stderr.splitlines() if re.match(r"\s+\d+\)\s", line)]
 
 
-def run_readme_call(server, key: str) -> dict:
-    data, method = readme_call(key)
-    result = subprocess.run([GRPCURL, "-plaintext", "-d", data, server.address, method], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+def test_grpcurl_prints_every_error_detail_readably(tmp_path):
+    """Reflection serves google.rpc's detail types, so grpcurl shows ErrorInfo's reason, BadRequest's fields and
+    RetryInfo's delay (not "google.rpc.ErrorInfo is not recognized" and base64)."""
+    gate = StepGate(tmp_path / "steps")
+    gate.hold_at(0)  # the engine holds the one request it admits: the next one finds the server full
+    server = start_server(tmp_path, "--max-batch-size", "1", "--max-queued-requests", "0",
+                          faults=("--step-gate", str(gate.path)), fake_engine=True)
+    holder = None
+    try:
+        bad = grpcurl(server, "tokenspout.v1.GenerationService/Generate", data={"prompt": "hi", "sampling": {"topP": 2}})
+        assert "Code: InvalidArgument" in bad.stderr and "not recognized" not in bad.stderr, bad.stderr
+        assert details(bad.stderr) == [
+            {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "domain": "tokenspout.v1", "reason": "INVALID_REQUEST"},
+            {"@type": "type.googleapis.com/google.rpc.BadRequest",
+             "field_violations": [{"field": "sampling.top_p", "description": "must be in (0.0, 1.0]"}]},
+        ]
+        holder = subprocess.Popen([GRPCURL, "-plaintext", "-d", json.dumps({"prompt": "hold", "stopping": {"maxNewTokens": 4}}),
+                                   server.address, "tokenspout.v1.GenerationService/GenerateStream"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+        def holding() -> bool:
+            status = json.loads(grpcurl(server, "tokenspout.v1.GenerationService/GetServerStatus").stdout)
+            return status.get("runningSequences", 0) + status.get("queuedRequests", 0) == 1
 
-def test_the_readme_tool_call(server):
-    answer = run_readme_call(server, "tools")
-    assert answer["finish"]["reason"] == "FINISH_REASON_TOOL_CALLS", answer
-    (call,) = answer["toolCalls"]
-    assert call["name"] == "get_weather" and re.fullmatch(r"call_[A-Za-z0-9]{24}", call["id"])
-    assert isinstance(json.loads(call["arguments"])["city"], str)
-    assert not answer.get("text")
-
-
-def test_the_readme_reasoning_with_a_json_answer(server):
-    answer = run_readme_call(server, "reasoning")
-    assert answer.get("reasoning"), answer
-    # The constraint's JSON alone is the answer, the thinking kept apart.
-    schema = json.loads(json.loads(readme_call("reasoning")[0])["constraint"]["jsonSchema"])
-    jsonschema.validate(json.loads(answer["text"]), schema)
-    assert answer["finish"]["reason"] == "FINISH_REASON_CONSTRAINT_COMPLETE", answer
+        wait_for(holding, 60, "the held request to take the only place")
+        full = grpcurl(server, "tokenspout.v1.GenerationService/Generate", data={"prompt": "more"})
+        assert "Code: ResourceExhausted" in full.stderr and "not recognized" not in full.stderr, full.stderr
+        info, retry = details(full.stderr)
+        assert info["reason"] == "OVERLOADED" and info["@type"].endswith("google.rpc.ErrorInfo")
+        assert retry == {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retry_delay": "1s"}
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        gate.open()
+        assert stop_server(server) == 0

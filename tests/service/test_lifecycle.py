@@ -391,3 +391,20 @@ def every_sequence_stays_paused(engine: FakeEngine, count: int, looks: int = 5) 
             return False
         time.sleep(0.02)
     return True
+
+
+def test_a_cancelled_request_logs_the_tokens_it_was_sent():
+    """docs/operations.md: each request's end is one line with its token count, a cancelled one's too."""
+    server = start_fake("--max-batch-size", "2", "--context-length", "512")
+    server.engine.plan("held-", hold_after=3)  # three tokens, then the sequence waits for the cancel
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            call = pb_grpc.GenerationServiceStub(channel).GenerateStream(long_request("held-1", 100), timeout=60)
+            for message in call:
+                if message.generated_tokens == 3:
+                    break
+            call.cancel()
+            wait_for(lambda: "request held-1 ended by the caller" in server.log(), what="the cancelled request's line")
+    finally:
+        server.close()
+    assert "INFO service.generation: request held-1 ended by the caller: cancelled, 3 tokens" in server.log()

@@ -118,7 +118,7 @@ def test_a_truncated_chat_drops_whole_messages_oldest_first_but_never_its_system
 
 def test_chat_truncation_finds_the_fewest_messages_to_drop_by_bisection():
     from backend.types import ChatMessage
-    from service.truncation import truncated_chat
+    from service.chat.render import truncated_chat
 
     renders = []
 

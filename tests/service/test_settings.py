@@ -40,9 +40,11 @@ def test_bool_settings_from_every_source(name, word, expected, tmp_path):
     flag = "--" + name.replace("_", "-")
     assert value_of(from_flags(flag, word), name) is expected
     assert value_of(load_config({}, environ={**WITH_A_KEY, f"TOKENSPOUT_{name.upper()}": word}), name) is expected
-    quoted = tmp_path / "quoted.toml"
+    quoted = tmp_path / "quoted.toml"  # TOML has booleans: text in their place is refused, not read
     quoted.write_text(f'{name} = "{word}"\n')
-    assert value_of(load_config({}, environ=WITH_A_KEY, config_file=str(quoted)), name) is expected
+    with pytest.raises(ValueError, match=f"{name} must be true or false, not the text '{word}' "
+                                         f"\\(write {name} = {str(expected).lower()}, without quotes\\)"):
+        load_config({}, environ=WITH_A_KEY, config_file=str(quoted))
     native = tmp_path / "native.toml"
     native.write_text(f"{name} = {str(expected).lower()}\n")
     assert value_of(load_config({}, environ=WITH_A_KEY, config_file=str(native)), name) is expected
@@ -80,9 +82,18 @@ def test_anything_else_is_a_one_line_error(name, word, capsys, monkeypatch, tmp_
     "toml, message",
     [
         ("max_batch_size = 2.5", "max_batch_size: expected an integer"),
-        ('max_batch_size = "2"', None),
+        # A quoted number is text, refused as type-checking loaders refuse it (a flag or variable is text anyway).
+        ('max_batch_size = "2"', "max_batch_size must be an integer, not the text '2' "
+                                 r"\(write max_batch_size = 2, without quotes\)$"),
+        ('max_batch_size = "two"', "max_batch_size must be an integer, not the text 'two'$"),
+        ('grace_period_s = "5"', r"grace_period_s must be a number, not the text '5' \(write grace_period_s = 5,"),
+        ('prefix_cache = "yes"', r"prefix_cache must be true or false, not the text 'yes' \(write prefix_cache = true,"),
         ("listen = 50051", "listen: expected text"),
         ("grace_period_s = 5", None),
+        ('cache_type = "q8"', None),  # a closed set's values are text in TOML too
+        ('gpu_split = "20,24"', None),
+        ("gpu_split = [20, 24.5]", None),
+        ('priority_callers = ["a", "b, c"]', None),
         ("threads = true", "threads: expected an integer"),
         ("context_length = [", "not valid TOML"),
     ],
@@ -173,7 +184,7 @@ def test_trace_content_false_really_is_off_on_the_server(tmp_path):
     attributes = traced_rpc_span(tmp_path, "--trace-content", "false", env={"TOKENSPOUT_TRACE_CONTENT": "true"})
     assert "gen_ai.request.model" in attributes and "gen_ai.input.messages" not in attributes
     config_file = tmp_path / "on.toml"
-    config_file.write_text('trace_content = "yes"\n')
+    config_file.write_text('trace_content = true\n')
     attributes = traced_rpc_span(tmp_path, "--config", str(config_file))
     assert {"gen_ai.input.messages", "gen_ai.output.messages"} <= attributes
 

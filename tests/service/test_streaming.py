@@ -245,7 +245,9 @@ def test_model_info(stub):
     assert info.quantization == "Q4_1"
     assert {"temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "logit_bias"} <= set(info.samplers)
     assert info.limits.max_batch_size == 8
-    assert not info.reuses_decoded_cells  # prefix_cache_decoded is off by default
+    # Cached cells are reused to the token, answers' too, as llama-server reuses them (prefix_cache_exact is off).
+    assert info.prefix_reuse == pb.PREFIX_REUSE_AS_CACHED and info.reuses_decoded_cells
+    assert stub.GetServerStatus(pb.GetServerStatusRequest()).prefix_reuse == pb.PREFIX_REUSE_AS_CACHED
     assert json_format.MessageToDict(info)  # serializes for grpcurl users
 
 

@@ -117,3 +117,20 @@ async def test_a_sink_called_alone_still_relays_its_event() -> None:
     sink = relay.sink(s)
     threading.Thread(target=sink, args=(token(1, finish=True),)).start()
     assert [e.generated_tokens for e in await s.next_batch()] == [1]
+
+
+async def test_events_delivered_on_the_loop_itself_reach_their_streams_without_a_wake_up() -> None:
+    """An engine in another process is read on the event loop: its step goes straight to the streams, in order
+    after anything the relay still holds."""
+    loop = asyncio.get_running_loop()
+    relay = EventRelay(loop)
+    s, _ = stream()
+    sink = relay.sink(s)
+    wakes = []
+    call_soon_threadsafe = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda callback, *args: (wakes.append(callback), call_soon_threadsafe(callback, *args))  # type: ignore[method-assign]
+    try:
+        deliver_all([(sink, token(1)), (sink, token(2))])
+    finally:
+        loop.call_soon_threadsafe = call_soon_threadsafe  # type: ignore[method-assign]
+    assert wakes == [] and [e.generated_tokens for e in await s.next_batch()] == [1, 2]

@@ -201,3 +201,30 @@ def test_a_bad_constraint_with_reasoning_on_names_the_constraint(stub) -> None:
     chat = pb.Chat(messages=[USER], reasoning=pb.Reasoning(mode=pb.REASONING_MODE_ON))
     fields = bad(stub, chat, constraint=pb.Constraint(json_schema=json.dumps({"type": "string", "pattern": "(?<=x)a"})))
     assert "constraint.json_schema" in fields
+
+
+@pytest.mark.parametrize("budget", [16, 64])
+def test_the_reasoning_budget_counts_the_thinking_and_usage_adds_the_markers(stub, budget) -> None:
+    """docs/api.md: `budget_tokens` bounds the tokens between `<think>` and `</think>`; `usage.reasoning_tokens`
+    counts those and the markers' own (a budget of 64 reports 70 on the embedded model, whose markers are 3
+    tokens each). Greedy, so the model is still thinking when either budget runs out."""
+    markers = stub.Tokenize(pb.TokenizeRequest(texts=["<think>", "</think>"], add_special_tokens=False)).results
+    marker_tokens = sum(result.count for result in markers)
+    request = pb.GenerateStreamRequest(
+        chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="What is 2 + 3? Answer in JSON.")],
+                     reasoning=pb.Reasoning(mode=pb.REASONING_MODE_ON, budget_tokens=budget)),
+        constraint=pb.Constraint(json_schema='{"type": "object", "properties": {"answer": {"type": "integer"}}, '
+                                            '"required": ["answer"], "additionalProperties": false}'),
+        sampling=pb.SamplingParams(temperature=0), stopping=pb.StoppingCriteria(max_new_tokens=128),
+        output=pb.OutputOptions(return_token_ids=True),
+    )
+    messages = stream(stub, request)
+    pieces = [token.text for message in messages for token in message.tokens]
+    starts = [sum(len(piece) for piece in pieces[:i]) for i in range(len(pieces))]
+    text = "".join(pieces)
+    assert text.startswith("<think>") and "</think>" in text, text
+    # The tokens that start after the opener and before the end marker: the thinking.
+    thinking = [s for s in starts if len("<think>") <= s < text.index("</think>")]
+    assert text.index("</think>") in starts, "the end marker starts a token of its own"
+    assert len(thinking) == budget
+    assert messages[-1].finish.usage.reasoning_tokens == budget + marker_tokens == budget + 6

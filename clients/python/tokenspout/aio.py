@@ -11,24 +11,21 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Unpack
+from typing import TypeVar, Unpack
 
 import grpc
 import grpc.aio
 
 from tokenspout import requests as rq
 from tokenspout import responses as rs
-from tokenspout.affinity import with_affinity
-from tokenspout.connection import Tls, channel_spec
-from tokenspout.errors import CancelledError, TokenspoutError, from_rpc_error
-from tokenspout.retry import RetryPolicy, deadline_of, remaining
+from tokenspout.base import BaseClient, Unary, log
+from tokenspout.connection import ChannelSpec
+from tokenspout.errors import CancelledError, from_rpc_error
+from tokenspout.retry import remaining
 from tokenspout.streams import StreamState, generation
-from tokenspout.v1 import generation_pb2 as pb
-from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
-log = logging.getLogger("tokenspout.client")
+T = TypeVar("T")
 
 
 class AsyncStream(StreamState, AsyncIterator[rs.Chunk]):
@@ -73,48 +70,20 @@ class AsyncStream(StreamState, AsyncIterator[rs.Chunk]):
         self.cancel()
 
 
-class AsyncClient:
+class AsyncClient(BaseClient):
     """The asyncio twin of tokenspout.Client, with the same arguments and methods (awaitable)."""
 
-    def __init__(
-        self,
-        address: str | Sequence[str] = "127.0.0.1:50051",
-        *,
-        api_key: str | None = None,
-        tls: bool | Tls = False,
-        timeout: float | None = None,
-        retry: RetryPolicy | int = RetryPolicy(),
-        round_robin: bool | None = None,
-        options: Sequence[tuple[str, object]] = (),
-        affinity: bool = True,
-    ) -> None:
-        spec = channel_spec(address, api_key=api_key, tls=tls, round_robin=round_robin, options=options)
+    def _open(self, spec: ChannelSpec) -> grpc.aio.Channel:
         if spec.credentials is not None:
-            self._channel = grpc.aio.secure_channel(spec.target, spec.credentials, spec.options)
-        else:
-            self._channel = grpc.aio.insecure_channel(spec.target, spec.options)
-        self.stub = pb_grpc.GenerationServiceStub(self._channel)  # type: ignore[no-untyped-call]  # generated unannotated
-        self._metadata = spec.metadata
-        self.affinity = affinity
-        self.timeout = timeout
-        self.retry = RetryPolicy(max_retries=retry) if isinstance(retry, int) else retry
+            return grpc.aio.secure_channel(spec.target, spec.credentials, spec.options)
+        return grpc.aio.insecure_channel(spec.target, spec.options)
 
     def stream(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> AsyncStream:
-        request = rq.generate_request(pb.GenerateStreamRequest, prompt, options)
-        deadline = deadline_of(options.get("timeout", self.timeout))
-
-        metadata = self._call_metadata(request, options)
-
-        def start(timeout: float | None) -> Any:
-            return self.stub.GenerateStream(request, timeout=timeout, metadata=metadata)
-
+        start, deadline = self._stream_start(prompt, options)
         return AsyncStream(start, self.retry, deadline)
 
     async def generate(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> rs.Generation:
-        request = rq.generate_request(pb.GenerateRequest, prompt, options)
-        metadata = self._call_metadata(request, options)
-        response = await self._unary(self.stub.Generate, request, options.get("timeout"), metadata)
-        return rs.from_proto(rs.Generation, response)
+        return await self._send(self._generate(prompt, options))
 
     async def tokenize(
         self,
@@ -130,12 +99,10 @@ class AsyncClient:
     ) -> rs.Tokenized:
         """Token ids of a text, a chat, or several texts (`texts=`: answered in `results`); with
         `return_offsets`, where each token lies in its text."""
-        request = rq.tokenize_request(text, messages, add_special_tokens, model, texts, return_offsets)
-        return rs.from_proto(rs.Tokenized, await self._unary(self.stub.Tokenize, request, timeout))
+        return await self._send(self._tokenize(text, messages, texts, return_offsets, add_special_tokens, model, timeout))
 
     async def model_info(self, *, model: str = "", timeout: float | None = None) -> rs.ModelInfo:
-        request = pb.GetModelInfoRequest(model=model)
-        return rs.from_proto(rs.ModelInfo, await self._unary(self.stub.GetModelInfo, request, timeout))
+        return await self._send(self._model_info(model, timeout))
 
     async def compile(
         self,
@@ -149,41 +116,28 @@ class AsyncClient:
         model: str = "",
         timeout: float | None = None,
     ) -> rs.Compiled:
-        request = rq.compile_request(
-            constraint, model, json_schema=json_schema, regex=regex, grammar=grammar, choices=choices
-        )
-        return rs.from_proto(rs.Compiled, await self._unary(self.stub.CompileConstraint, request, timeout))
+        return await self._send(self._compile(constraint, model, timeout, json_schema=json_schema, regex=regex,
+                                              grammar=grammar, choices=choices))
 
     async def cancel(self, request_ids: str | Sequence[str], *, timeout: float | None = None) -> rs.Cancelled:
-        request = rq.cancel_request(request_ids)
-        return rs.from_proto(rs.Cancelled, await self._unary(self.stub.Cancel, request, timeout))
+        return await self._send(self._cancel(request_ids, timeout))
 
     async def status(self, *, timeout: float | None = None) -> rs.ServerStatus:
-        response = await self._unary(self.stub.GetServerStatus, pb.GetServerStatusRequest(), timeout)
-        return rs.from_proto(rs.ServerStatus, response)
+        return await self._send(self._status(timeout))
 
-    def _call_metadata(self, request: Any, options: rq.GenerateOptions) -> tuple[tuple[str, str], ...]:
-        """The channel's metadata and, unless turned off, the affinity key (tokenspout.affinity)."""
-        if not self.affinity:
-            return self._metadata
-        return with_affinity(self._metadata, request, options.get("session_id"))
-
-    async def _unary(
-        self, method: Any, request: Any, timeout: float | None, metadata: tuple[tuple[str, str], ...] | None = None
-    ) -> Any:
-        deadline = deadline_of(timeout if timeout is not None else self.timeout)
+    async def _send(self, call: Unary[T]) -> T:
+        """Sends a unary call, again after a wait while the retry policy allows, and reads its answer."""
+        deadline = self._deadline(call)
         retries = 0
         while True:
             try:
-                return await method(request, timeout=remaining(deadline), metadata=metadata or self._metadata)
+                response = await call.method(call.request, timeout=remaining(deadline),
+                                             metadata=call.metadata or self._metadata)
             except grpc.RpcError as rpc_error:
-                error: TokenspoutError = from_rpc_error(rpc_error)
-                wait = self.retry.delay(error, retries, deadline)
-                if wait is None:
-                    raise error from None
-                log.info("retrying %s in %.2f s after %s", type(request).__name__, wait, error)
-                await asyncio.sleep(wait)
+                await asyncio.sleep(self._retry_wait(rpc_error, call, retries, deadline))
                 retries += 1
+                continue
+            return call.read(response)
 
     async def close(self) -> None:
         await self._channel.close()

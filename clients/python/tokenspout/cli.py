@@ -36,7 +36,9 @@ def _json(value: Any) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenspout-client", description="Talk to a tokenspout server.")
+    # No abbreviations: `--json` after a command must not be read as that command's `--json-schema`.
+    parser = argparse.ArgumentParser(prog="tokenspout-client", description="Talk to a tokenspout server.",
+                                     allow_abbrev=False)
     parser.add_argument("--address", default=os.environ.get("TOKENSPOUT_ADDRESS", DEFAULT_ADDRESS),
                         help="host:port (default $TOKENSPOUT_ADDRESS or %(default)s)")
     parser.add_argument("--api-key", help="sent as a bearer token (default $TOKENSPOUT_API_KEY)")
@@ -45,9 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, help="deadline of the call in seconds")
     parser.add_argument("--json", action="store_true", help="print JSON (one object per line for stream)")
     commands = parser.add_subparsers(dest="command", required=True)
+    # Every command takes --json too, before or after its arguments; SUPPRESS keeps a --json given before
+    # the command from being reset by the command's own default.
+    json_after = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    json_after.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
 
     for name, help_text in (("stream", "print the text as it is generated"), ("generate", "print the whole text")):
-        command = commands.add_parser(name, help=help_text)
+        command = commands.add_parser(name, help=help_text, parents=[json_after], allow_abbrev=False)
         command.add_argument("prompt")
         command.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
         command.add_argument("--system", help="a system message (implies --chat)")
@@ -61,16 +67,29 @@ def _parser() -> argparse.ArgumentParser:
         kinds.add_argument("--grammar", help="a Lark grammar, inline or @file")
         kinds.add_argument("--choice", action="append", dest="choices", help="an allowed output (repeatable)")
 
-    tokenize = commands.add_parser("tokenize", help="print the token ids of a text")
+    tokenize = commands.add_parser("tokenize", help="print the token ids of a text", parents=[json_after],
+                                   allow_abbrev=False)
     tokenize.add_argument("text")
     tokenize.add_argument("--chat", action="store_true", help="tokenize the text as a user chat message")
-    commands.add_parser("info", help="describe the model and the server's state")
+    commands.add_parser("info", help="describe the model and the server's state", parents=[json_after],
+                        allow_abbrev=False)
     return parser
+
+
+class UsageError(Exception):
+    """A mistake in the command line found after parsing (an unreadable @file): one line, exit 2."""
+
+
+def _read(path: pathlib.Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
 
 
 def _text_or_file(value: str | None) -> str | None:
     if value is not None and value.startswith("@"):
-        return pathlib.Path(value[1:]).read_text()
+        return _read(pathlib.Path(value[1:])).decode()
     return value
 
 
@@ -130,11 +149,14 @@ def _run(client: Client, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    tls: bool | Tls = Tls(root_certificates=args.ca.read_bytes()) if args.ca else args.tls
+    parser = _parser()
+    args = parser.parse_args(argv)
     try:
+        tls: bool | Tls = Tls(root_certificates=_read(args.ca)) if args.ca else args.tls
         with Client(args.address, api_key=args.api_key, tls=tls, timeout=args.timeout) as client:
             _run(client, args)
+    except UsageError as error:
+        parser.error(str(error))
     except TokenspoutError as error:
         print(f"error: {error}", file=sys.stderr)
         for violation in error.field_violations:

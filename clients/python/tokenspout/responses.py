@@ -90,56 +90,49 @@ class Token:
 
 
 @dataclass(frozen=True)
-class Chunk:
+class _SampleOutput:
+    """What a chunk, a sample and a whole generation each carry of one sample's output."""
+
+    index: int = 0
+    """The sample (0 to n - 1)."""
+    text: str = ""
+    tokens: list[Token] = field(default_factory=list)
+    generated_tokens: int = 0
+    finish: Finish | None = None
+    reasoning: str = ""
+    """Reasoning text, apart from `text`."""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    """The calls the model made (a chunk's: those completed in it); finish.reason is then "tool_calls"."""
+
+
+@dataclass(frozen=True)
+class _CallOutput(_SampleOutput):
+    """What a chunk and a whole generation carry of the call besides."""
+
+    request_id: str = ""
+    input_tokens: int = 0
+    prompt_tokens: list[Token] = field(default_factory=list)
+    truncated_input_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Chunk(_CallOutput):
     """One streamed message: new text, and `finish` on the last one (of its sample: see `index`)."""
 
-    request_id: str = ""
-    text: str = ""
-    tokens: list[Token] = field(default_factory=list)
-    generated_tokens: int = 0
-    input_tokens: int = 0
-    finish: Finish | None = None
-    index: int = 0
-    prompt_tokens: list[Token] = field(default_factory=list)
-    truncated_input_tokens: int = 0
-    reasoning: str = ""
-    """New reasoning text, apart from `text`."""
     tool_call_deltas: list[ToolCallDelta] = field(default_factory=list)
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    """Calls completed in this chunk."""
 
 
 @dataclass(frozen=True)
-class Sample:
+class Sample(_SampleOutput):
     """One of n samples of a generation."""
 
-    index: int = 0
-    text: str = ""
-    tokens: list[Token] = field(default_factory=list)
-    generated_tokens: int = 0
-    finish: Finish | None = None
-    reasoning: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-
 
 @dataclass(frozen=True)
-class Generation:
-    """A whole generation (from generate(), or a stream's `result()`)."""
+class Generation(_CallOutput):
+    """A whole generation (from generate(), or a stream's `result()`): its first sample, and every one with n > 1."""
 
-    request_id: str = ""
-    text: str = ""
-    tokens: list[Token] = field(default_factory=list)
-    generated_tokens: int = 0
-    input_tokens: int = 0
-    finish: Finish | None = None
-    index: int = 0
-    prompt_tokens: list[Token] = field(default_factory=list)
-    truncated_input_tokens: int = 0
     samples: list[Sample] = field(default_factory=list)
     """With n > 1: every sample, the first one (the fields above) included."""
-    reasoning: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    """The calls the model made; finish.reason is then "tool_calls"."""
 
     def parse(self, model: type[T]) -> T:
         """The text validated into a pydantic model (for a json_schema= generation)."""

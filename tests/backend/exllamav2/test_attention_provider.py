@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pathlib
 import sys
 import textwrap
 
@@ -21,45 +22,8 @@ from backend.engine import EngineUnavailable
 from backend.exllamav2 import attention_provider, paged_attention
 from backend.exllamav2.attention_provider import import_exllamav2
 
-ATTN_PY = '''
-import inspect
-import os
-
-import torch
-
-has_flash_attn = False
-has_flash_attn_with_paged = False
-has_flash_attn_with_window = False
-has_flash_attn_with_softcap = False
-
-if 'EXLLAMA_NO_FLASH_ATTN' not in os.environ:
-
-    try:
-        import flash_attn
-        flash_attn_ver = [int(t) for t in flash_attn.__version__.split(".") if t.isdigit()]
-        is_ampere_or_newer_gpu = any(torch.cuda.get_device_properties(i).major >= 8 for i in range(torch.cuda.device_count()))
-
-        if [2, 2, 1] <= flash_attn_ver < [2, 5, 7]:
-            from flash_attn import flash_attn_func, flash_attn_varlen_func
-            has_flash_attn = True
-
-        if [2, 5, 7] <= flash_attn_ver:
-            from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
-
-            signature = list(inspect.signature(flash_attn_func).parameters)
-            has_flash_attn_with_window = "window_size" in signature
-            has_flash_attn_with_softcap = "softcap" in signature
-
-            import flash_attn_2_cuda as flash_attn_cuda
-
-            has_flash_attn = True
-            has_flash_attn_with_paged = True
-
-    except ModuleNotFoundError:
-        pass
-    except NameError:
-        pass
-'''
+# exllamav2 0.3.2's attn.py detection, as the CPU stand-in for exllamav2 runs it (bench/gpu/rehearse.sh).
+ATTN_PY = (pathlib.Path(__file__).resolve().parents[2] / "harness" / "stand_ins" / "exllamav2" / "attn.py").read_text()
 
 # A flash-attn built for another torch or CUDA: its import fails with an ImportError that is not a
 # ModuleNotFoundError, which 0.3.2's attn.py does not catch.
@@ -121,6 +85,29 @@ def test_sdpa_runs_exllamav2_paged_on_tokenspouts_functions_and_leaves_no_flash_
     assert os.environ["EXLLAMA_NO_FLASH_ATTN"] == "1"
 
 
+def test_triton_runs_exllamav2_paged_on_the_kernel_for_kvcache_and_sdpa_for_the_rest(site, no_flash_attn):
+    pytest.importorskip("triton")
+    from backend.exllamav2 import paged_attention_triton
+
+    module, provider = import_exllamav2(AttentionSetting.TRITON)
+    attn = sys.modules["exllamav2.attn"]
+    assert provider == "triton" and attn.has_flash_attn_with_paged
+    assert attn.flash_attn_with_kvcache is paged_attention_triton.flash_attn_with_kvcache
+    assert attn.flash_attn_func is paged_attention.flash_attn_func
+    assert "flash_attn" not in sys.modules and importlib.util.find_spec("flash_attn") is None
+
+
+def test_triton_without_triton_installed_refuses_before_importing_exllamav2(site, no_flash_attn, monkeypatch):
+    import backend.exllamav2
+
+    monkeypatch.setitem(sys.modules, "backend.exllamav2.paged_attention_triton", None)  # as if triton were missing
+    monkeypatch.delattr(backend.exllamav2, "paged_attention_triton", raising=False)
+    with pytest.raises(EngineUnavailable, match="attention = triton needs the triton package") as refused:
+        import_exllamav2("triton")
+    assert "attention = sdpa" in str(refused.value)
+    assert "exllamav2" not in sys.modules
+
+
 def test_off_runs_exllamav2_unpaged_and_leaves_the_environment_as_it_was(site, monkeypatch):
     monkeypatch.delenv("EXLLAMA_NO_FLASH_ATTN", raising=False)
     _, provider = import_exllamav2("off")
@@ -164,9 +151,13 @@ def test_a_second_import_with_a_conflicting_setting_is_refused(site, no_flash_at
         import_exllamav2("off")
     with pytest.raises(EngineUnavailable, match="already imported with sdpa"):
         import_exllamav2("flash-attn")
+    with pytest.raises(EngineUnavailable, match="already imported with sdpa"):
+        import_exllamav2("triton")
 
 
 def test_the_start_line_names_the_provider_and_whether_it_batches():
     assert attention_provider.describe("sdpa", True, 8) == (
         "exllamav2 attention: sdpa (tokenspout's paged attention on torch SDPA), paged, batch 8")
+    assert attention_provider.describe("triton", True, 64) == (
+        "exllamav2 attention: triton (tokenspout's paged attention kernel, each page read once), paged, batch 64")
     assert attention_provider.describe("none", False, 1) == "exllamav2 attention: none, unpaged, one request at a time"

@@ -10,7 +10,7 @@ from backend.events import ErrorEvent, ErrorKind, FinishReason, TokenEvent
 from backend.llamacpp.core import LlamaCppCore
 from backend.llamacpp.engine import LlamaCppEngine
 from backend.llamacpp.sampling import Sampler
-from backend.types import GenerationRequest, SamplingParams, StopParams
+from backend.types import GenerationRequest, PrefixReuse, SamplingParams, StopParams
 from tests.harness.core_driver import Recorder, make_core, request, run_until_idle
 
 
@@ -48,7 +48,9 @@ def test_a_finished_sequence_frees_its_cache_at_once(core, model):
     assert cache_cells(core, 0) > 0
     run_until_idle(core)
     assert rec.finish.usage.completion_tokens == 5
-    assert core.stats.running_sequences == 0 and core.stats.cache_tokens_used == 0 and cache_cells(core, 0) == 0
+    assert core.stats.running_sequences == 0 and core.stats.cache_tokens_used == 0
+    # Its cells stay only as an idle cached prefix, which any request may overwrite.
+    assert core.stats.prefix_cache_entries == 1 and cache_cells(core, 0) == core.stats.prefix_cache_tokens > 0
 
 
 def test_cancel_ends_a_running_sequence_and_frees_its_cache(core, model):
@@ -58,7 +60,8 @@ def test_cancel_ends_a_running_sequence_and_frees_its_cache(core, model):
         core.step()
     core.cancel("a")
     assert rec.finish.reason is FinishReason.CANCELLED
-    assert core.stats.running_sequences == 0 and cache_cells(core, 0) == 0 and not core.has_work()
+    assert core.stats.running_sequences == 0 and core.stats.cache_tokens_used == 0 and not core.has_work()
+    assert core.stats.prefix_cache_entries == 1 and cache_cells(core, 0) == core.stats.prefix_cache_tokens
 
 
 def test_cancel_of_a_waiting_request(core, model):
@@ -152,9 +155,10 @@ def test_a_fault_in_one_sequence_leaves_the_other_running(core, model, monkeypat
 def test_the_threaded_engine_delivers_events_from_its_worker(model_path):
     import queue
 
-    engine = LlamaCppEngine(model_path, EngineConfig.of(prefix_cache_decoded=True))
+    engine = LlamaCppEngine(model_path, EngineConfig.of(prefix_cache_exact=True))
     try:
-        assert engine.info.reuses_decoded_cells  # GetModelInfo tells callers greedy output may follow the cache
+        # GetModelInfo tells callers that greedy output does not follow the cache (the default: it may)
+        assert engine.info.prefix_reuse is PrefixReuse.EXACT and not engine.info.reuses_decoded_cells
         events: queue.Queue = queue.Queue()
         engine.submit(
             GenerationRequest(

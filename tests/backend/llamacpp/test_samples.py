@@ -70,12 +70,15 @@ def test_four_samples_compute_the_prompt_once_and_each_is_its_own(stub):
     outputs = [tuple(ids(samples[i])) for i in range(4)]
     # Each sample is its own seed's: that seed alone reproduces it. Two samples may still agree by chance
     # (12 tokens at temperature 1 where the model is sure of them), so distinctness asks only that the
-    # seeds made a difference at all.
+    # seeds made a difference at all. Each run again has a salt of its own, so it computes the prompt cold as
+    # the first did (the server reuses cached cells to the token, whose last row computed alone may sample
+    # otherwise: docs/engines.md, prefix_cache_exact).
     for index, output in enumerate(outputs):
-        alone = by_sample(stub.GenerateStream(sampled(prompt, 1, seed=1000 + index), timeout=120))
+        alone = by_sample(stub.GenerateStream(sampled(prompt, 1, seed=1000 + index, cache_salt=secrets.token_hex(4)),
+                                              timeout=120))
         assert tuple(ids(alone[0])) == output, f"seed {1000 + index} alone gave another sample"
     assert len(set(outputs)) > 1, "four seeds gave one sample"
-    again = by_sample(stub.GenerateStream(sampled(prompt, 4, seed=1000), timeout=120))
+    again = by_sample(stub.GenerateStream(sampled(prompt, 4, seed=1000, cache_salt=secrets.token_hex(4)), timeout=120))
     assert [tuple(ids(again[i])) for i in range(4)] == outputs
 
 

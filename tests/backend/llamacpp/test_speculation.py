@@ -400,7 +400,7 @@ def test_a_preempted_speculating_sequence_comes_back_with_the_same_output(model,
 
 
 def test_prefix_reuse_after_speculation_gives_the_same_output(model, check_every_proposal):
-    core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128)
+    core = make_core(model, context_length=512, max_batch_size=2, batch_tokens=128, prefix_cache_exact=True)
     try:
         first = run(core, request(model, "first", NGRAM))["first"]
         again = run(core, request(model, "again", NGRAM))["again"]

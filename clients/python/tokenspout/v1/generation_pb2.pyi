@@ -39,6 +39,13 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_CONSTRAINT_COMPLETE: _ClassVar[FinishReason]
     FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
+
+class PrefixReuse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PREFIX_REUSE_UNSPECIFIED: _ClassVar[PrefixReuse]
+    PREFIX_REUSE_OFF: _ClassVar[PrefixReuse]
+    PREFIX_REUSE_AS_CACHED: _ClassVar[PrefixReuse]
+    PREFIX_REUSE_EXACT: _ClassVar[PrefixReuse]
 SPECULATION_MODE_UNSPECIFIED: SpeculationMode
 SPECULATION_MODE_OFF: SpeculationMode
 SPECULATION_MODE_NGRAM: SpeculationMode
@@ -60,6 +67,10 @@ FINISH_REASON_CONTEXT_LIMIT: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_CONSTRAINT_COMPLETE: FinishReason
 FINISH_REASON_TOOL_CALLS: FinishReason
+PREFIX_REUSE_UNSPECIFIED: PrefixReuse
+PREFIX_REUSE_OFF: PrefixReuse
+PREFIX_REUSE_AS_CACHED: PrefixReuse
+PREFIX_REUSE_EXACT: PrefixReuse
 
 class GenerateStreamRequest(_message.Message):
     __slots__ = ("request_id", "model", "prompt", "chat", "prompt_token_ids", "sampling", "stopping", "constraint", "output", "speculation", "priority", "queue_timeout_ms", "n", "truncate_input_tokens", "cache_salt")
@@ -621,7 +632,7 @@ class GetServerStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerStatusResponse(_message.Message):
-    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers", "draft_tokens_total", "accepted_draft_tokens_total", "attention_provider", "cache_block_size", "cache_events_sequence", "retiled_tokens_total", "engine_restarts")
+    __slots__ = ("running_sequences", "queued_requests", "paused_sequences", "cache_tokens_used", "cache_tokens_free", "max_batch_size", "max_queued_requests", "engine_steps", "cancelled_total", "last_cancel_latency_steps", "last_cancel_latency_ms", "max_cancel_latency_steps", "rejected_total", "draining", "started_total", "cached_prefixes", "cached_prefix_tokens", "prompt_tokens_total", "cached_prompt_tokens_total", "prefix_cache_hit_rate", "preempted_total", "preempted_sequences", "recomputed_tokens_total", "callers", "draft_tokens_total", "accepted_draft_tokens_total", "attention_provider", "cache_block_size", "cache_events_sequence", "retiled_tokens_total", "engine_restarts", "prefix_reuse")
     RUNNING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -653,6 +664,7 @@ class GetServerStatusResponse(_message.Message):
     CACHE_EVENTS_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     RETILED_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_REUSE_FIELD_NUMBER: _ClassVar[int]
     running_sequences: int
     queued_requests: int
     paused_sequences: int
@@ -684,7 +696,8 @@ class GetServerStatusResponse(_message.Message):
     cache_events_sequence: int
     retiled_tokens_total: int
     engine_restarts: int
-    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., attention_provider: _Optional[str] = ..., cache_block_size: _Optional[int] = ..., cache_events_sequence: _Optional[int] = ..., retiled_tokens_total: _Optional[int] = ..., engine_restarts: _Optional[int] = ...) -> None: ...
+    prefix_reuse: PrefixReuse
+    def __init__(self, running_sequences: _Optional[int] = ..., queued_requests: _Optional[int] = ..., paused_sequences: _Optional[int] = ..., cache_tokens_used: _Optional[int] = ..., cache_tokens_free: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., engine_steps: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., last_cancel_latency_steps: _Optional[int] = ..., last_cancel_latency_ms: _Optional[float] = ..., max_cancel_latency_steps: _Optional[int] = ..., rejected_total: _Optional[int] = ..., draining: _Optional[bool] = ..., started_total: _Optional[int] = ..., cached_prefixes: _Optional[int] = ..., cached_prefix_tokens: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., cached_prompt_tokens_total: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ..., preempted_total: _Optional[int] = ..., preempted_sequences: _Optional[int] = ..., recomputed_tokens_total: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerStatus, _Mapping]]] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., attention_provider: _Optional[str] = ..., cache_block_size: _Optional[int] = ..., cache_events_sequence: _Optional[int] = ..., retiled_tokens_total: _Optional[int] = ..., engine_restarts: _Optional[int] = ..., prefix_reuse: _Optional[_Union[PrefixReuse, str]] = ...) -> None: ...
 
 class CallerStatus(_message.Message):
     __slots__ = ("caller", "running_sequences", "queued_requests", "preempted_sequences", "prompt_tokens_total", "generated_tokens_total", "preempted_total", "refused_total", "shed_total", "queue_timeouts_total", "weight")
@@ -719,7 +732,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features", "attention_provider", "cache_block_size", "cache_event_sources", "tool_call_format", "template_renders_tools", "reasoning_format", "reuses_decoded_cells")
+    __slots__ = ("model_id", "engine", "context_length", "vocab_size", "special_tokens", "samplers", "constraint_kinds", "limits", "has_chat_template", "quantization", "speculation_modes", "default_speculation", "request_features", "attention_provider", "cache_block_size", "cache_event_sources", "tool_call_format", "template_renders_tools", "reasoning_format", "reuses_decoded_cells", "prefix_reuse")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -740,6 +753,7 @@ class GetModelInfoResponse(_message.Message):
     TEMPLATE_RENDERS_TOOLS_FIELD_NUMBER: _ClassVar[int]
     REASONING_FORMAT_FIELD_NUMBER: _ClassVar[int]
     REUSES_DECODED_CELLS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_REUSE_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     engine: str
     context_length: int
@@ -760,7 +774,8 @@ class GetModelInfoResponse(_message.Message):
     template_renders_tools: bool
     reasoning_format: str
     reuses_decoded_cells: bool
-    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ..., attention_provider: _Optional[str] = ..., cache_block_size: _Optional[int] = ..., cache_event_sources: _Optional[_Union[CacheEventSources, _Mapping]] = ..., tool_call_format: _Optional[str] = ..., template_renders_tools: _Optional[bool] = ..., reasoning_format: _Optional[str] = ..., reuses_decoded_cells: _Optional[bool] = ...) -> None: ...
+    prefix_reuse: PrefixReuse
+    def __init__(self, model_id: _Optional[str] = ..., engine: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., special_tokens: _Optional[_Union[SpecialTokens, _Mapping]] = ..., samplers: _Optional[_Iterable[str]] = ..., constraint_kinds: _Optional[_Iterable[str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., has_chat_template: _Optional[bool] = ..., quantization: _Optional[str] = ..., speculation_modes: _Optional[_Iterable[_Union[SpeculationMode, str]]] = ..., default_speculation: _Optional[_Union[Speculation, _Mapping]] = ..., request_features: _Optional[_Iterable[str]] = ..., attention_provider: _Optional[str] = ..., cache_block_size: _Optional[int] = ..., cache_event_sources: _Optional[_Union[CacheEventSources, _Mapping]] = ..., tool_call_format: _Optional[str] = ..., template_renders_tools: _Optional[bool] = ..., reasoning_format: _Optional[str] = ..., reuses_decoded_cells: _Optional[bool] = ..., prefix_reuse: _Optional[_Union[PrefixReuse, str]] = ...) -> None: ...
 
 class CacheEventSources(_message.Message):
     __slots__ = ("endpoint", "replay_endpoint", "topic")

@@ -12,18 +12,22 @@ from collections.abc import Sequence
 
 from backend import TokenEvent
 from backend.tools import OutputParser, Parsed
-from service.chat_tools import ChatFormats, ToolPlan
+from service.chat.formats import ChatFormats
+from service.chat.plan import ToolPlan
 from tokenspout.v1 import generation_pb2 as pb
 
 # The turn ended by itself (not cut short) after its calls: the caller's move.
 _ENDED = (pb.FINISH_REASON_EOS_TOKEN, pb.FINISH_REASON_CONSTRAINT_COMPLETE, pb.FINISH_REASON_STOP_TOKEN)
 
 
-def wants_parsing(formats: ChatFormats, plan: ToolPlan, is_chat: bool) -> bool:
-    return is_chat and (formats.reasoning is not None or (plan.calls_parsed and formats.tools is not None))
+def wants_parsing(formats: ChatFormats, plan: ToolPlan) -> bool:
+    """A chat's output holds what is parsed out of it: reasoning (when the server parses it), or tool calls."""
+    return formats.reasoning is not None or (plan.calls_parsed and formats.tools is not None)
 
 
 class ChatOutput:
+    """One sample's output parser: `rewrite` each of its messages in order (service.samples)."""
+
     def __init__(self, formats: ChatFormats, plan: ToolPlan, in_reasoning: bool, caller_constraint: bool) -> None:
         self._caller_constraint = caller_constraint
         tools = formats.tools if plan.calls_parsed else None
