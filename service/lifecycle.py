@@ -126,7 +126,7 @@ class Lifecycle:
             self.refusal = refusal
 
 
-class Admission(grpc.aio.ServerInterceptor):
+class RefuseWhenNotServing(grpc.aio.ServerInterceptor):
     """Once the server stops serving, new GenerationService calls are refused at once.
 
     Decided when a call arrives, so admitted calls pay nothing per message.

@@ -34,7 +34,7 @@ from service.chat import ChatFormats
 from service.config import ServeConfig
 from service.generation import GenerationServicer
 from service.kv_publisher import ZmqCachePublisher, cache_publisher
-from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, Admission, HealthServicer, Lifecycle
+from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, HealthServicer, Lifecycle, RefuseWhenNotServing
 from service.limits import Limits
 from service.reflection import ReflectionServicer, load_descriptor_set
 from service.telemetry import MetricsListenError, Telemetry, from_environment
@@ -150,7 +150,7 @@ class TokenspoutServer:
             raise StartupError(f"api_keys_file: {exc}") from None
         self.health = HealthServicer()
         self.lifecycle = Lifecycle(self.health)
-        access = [self.auth, Admission(self.lifecycle)] if self.auth else [Admission(self.lifecycle)]
+        access = [self.auth, RefuseWhenNotServing(self.lifecycle)] if self.auth else [RefuseWhenNotServing(self.lifecycle)]
         # Tracing outermost, so it sees the status the error boundary chose; access checks inside
         # the boundary, so their refusals become statuses there like every other error.
         boundary = ErrorBoundary(on_error=telemetry.count_error)

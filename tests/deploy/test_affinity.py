@@ -25,6 +25,10 @@ from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 SESSIONS, TURNS = 12, 6
 
+# The first test also pays for the module's fixtures: four replicas, two proxies and three baseline runs of 72 turns
+# (about 2 minutes on 2 quiet cores; a loaded CI machine has needed more than the suite's 300 s).
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, model_path):
