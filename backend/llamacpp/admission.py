@@ -29,7 +29,7 @@ class Admitter:
                 self.slots.vacate(victim, returning=True)
                 self.ledger.preempted(victim)
                 log.info("preempted %s (%s, %d tokens) for %s", victim.id, _why(victim, seq), len(victim.tokens), seq.id)
-            if seq.admissions == 1:
+            if seq.turn.admissions == 1:
                 self._started(seq)
             shared = self.slots.place(seq, self.scheduler.running.values())
             if shared is not None:
@@ -41,8 +41,7 @@ class Admitter:
         """Starts one of the leader's other samples in the batch on a copy of the leader's prompt cells
         (the caller has checked that there is a batch place)."""
         self.slots.fork(leader, seq, self.scheduler.running.values())
-        self.scheduler.join(seq, step)
-        seq.paused_since = leader.paused_since
+        self.scheduler.join(leader, seq, step)
         self._started(seq)
         seq.output.cached_tokens = seq.prompt_length
         self.ledger.cached(seq.prompt_length)
@@ -53,7 +52,7 @@ class Admitter:
 
     def _count_prefix(self, seq: Sequence, shared: int) -> None:
         """A placed sequence took `shared` cached tokens and computes the rest."""
-        if seq.admissions == 1:
+        if seq.turn.admissions == 1:
             seq.output.cached_tokens = min(shared, seq.prompt_length)
             self.ledger.cached(seq.output.cached_tokens)
         else:  # back from preemption: what the cache no longer held is computed again

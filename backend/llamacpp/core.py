@@ -104,13 +104,13 @@ class LlamaCppCore(CoreBase[Sequence]):
         return [seq for seq in held if seq.group == request_id]
 
     def pause(self, request_id: str) -> None:
+        now = time.monotonic()
         for seq in self._group(request_id, started=True):
-            seq.paused_since = seq.paused_since or time.monotonic()
+            self.scheduler.pause(seq, now)
 
     def resume(self, request_id: str) -> None:
         for seq in self._group(request_id, started=True):
-            seq.paused_since = None
-            self.scheduler.resumed(seq)
+            self.scheduler.resume(seq)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self.slots.prefixes.ended())
@@ -146,7 +146,7 @@ class LlamaCppCore(CoreBase[Sequence]):
             self._fail(seq, self.ledger.timed_out(seq))
 
     def _decode_and_sample(self, feeds: list[Feed]) -> None:
-        to_sample, to_score = fill_batch(self.batch, feeds)
+        to_sample, to_score = fill_batch(self.batch, self.slots, feeds)
         start = time.perf_counter()
         rc = self.batch.decode(self.ctx)
         if rc != 0:
@@ -226,7 +226,7 @@ class LlamaCppCore(CoreBase[Sequence]):
             sample.sampler.free()
 
     def _release(self, seq: Sequence) -> None:
-        if seq.admissions or seq in self.scheduler.waiting:  # not a sample still waiting for its leader
+        if seq.turn.admissions or seq in self.scheduler.waiting:  # not a sample still waiting for its leader
             self.scheduler.remove(seq)
         self.speculator.ended(seq)
         self.slots.release(seq)

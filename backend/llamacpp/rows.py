@@ -47,7 +47,9 @@ class RowsToSample:
         return len(self.proposed) - forced, accepted - sum(self.forced[:accepted])
 
 
-def fill_batch(batch: Batch, feeds: list[Feed]) -> tuple[list[RowsToSample], list[tuple[Sequence, int, list[int]]]]:
+def fill_batch(
+    batch: Batch, slots: Slots, feeds: list[Feed],
+) -> tuple[list[RowsToSample], list[tuple[Sequence, int, list[int]]]]:
     """Puts this step's feeds into the (cleared) batch: (the rows to sample, and for each prompt that scores
     its tokens (prompt logprobs), its first position and its rows, every one with logits)."""
     batch.clear()
@@ -55,7 +57,7 @@ def fill_batch(batch: Batch, feeds: list[Feed]) -> tuple[list[RowsToSample], lis
     for feed in feeds:
         scores = feed.prefill and wants_prompt_logprobs(feed.sequence)
         position = feed.sequence.cached
-        entry, every_row = add_feed(batch, feed, scores)
+        entry, every_row = add_feed(batch, slots, feed, scores)
         if scores:
             to_score.append((feed.sequence, position, every_row))
         if entry is not None:
@@ -63,7 +65,7 @@ def fill_batch(batch: Batch, feeds: list[Feed]) -> tuple[list[RowsToSample], lis
     return to_sample, to_score
 
 
-def add_feed(batch: Batch, feed: Feed, every_row: bool = False) -> tuple[RowsToSample | None, list[int]]:
+def add_feed(batch: Batch, slots: Slots, feed: Feed, every_row: bool = False) -> tuple[RowsToSample | None, list[int]]:
     """Adds `feed` to the batch: (its rows to sample, None while its prompt is still going in; the rows of
     every token fed, with logits on each, when `every_row`, else none)."""
     seq = feed.sequence
@@ -77,7 +79,7 @@ def add_feed(batch: Batch, feed: Feed, every_row: bool = False) -> tuple[RowsToS
     logits = [every_row] * (len(tokens) - len(sampled_after)) + [every_row or s for s in sampled_after]
     first = batch.rows
     rows = batch.add(seq.slot, seq.cached, tokens, logits)
-    seq.cached += feed.count  # the proposed tokens' cells count once accepted
+    slots.advance(seq, feed.count)  # the proposed tokens' cells count once accepted
     to_sample = [first + feed.count - 1 + i for i, sampled in enumerate(sampled_after) if sampled]
     entry = RowsToSample(seq, to_sample, feed.proposed, feed.source, feed.forced) if to_sample else None
     return entry, (rows if every_row else [])

@@ -106,7 +106,7 @@ class Scheduler:
         """Queues a new request; returns the waiting ones to shed (the core ends them) to stay within
         capacity: the new one, or one that gives way to it."""
         self.policy.arrived(seq, self.waiting, self.running.values(), self._holders.callers())
-        seq.queue_turn = next(self._queue_turns)
+        seq.turn.queue_turn = next(self._queue_turns)
         self.waiting.append(seq)
         self._holders.add(seq)
         if len(self.waiting) + len(self.running) + len(self.preempted) <= self.policy.capacity:
@@ -136,11 +136,12 @@ class Scheduler:
         for feed in feeds:
             self.policy.charge(feed.sequence, feed.count + len(feed.proposed))
         for seq in self.running.values():
+            turn = seq.turn
             if seq.paused:
                 self.policy.charge(seq, 1)
-                seq.paused_steps += 1
-            ran = step - seq.admitted_step + 1
-            seq.reads_slowly = ran >= self.policy.time_slice_steps and 3 * seq.paused_steps >= ran
+                turn.paused_steps += 1
+            ran = step - turn.admitted_step + 1
+            turn.reads_slowly = ran >= self.policy.time_slice_steps and 3 * turn.paused_steps >= ran
 
     def has_work(self) -> bool:
         """Whether a step would do anything: a running sequence not paused, or something the policy would admit
@@ -180,7 +181,7 @@ class Scheduler:
             timed_out=timed_out,
             paused_too_long=[
                 seq for seq in started
-                if seq not in timed_out and seq.paused_since is not None and now - seq.paused_since >= self.max_pause_s
+                if seq not in timed_out and (since := seq.turn.paused_since) is not None and now - since >= self.max_pause_s
             ],
             queue_timed_out=[
                 seq for seq in self.waiting
@@ -204,20 +205,26 @@ class Scheduler:
                 self.preempted[victim.id] = victim
             if self.preempted.pop(seq.id, None) is None:
                 self.waiting.remove(seq)
-            seq.admissions += 1
-            seq.admitted_step, seq.paused_steps, seq.reads_slowly = step, 0, False
-            seq.replay_until = len(seq.tokens)
-            seq.prefill_turn = next(self._turns)
-            self.running[seq.id] = seq
+            self._enter(seq, step)
             yield Admission(seq, victim)
 
-    def join(self, seq: Sequence, step: int) -> None:
-        """A sample forked from its request's first (backend.llamacpp.siblings) starts at once, in the batch."""
-        seq.admissions, seq.admitted_step, seq.paused_steps, seq.reads_slowly = 1, step, 0, False
-        seq.replay_until = len(seq.tokens)
-        seq.prefill_turn, seq.queue_turn = next(self._turns), next(self._queue_turns)
-        self.running[seq.id] = seq
+    def join(self, leader: Sequence, seq: Sequence, step: int) -> None:
+        """A sample forked from its request's first (backend.llamacpp.siblings) starts at once, in the batch,
+        paused if its leader is."""
+        seq.turn.queue_turn = next(self._queue_turns)
+        seq.turn.paused_since = leader.turn.paused_since
+        self._enter(seq, step)
         self._holders.add(seq)
+
+    def _enter(self, seq: Sequence, step: int) -> None:
+        """Into the batch at `step`: a time slice starts, and the output it has (back from preemption) is fed
+        again one token a step."""
+        turn = seq.turn
+        turn.admissions += 1
+        turn.admitted_step, turn.paused_steps, turn.reads_slowly = step, 0, False
+        turn.replay_until = len(seq.tokens)
+        turn.prefill_turn = next(self._turns)
+        self.running[seq.id] = seq
 
     def next_feeds(self) -> list[Feed]:
         """This step's rows: one prompt's next group, or every decoding sequence's next token."""
@@ -232,12 +239,12 @@ class Scheduler:
         ready = [seq for seq in self.running.values() if seq.ready_to_prefill]
         if not ready:
             return None
-        seq = min(ready, key=lambda s: (-s.request.scheduling.priority, s.prefill_turn))  # the most urgent first
+        seq = min(ready, key=lambda s: (-s.request.scheduling.priority, s.turn.prefill_turn))  # the most urgent first
         rows = seq.layout.next_group(seq.cached, self.batch_tokens)
         waited = self._prompt_rows_since_decode
         if waited and waited + rows > self.batch_tokens and any(s.decodes for s in self.running.values()):
             return None  # decoding sequences have waited long enough
-        seq.prefill_turn = next(self._turns)
+        seq.turn.prefill_turn = next(self._turns)
         return Feed(seq, rows, prefill=True)
 
     def _decoding_feeds(self) -> list[Feed]:
@@ -251,24 +258,31 @@ class Scheduler:
         rows_each = self.batch_tokens // max(1, len(decoding))  # every sequence's rows fit one batch
         feeds = []
         for seq in decoding:
-            replaying = seq.cached < seq.replay_until - 1  # fed again one a step, as first computed
+            replaying = seq.cached < seq.turn.replay_until - 1  # fed again one a step, as first computed
             known = 1 if replaying else min(rows_each, len(seq.tokens) - seq.cached)
             complete = seq.cached + known == len(seq.tokens)
             room = min(rows_each - known, self.context_length - len(seq.tokens), seq.output.tokens_left - 1)
             feeds.append(Feed(seq, known, room=max(0, room) if complete else 0))
         return feeds
 
-    def resumed(self, seq: Sequence) -> None:
+    def pause(self, seq: Sequence, now: float) -> None:
+        """Its caller stopped reading (at `now`, unless it had already): it is skipped in batches, and may be
+        preempted or expire (max_pause_s)."""
+        if seq.turn.paused_since is None:
+            seq.turn.paused_since = now
+
+    def resume(self, seq: Sequence) -> None:
         """Its caller reads again. Preempted while not reading, it queues from now on: a slow reader coming
         back and forth never overtakes a request that waited meanwhile."""
+        seq.turn.paused_since = None
         if seq.id in self.preempted:
-            seq.queue_turn = next(self._queue_turns)
+            seq.turn.queue_turn = next(self._queue_turns)
 
     def _candidates(self) -> list[Sequence]:
         """Who may start, each caller's in its own order: queue turns, which a sequence preempted for another's
         turn keeps from its arrival (so it comes back before later arrivals) and a slow reader takes anew."""
         candidates = [*(seq for seq in self.preempted.values() if not seq.paused), *self.waiting]
-        return sorted(candidates, key=lambda seq: seq.queue_turn)
+        return sorted(candidates, key=lambda seq: seq.turn.queue_turn)
 
     def _victim_for(self, seq: Sequence, step: int) -> Sequence | None:
         """Who gives its slot to `seq`: at its caller's limit one of its own (paused, or less urgent); else the
@@ -276,16 +290,16 @@ class Scheduler:
         decoding = [s for s in self.running.values() if not s.gives_way]
         mine = caller_of(seq) if self.policy.at_limit(seq, self.running.values()) else None
         return self._longest_paused(mine) or self._slow_reader(mine) or self.policy.displaced(
-            seq, self.running.values(), decoding, lambda s: step - s.admitted_step, self._comeback_cost
+            seq, self.running.values(), decoding, lambda s: step - s.turn.admitted_step, self._comeback_cost
         )
 
     def _slow_reader(self, caller: str | None = None) -> Sequence | None:
         """A sequence not paused this moment whose caller reads slowly (see account): it holds its slot as one
         that is paused does."""
-        slow = [s for s in self.running.values() if s.reads_slowly and not s.paused and caller in (None, caller_of(s))]
-        return max(slow, key=lambda s: s.paused_steps) if slow else None
+        slow = [s for s in self.running.values() if s.turn.reads_slowly and not s.paused and caller in (None, caller_of(s))]
+        return max(slow, key=lambda s: s.turn.paused_steps) if slow else None
 
     def _longest_paused(self, caller: str | None = None) -> Sequence | None:
-        paused = [(seq.paused_since, seq) for seq in self.running.values()
-                  if seq.paused_since is not None and caller in (None, caller_of(seq))]
+        paused = [(since, seq) for seq in self.running.values()
+                  if (since := seq.turn.paused_since) is not None and caller in (None, caller_of(seq))]
         return min(paused, key=lambda pair: pair[0])[1] if paused else None

@@ -27,7 +27,7 @@ from backend.common.tokens import common_prefix
 from backend.config import LlamaCppSettings
 from backend.llamacpp.layout import MIN_GROUP, TILE_ROWS
 from backend.llamacpp.prefix_cache import PrefixIndex
-from backend.llamacpp.sequence import Sequence
+from backend.llamacpp.sequence import Placement, Sequence
 
 # With prefix_cache_exact, shorter shared prefixes are computed again: copying a cache stream costs about as much.
 MIN_REUSE_TOKENS = 16
@@ -65,7 +65,7 @@ class Slots:
         slot = self._pick_slot(source, running, self._in_place(seq, source, shared))
         self._free.remove(slot)
         heapq.heapify(self._free)
-        seq.slot, seq.cached, seq.needs_prefix = slot, 0, True
+        seq.place = Placement(slot, cached=0, needs_prefix=True)
         if source == slot:
             self._reuse(seq, slot, shared)
             self.prefixes.drop(slot)
@@ -84,7 +84,7 @@ class Slots:
         self._clear_for_reuse(slot)
         llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
         llama_cpp.llama_memory_seq_cp(self._memory, source.slot, slot, -1, -1)
-        seq.slot, seq.cached, seq.needs_prefix = slot, source.cached, False
+        seq.place = Placement(slot, cached=source.cached)
 
     def vacate(self, seq: Sequence, returning: bool = False) -> None:
         """Takes a sequence off its slot, leaving its cells there as a cached prefix when worth keeping;
@@ -108,13 +108,13 @@ class Slots:
 
     def _free_slot(self, seq: Sequence) -> None:
         heapq.heappush(self._free, seq.slot)
-        seq.slot, seq.cached = -1, 0
+        seq.place = Placement()
 
     def release(self, seq: Sequence) -> None:
         """A sequence ended: off its slot (see vacate), or, preempted, the cells kept for it free to go."""
         if seq.placed:
             self.vacate(seq)
-        elif seq.admissions:
+        elif seq.turn.admissions:
             self.prefixes.settle(seq.id)
 
     def comeback_cost(self, seq: Sequence) -> int:
@@ -175,7 +175,11 @@ class Slots:
     def keep_cells(self, seq: Sequence, upto: int) -> None:
         """Keeps only the sequence's cells before position `upto`: rows it fed ahead that were not accepted go."""
         llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, upto, -1)
-        seq.cached = upto
+        seq.place.cached = upto
+
+    def advance(self, seq: Sequence, count: int) -> None:
+        """The sequence's next `count` tokens are fed into its cells (llama_decode computes them this step)."""
+        seq.place.cached += count
 
     def _pick_slot(self, source: int | None, running: Collection[Sequence], in_place: bool = False) -> int:
         """`source` when its prefix is taken in place wherever the slot lies (compact closes the gap it may leave);
@@ -203,12 +207,12 @@ class Slots:
         """Each newly placed sequence starts from the best cached prefix, unless a neighbour is computing a
         longer one; returns (sequence, prompt tokens it took) for those that are done looking."""
         taken = []
-        for seq in sorted((s for s in running if s.needs_prefix), key=lambda s: s.slot):
+        for seq in sorted((s for s in running if s.place.needs_prefix), key=lambda s: s.slot):
             source, shared = self._best_prefix(seq, running, copying=True)
             if self._computing_longer_prefix(seq, shared, running):
                 continue  # copy it once computed, a step or two from now
             if source is None:
-                seq.needs_prefix = False
+                seq.place.needs_prefix = False
             else:
                 self._reuse(seq, source, shared)
             taken.append((seq, shared if source is not None else 0))
@@ -217,7 +221,7 @@ class Slots:
     def offered(self, seq: Sequence) -> int:
         """The cells of a placed sequence that other requests of its salt may take: its prompt's, and (to the token,
         with prefix_cache_generated) those it has generated too."""
-        if not seq.placed or seq.needs_prefix:
+        if not seq.placed or seq.place.needs_prefix:
             return 0
         return seq.cached if self._keep_generated and not self.exact else min(seq.cached, seq.prompt_length)
 
@@ -256,7 +260,7 @@ class Slots:
         if not self._prefix_cache or seq.request.prompt_logprobs >= 0:
             return False
         for other in running:
-            if other is seq or other.needs_prefix or other.paused or not other.prefilling or not other.placed:
+            if other is seq or other.place.needs_prefix or other.paused or not other.prefilling or not other.placed:
                 continue
             if other.cache_salt != seq.cache_salt:
                 continue
@@ -274,8 +278,7 @@ class Slots:
         if source in self.prefixes:
             self.prefixes.touch(source)
         self.prefixes.settle(seq.id)
-        seq.cached = shared
-        seq.needs_prefix = False
+        seq.place.cached, seq.place.needs_prefix = shared, False
 
     # -- keeping decoding sequences contiguous -------------------------------------------
 
@@ -309,7 +312,7 @@ class Slots:
         llama_cpp.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         self._free.append(seq.slot)
         heapq.heapify(self._free)
-        seq.slot = slot
+        seq.place.slot = slot
 
     def _clear_for_reuse(self, slot: int) -> None:
         """A slot taken out of the free list is about to be overwritten: its cached prefix, if any,

@@ -18,6 +18,7 @@ from backend.common.ledger import MAX_TRACKED_CALLERS, CallerTallies, Ledger
 from backend.config import EngineConfig
 from backend.events import ErrorEvent, ErrorKind
 from backend.llamacpp.scheduler import Scheduler
+from backend.llamacpp.sequence import Turn
 from backend.types import GenerationRequest, Scheduling
 from service.callers import Callers, parse_weights
 from service.config import load_config
@@ -38,7 +39,7 @@ class Item:
 class QueuedItem(Item):
     """An item the llama.cpp scheduler can queue: it knows it by its request id."""
 
-    queue_turn: int = 0
+    turn: Turn = field(default_factory=Turn)
 
     @property
     def id(self) -> str:

@@ -247,7 +247,7 @@ def test_cancelling_during_a_cached_prefix_copy(model, exact):
         core.add(GenerationRequest("leader", tuple(long_prompt), greedy, eight), leader)
         core.add(GenerationRequest("waiter", tuple(long_prompt) + (13,), greedy, eight), waiter)
         core.step()
-        assert inner.scheduler.running["waiter"].needs_prefix
+        assert inner.scheduler.running["waiter"].place.needs_prefix
         core.cancel("waiter")
         check_cells(core)
         more = tuple(model.tokenize(" more words to read here " * 8, add_special=False))
