@@ -28,7 +28,6 @@ RUNS = 10
 GPU = "needs an NVIDIA GPU (bench/gpu/run.sh runs this path on a lent one)"
 NO_CLUSTER = "no cluster here: the manifests are rendered and validated (tests/deploy)"
 NO_DOCKER = "no Docker engine here: the image is linted (tests/deploy)"
-BENCH = "the GPU check's preparation and run (tests/bench/test_gpu_check.py rehearses its parts)"
 
 
 # -- what the pages promise ---------------------------------------------------------------------------------
@@ -243,10 +242,6 @@ CHECKS = [
     Check("docs/api.md", "TOOL_CHOICE_MODE_REQUIRED", calls_get_weather_for_paris),
     Check("docs/api.md", "TOOL_CHOICE_MODE_NONE", answers_the_result),
     Check("docs/api.md", "from tokenspout import Client, Message, Tool", python_round_trip),
-    Check("docs/benchmarks.md", "fetch_wheels.sh", not_run=BENCH),
-    Check("docs/benchmarks.md", "build_ext.sh", not_run=BENCH),
-    Check("docs/benchmarks.md", "rehearse.sh", not_run=BENCH),
-    Check("docs/benchmarks.md", "bench/gpu/run.sh", not_run=GPU),
     Check("docs/clients.md", "pip install ./clients/python", not_run="installs the package `make venv` installed"),
     Check("docs/clients.md", "from tokenspout import Client, InvalidRequestError", python_tour, runs=RUNS),
     Check("docs/clients.md", 'stream --chat "Why is the sky blue?"', cli_streams_text, runs=RUNS),
@@ -411,6 +406,7 @@ def test_the_pages_links_lead_somewhere():
             elif anchor and linked.suffix == ".md":
                 prose = re.sub(r"^ *```.*?^ *```$", "", linked.read_text(), flags=re.MULTILINE | re.DOTALL)
                 headings = {slug(h) for h in re.findall(r"^#+ (.+)$", prose, re.MULTILINE)}
-                if (anchor not in headings) != (target in NOT_WRITTEN_YET):
-                    broken.append(f"{page.name}: {target} ({'written now' if target in NOT_WRITTEN_YET else 'no such heading'})")
+                waits = (target if path else page.name + target) in NOT_WRITTEN_YET  # a link within its page too
+                if (anchor not in headings) != waits:
+                    broken.append(f"{page.name}: {target} ({'written now' if waits else 'no such heading'})")
     assert broken == []
