@@ -10,8 +10,9 @@
 Everything a caller uses is exported here. The parts engines share (output
 bookkeeping, text, logprobs, fairness, chat templates, stats, the model fetch,
 the KV-cache events)
-are in backend.common; each engine is a package of its own (backend.llamacpp,
-backend.exllamav2); constraints are backend.constraints.
+are in backend.common; each engine is a package of its own (backend.llamacpp, and the
+two exllama generations backend.exllamav2 and backend.exllamav3 over the room they share,
+backend.exllama); constraints are backend.constraints.
 """
 
 from backend.common.cache_events import (
@@ -35,10 +36,12 @@ from backend.config import (
     EngineConfig,
     EngineKind,
     ExLlamaV2Settings,
+    ExLlamaV3Settings,
     FairnessSettings,
     LlamaCppSettings,
     SchedulingPolicy,
     SpeculationSetting,
+    TensorParallelBackend,
 )
 from backend.engine import Engine, EngineGone, EngineUnavailable, Vocabulary
 from backend.events import (
@@ -121,6 +124,7 @@ __all__ = [
     "EventBatcher",
     "EventSink",
     "ExLlamaV2Settings",
+    "ExLlamaV3Settings",
     "FairnessSettings",
     "Finish",
     "FinishReason",
@@ -147,6 +151,7 @@ __all__ = [
     "SpeculationParams",
     "SpeculationSetting",
     "StopParams",
+    "TensorParallelBackend",
     "Timings",
     "TokenEvent",
     "TopLogprob",

@@ -18,16 +18,18 @@ class EngineKind(enum.StrEnum):
     LLAMA_CPP = "llama.cpp"
     """GGUF models on CPU or GPU."""
     EXLLAMAV2 = "exllamav2"
-    """EXL2 or GPTQ model directories on CUDA GPUs."""
+    """EXL2, GPTQ or FP16 model directories on CUDA GPUs."""
+    EXLLAMAV3 = "exllamav3"
+    """EXL3, FP16 or BF16 model directories on CUDA GPUs."""
 
 
 class SpeculationSetting(enum.StrEnum):
     """The server's speculative decoding, for requests that do not choose (see Speculation in the proto)."""
 
     AUTO = "auto"
-    """llama.cpp: n-gram, its planner checking proposals only in steps where that pays. exllamav2: off
-    (its generator drafts for every job every step, which its own docs call detrimental at larger
-    batches; not measured on a GPU here), or the draft model when one is set."""
+    """llama.cpp: n-gram, its planner checking proposals only in steps where that pays. exllamav2 and
+    exllamav3: off (their generators draft for every job every step, which their own docs call detrimental
+    at larger batches; not measured on a GPU here), or the draft model when one is set."""
     OFF = "off"
     NGRAM = "ngram"
 
@@ -181,17 +183,64 @@ class ExLlamaV2Settings:
         ])
 
 
-_SECTIONS = {"llamacpp": LlamaCppSettings, "exllamav2": ExLlamaV2Settings, "fairness": FairnessSettings}
+class TensorParallelBackend(enum.StrEnum):
+    """How exllamav3's tensor-parallel processes exchange activations."""
+
+    NATIVE = "native"
+    NCCL = "nccl"
+
+
+@dataclass(frozen=True)
+class ExLlamaV3Settings:
+    cache_tokens: int = setting(
+        0, "Cache budget shared by all jobs, in tokens (rounded up to 256-token pages). `0`: `context_length` x "
+        "`max_batch_size`.", Group.EXLLAMAV3, values="0 or more")
+    cache_bits: int = setting(
+        0, "`0`: an FP16 cache. `2` to `8`: keys (and values) quantized to that many bits; more tokens in the same "
+        "memory.", Group.EXLLAMAV3, values="0, or 2 to 8")
+    cache_v_bits: int = setting(
+        0, "Bits for the values where they differ from the keys' (`0`: `exllamav3_cache_bits`). Needs "
+        "`exllamav3_cache_bits`.", Group.EXLLAMAV3, values="0, or 2 to 8")
+    gpu_split: tuple[float, ...] = setting(
+        (), "GB to use per GPU, comma-separated (`20,24`).", Group.EXLLAMAV3,
+        values="positive numbers, comma-separated", shown_default="all GPUs in order")
+    tensor_parallel: bool = setting(
+        False, "Split each layer across the GPUs (one process per GPU beyond the first) rather than layers across "
+        "them.", Group.EXLLAMAV3)
+    tensor_parallel_backend: TensorParallelBackend = setting(
+        TensorParallelBackend.NATIVE, "How tensor-parallel processes exchange activations.", Group.EXLLAMAV3)
+    draft_model: str = setting(
+        "", "An EXL3 directory with the same vocabulary, whose proposals the model checks. Excludes "
+        "`speculation = ngram`.", Group.EXLLAMAV3, values="a directory")
+    ngram_match_min: int = setting(
+        2, "With `speculation = ngram`: output tokens that must match earlier text before what followed it is "
+        "drafted (TabbyAPI's default).", Group.EXLLAMAV3, values="at least 1")
+
+    def __post_init__(self) -> None:
+        _require([
+            (self.cache_tokens < 0, "exllamav3_cache_tokens must not be negative"),
+            (self.cache_bits != 0 and not 2 <= self.cache_bits <= 8, "exllamav3_cache_bits must be 0 (FP16) or 2 to 8"),
+            (self.cache_v_bits != 0 and not 2 <= self.cache_v_bits <= 8, "exllamav3_cache_v_bits must be 0 or 2 to 8"),
+            (self.cache_v_bits != 0 and self.cache_bits == 0,
+             "exllamav3_cache_v_bits needs exllamav3_cache_bits: an FP16 cache has no bits to set"),
+            (any(gb <= 0 for gb in self.gpu_split), "exllamav3_gpu_split: every GPU's share must be positive"),
+            (self.ngram_match_min < 1, "exllamav3_ngram_match_min must be at least 1"),
+        ])
+
+
+_SECTIONS = {"llamacpp": LlamaCppSettings, "exllamav2": ExLlamaV2Settings, "exllamav3": ExLlamaV3Settings,
+             "fairness": FairnessSettings}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     kind: EngineKind = setting(
-        EngineKind.LLAMA_CPP, "`llama.cpp` (GGUF, CPU or GPU) or `exllamav2` (EXL2/GPTQ directory, CUDA). See "
-        "[engines](engines.md).", Group.SERVER, name="engine")
+        EngineKind.LLAMA_CPP, "`llama.cpp` (GGUF, CPU or GPU), `exllamav2` (EXL2/GPTQ/FP16 directory, CUDA) or "
+        "`exllamav3` (EXL3/FP16/BF16 directory, CUDA). See [engines](engines.md#at-a-glance).", Group.SERVER,
+        name="engine")
     model: str = setting(
-        "default", "A GGUF file, or `default` for the embedded SmolLM2-135M-Instruct. For exllamav2, a model "
-        "directory. A local path, not a Hugging Face hub id ([your own model](getting-started.md#your-own-model)).",
+        "default", "A GGUF file, or `default` for the embedded SmolLM2-135M-Instruct. For exllamav2 and exllamav3, a "
+        "model directory. A local path, not a Hugging Face hub id ([your own model](getting-started.md#your-own-model)).",
         Group.SERVER, values="a path, or `default`")
     model_id: str = setting(
         "", "The name callers may put in a request's `model`.", Group.SERVER, values="text",
@@ -203,7 +252,8 @@ class EngineConfig:
         values="at least 1")
     speculation: SpeculationSetting = setting(
         SpeculationSetting.AUTO, "What a request that does not choose gets. `auto`: n-gram proposals on "
-        "llama.cpp, checked only where that pays; on exllamav2 off, or the draft model when one is set. `off`. "
+        "llama.cpp, checked only where that pays; on exllamav2 and exllamav3 off, or the draft model "
+        "when one is set. `off`. "
         "`ngram`.", Group.SPECULATION)
     max_draft_tokens: int = setting(
         16, "Most proposed tokens checked in one step, for a request that does not say. exllamav2 checks at most "
@@ -217,6 +267,7 @@ class EngineConfig:
     fairness: FairnessSettings = field(default_factory=FairnessSettings)
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
     exllamav2: ExLlamaV2Settings = field(default_factory=ExLlamaV2Settings)
+    exllamav3: ExLlamaV3Settings = field(default_factory=ExLlamaV3Settings, metadata={"prefix": "exllamav3_"})
     constraint: ConstraintLimits = field(default_factory=ConstraintLimits, metadata={"prefix": "constraint_"})
     compile_threads: int = setting(
         1, "Threads for large constraint compiles. Sources up to 16 kB compile on one separate thread.",
@@ -233,8 +284,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require([
-            (self.cache_events and self.kind is EngineKind.EXLLAMAV2,
-             "cache_events: the exllamav2 engine publishes no cache events (llama.cpp only, see docs/engines.md)"),
+            (self.cache_events and self.kind is not EngineKind.LLAMA_CPP,
+             f"cache_events: the {self.kind} engine publishes no cache events (llama.cpp only, see docs/engines.md)"),
             (self.cache_events and not self.llamacpp.prefix_cache,
              "cache_events needs prefix_cache: without it no cached cells are reused, so there is nothing to publish"),
             (self.cache_events_replay_batches < 1, "cache_events_replay_batches must be at least 1"),
@@ -248,6 +299,8 @@ class EngineConfig:
             (not 1 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS, f"max_draft_tokens must be 1 to {MAX_DRAFT_TOKENS}"),
             (bool(self.exllamav2.draft_model) and self.speculation is SpeculationSetting.NGRAM,
              "draft_model and speculation = ngram exclude each other (exllamav2 drafts one way)"),
+            (bool(self.exllamav3.draft_model) and self.speculation is SpeculationSetting.NGRAM,
+             "exllamav3_draft_model and speculation = ngram exclude each other (exllamav3 drafts one way)"),
         ])
 
     @property
@@ -271,9 +324,11 @@ class EngineConfig:
     @classmethod
     def of(cls, **settings: Any) -> EngineConfig:
         """Built from setting names alone (`context_length=1024, prefix_cache=False`), each going to its
-        section, as tests and benchmarks like to write it."""
+        section, as tests and benchmarks like to write it; a name two engines' sections share (cache_tokens,
+        draft_model) goes to the section of the engine `kind` names."""
+        engine = str(settings.get("kind", EngineKind.LLAMA_CPP))
         sections = {}
-        for section, kind in _SECTIONS.items():
+        for section, kind in sorted(_SECTIONS.items(), key=lambda item: item[0] != engine):
             names = {f.name for f in dataclasses.fields(kind)} & settings.keys()
             sections[section] = kind(**{name: settings.pop(name) for name in names})
         return cls(**settings, **sections)

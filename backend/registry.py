@@ -12,7 +12,7 @@ from typing import Protocol
 from backend.common.models import DEFAULT_MODEL_ID, resolve_model_path
 from backend.config import EngineConfig, EngineKind
 from backend.engine import Vocabulary
-from backend.exllamav2.model_files import find_model_dir
+from backend.exllama.model_files import find_model_dir
 from backend.local_engine import WorkerEngine
 from backend.types import ModelInfo
 
@@ -34,7 +34,11 @@ class ModelRecipe:
         if config.kind is EngineKind.EXLLAMAV2:
             from backend.exllamav2.engine import ExLlamaV2Engine
 
-            return ExLlamaV2Engine(find_model_dir(config.model, "model"), config)
+            return ExLlamaV2Engine(find_model_dir(config.model, "model", config.kind), config)
+        if config.kind is EngineKind.EXLLAMAV3:
+            from backend.exllamav3.engine import ExLlamaV3Engine
+
+            return ExLlamaV3Engine(find_model_dir(config.model, "model", config.kind), config)
         from backend.llamacpp.engine import LlamaCppEngine
 
         path = resolve_model_path(config.model)
@@ -42,10 +46,10 @@ class ModelRecipe:
         return LlamaCppEngine(path, config, model_id)
 
     def vocabulary(self, config: EngineConfig, info: ModelInfo) -> Vocabulary:
-        if config.kind is EngineKind.EXLLAMAV2:
-            from backend.exllamav2.vocabulary import load_vocabulary
+        if config.kind in (EngineKind.EXLLAMAV2, EngineKind.EXLLAMAV3):  # from the folder, without the library
+            from backend.exllama.vocabulary import load_vocabulary
 
-            return load_vocabulary(find_model_dir(config.model, "model"), info)
+            return load_vocabulary(find_model_dir(config.model, "model", config.kind), info)
         from backend.llamacpp.model import GgufModel
 
         return GgufModel(resolve_model_path(config.model), vocab_only=True)

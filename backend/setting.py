@@ -18,6 +18,7 @@ class Group(enum.Enum):
     LLAMA_CPP = "llama.cpp"
     CACHE_EVENTS = "Cache events"
     EXLLAMAV2 = "exllamav2"
+    EXLLAMAV3 = "exllamav3"
     SPECULATION = "Speculative decoding"
     SCHEDULING = "Scheduling and fair sharing"
     STREAMS = "Streams and input"

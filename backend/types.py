@@ -278,7 +278,7 @@ class ModelInfo:
     """The modes a request may ask for."""
     default_speculation: SpeculationParams = SpeculationParams()
     draft_tokens_per_request: bool = True
-    """Whether a request's own max_draft_tokens is honoured (exllamav2 drafts the same for every job)."""
+    """Whether a request's own max_draft_tokens is honoured (the exllama generators draft the same for every job)."""
     request_features: tuple[str, ...] = ("prompt_token_ids", "truncate_input_tokens")
     """The request options it serves, by field name (the service does these two for every engine; "n" and
     "output.prompt_logprobs" are an engine's own)."""
@@ -290,16 +290,19 @@ class ModelInfo:
     """Tokens per block of its KV-cache events (0: it publishes none)."""
     attention_provider: str = ""
     """The attention it runs on: "llama.cpp"; for exllamav2 "flash-attn", "sdpa" or "triton" (tokenspout's
-    paged attention) or "none" (unpaged); "" where it means nothing (a test's fake engine)."""
+    paged attention) or "none" (unpaged); "exllamav3" for exllamav3 (its own paged Triton kernels); "" where it
+    means nothing (a test's fake engine)."""
     reuses_decoded_cells: bool = False
     """Whether a next turn reuses its answer's cells as decoding computed them."""
     prefix_reuse: PrefixReuse = PrefixReuse.OFF
     """How it reuses cached prefixes (GetModelInfo.prefix_reuse)."""
     cache_tokens: int = 0
     """Where every request's prompt + max_new_tokens is reserved up front in whole pages of `cache_page_tokens`
-    (exllamav2's generator), the cache's size: a request that can never fit is refused before it is queued.
+    (the exllama generators), the cache's size: a request that can never fit is refused before it is queued.
     0: no such reservation (a llama.cpp sequence owns context_length cells and ends at CONTEXT_LIMIT)."""
     cache_page_tokens: int = 0
+    cache_reserve_tokens: int = 0
+    """Tokens a job reserves in the cache beyond prompt + max_new_tokens (exllamav3: one, and its drafts' window)."""
 
     def budget_problem(self, prompt_tokens: int, max_new_tokens: int) -> str:
         """Why a request of this size can never run here, or "" (checked before it is submitted)."""
@@ -308,8 +311,9 @@ class ModelInfo:
         total, page = prompt_tokens + max_new_tokens, self.cache_page_tokens
         if total > self.context_length:
             return f"prompt ({prompt_tokens}) + max_new_tokens ({max_new_tokens}) exceeds the {self.context_length}-token context"
-        if -(-total // page) > self.cache_tokens // page:
-            return f"prompt + max_new_tokens needs {-(-total // page)} cache pages; the cache has {self.cache_tokens // page}"
+        pages = -(-(total + self.cache_reserve_tokens) // page)
+        if pages > self.cache_tokens // page:
+            return f"prompt + max_new_tokens needs {pages} cache pages; the cache has {self.cache_tokens // page}"
         return ""
 
 

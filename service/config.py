@@ -104,7 +104,7 @@ class ServeConfig:
         CacheScope.SHARED, "Whose requests share cached prefixes: `shared` (everyone's; a request's `cache_salt` "
         "narrows it) or `caller` (each caller's own, by fairness key; `cache_salt` divides further, and no salt "
         "reaches another caller's cells). `caller` closes the first-token-time side channel between callers; the "
-        "llama.cpp engine only (exllamav2 refuses it at start-up).", Group.SCHEDULING)
+        "llama.cpp engine only (exllamav2 and exllamav3 refuse it at start-up).", Group.SCHEDULING)
     caller_metric_labels: int = setting(
         20, "Callers that get their own `tokenspout.caller` metric label (the first seen). The rest share "
         "`_other`.", Group.SCHEDULING, values="0 or more")

@@ -238,6 +238,7 @@ CHECKS = [
     Check("README.md", "from tokenspout import Client", prints_text, runs=RUNS),
     Check("README.md", "/models/any.gguf", not_run="a placeholder path; docs/getting-started.md serves a GGUF file here"),
     Check("README.md", "--engine exllamav2", not_run=GPU),
+    Check("README.md", "--engine exllamav3", not_run=GPU),
     Check("docs/api.md", "TOOL_CHOICE_MODE_REQUIRED", calls_get_weather_for_paris),
     Check("docs/api.md", "TOOL_CHOICE_MODE_NONE", answers_the_result),
     Check("docs/api.md", "from tokenspout import Client, Message, Tool", python_round_trip),

@@ -7,8 +7,7 @@ to deliver: the safe text, the token and, on the last event, the Finish.
 
 from __future__ import annotations
 
-import time
-
+from backend.common.clock import SequenceClock
 from backend.common.text import StopSequenceFilter, Utf8Stream
 from backend.constraints import CompiledConstraint, ConstraintState
 from backend.events import Finish, FinishReason, GeneratedToken, Timings, TokenEvent, Usage
@@ -40,14 +39,10 @@ class SequenceOutput:
         self.accepted_draft_tokens = 0  # ... and the ones it accepted
         self.generated = 0
         self.finish: Finish | None = None
-        self.admitted_at: float | None = None
-        self.prefill_done_at: float | None = None
-        self.first_token_at: float | None = None
+        self.clock = SequenceClock(request)
         self.step = 0  # set by the engine before each step's tokens
-        self._mask_reported = 0.0
         self._accepted_draft = False
         self.constraint = ConstraintState(constraint) if constraint is not None else None
-        self._deadline = request.end_by
 
     @property
     def finished(self) -> bool:
@@ -59,7 +54,11 @@ class SequenceOutput:
         return self._stopping.max_new_tokens - self.generated
 
     def mark_admitted(self) -> None:
-        self.admitted_at = time.monotonic()
+        self.clock.admitted()
+
+    @property
+    def first_token_at(self) -> float | None:
+        return self.clock.first_token_at
 
     def eos_allowed(self) -> bool:
         """End-of-generation tokens are masked until min_new_tokens, or always with ignore_eos."""
@@ -74,7 +73,7 @@ class SequenceOutput:
 
     def deadline_passed(self, now: float) -> bool:
         """The caller's deadline or the request's own time limit has passed."""
-        return self._deadline is not None and now >= self._deadline
+        return self.clock.deadline_passed(now)
 
     def on_token(self, token: GeneratedToken, is_eos: bool, accepted_draft: bool = False) -> TokenEvent:
         """Accounts for one generated token (sampled, forced by the grammar, or a proposed token that
@@ -84,10 +83,7 @@ class SequenceOutput:
         """
         self._accepted_draft = accepted_draft
         self.accepted_draft_tokens += accepted_draft
-        if self.first_token_at is None:
-            now = time.monotonic()
-            self.first_token_at = now
-            self.prefill_done_at = self.prefill_done_at or now
+        self.clock.first_token()
         self.generated += 1
         constraint_done = False
         if self.constraint is not None:
@@ -139,7 +135,7 @@ class SequenceOutput:
             self.request,
             reason,
             self.generated,
-            self._timings(),
+            self.clock.timings(self._mask_s),
             cached_tokens=self.cached_tokens,
             draft_tokens=self.draft_tokens,
             accepted_draft_tokens=self.accepted_draft_tokens,
@@ -150,28 +146,15 @@ class SequenceOutput:
         return self._event(tokens, text)
 
     def _event(self, tokens: tuple[GeneratedToken, ...], text: str) -> TokenEvent:
-        mask_s = 0.0
-        if self.constraint is not None:
-            mask_s, self._mask_reported = self.constraint.mask_s - self._mask_reported, self.constraint.mask_s
+        mask_s = self.clock.mask_delta(self._mask_s) if self.constraint is not None else 0.0
         accepted = int(self._accepted_draft and bool(tokens))
         prompt_tokens, self.prompt_tokens = self.prompt_tokens, ()
         return TokenEvent(tokens, text, self.generated, self.finish, self.step, mask_s, accepted,
                           self.request.sample_index, prompt_tokens)
 
-    def _timings(self) -> Timings:
-        now = time.monotonic()
-        arrival = self.request.arrival_time
-        admitted = self.admitted_at or now
-        first = self.first_token_at or now
-        return Timings(
-            queue_s=admitted - arrival,
-            time_to_first_token_s=first - arrival,
-            prefill_s=(self.prefill_done_at or now) - admitted,
-            decode_s=now - first,
-            total_s=now - arrival,
-            constraint_compile_s=self.request.constraint_compile_s,
-            constraint_mask_s=self.constraint.mask_s if self.constraint is not None else 0.0,
-        )
+    @property
+    def _mask_s(self) -> float:
+        return self.constraint.mask_s if self.constraint is not None else 0.0
 
 
 def make_finish(

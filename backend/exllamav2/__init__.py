@@ -1,9 +1,7 @@
-"""EXL2 and GPTQ models through exllamav2's dynamic generator.
+"""EXL2, GPTQ and FP16 models through exllamav2 0.3.2's dynamic generator: its binding to the shared
+exllama room (backend.exllama), its sampler settings and generator sizes, and the paged attention it
+can run on without flash-attn (attention_provider, paged_attention).
 
-`import exllamav2` compiles a CUDA extension, so nothing here imports it at
-module level: the pure parts (sampler settings, job fields, result translation,
-the owner-thread core driving any object with the generator's queue API, the
-generator's sizes, the model-then-cache order, the vocabulary) are tested on CPU,
-against fakes that behave like exllamav2 0.3.2 and real tokenizers; the engine
-that wires them to exllamav2 runs only on a GPU (bench/gpu/).
+`import exllamav2` compiles a CUDA extension, so nothing here imports it at module level: the engine
+imports it when it starts, and the rest is tested on CPU against doubles checked with 0.3.2's source.
 """

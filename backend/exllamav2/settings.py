@@ -6,19 +6,13 @@ temperature 0.8, repetition penalty 1.025), so nothing is left to them.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence, Set
-
-from backend.exllamav2.jobs import heals
+from backend.exllama.job_fields import heals
+from backend.exllama.sampling import BreakerIds
 from backend.types import COMMON_SAMPLERS, GenerationRequest
 
 EXLLAMAV2_ONLY_SAMPLERS = ("top_a", "tfs", "skew", "smoothing_factor", "banned_strings", "token_healing")
 SUPPORTED_SAMPLERS = COMMON_SAMPLERS + EXLLAMAV2_ONLY_SAMPLERS
 _DRY_MAX_NGRAM = 20  # exllamav2's default longest repeat tracked
-
-
-BreakerIds = Callable[[tuple[str, ...]], Set[int]]
-"""The ids of every token whose text holds one of the given DRY sequence breakers."""
 
 
 def settings_fields(request: GenerationRequest, breaker_ids: BreakerIds) -> dict[str, object]:
@@ -77,21 +71,6 @@ def _dry_fields(request: GenerationRequest, breaker_ids: BreakerIds) -> dict[str
         "dry_max_ngram": max_ngram,
         "dry_sequence_breakers": breaker_ids(dry.sequence_breakers),
     }
-
-
-def token_bias_values(request: GenerationRequest, eos_token_ids: tuple[int, ...]) -> dict[int, float]:
-    """What a job's `token_bias` tensor holds, by token id (empty: no tensor). With ignore_eos every
-    EOS id is -inf, whatever the caller's bias, as the llama.cpp path masks them: leaving them out of
-    the stop conditions alone would let one be sampled and streamed as text."""
-    values = dict(request.sampling.logit_bias)
-    if request.stopping.ignore_eos:
-        values.update(dict.fromkeys(eos_token_ids, -math.inf))
-    return values
-
-
-def sequence_breaker_ids(pieces: Sequence[str], breakers: tuple[str, ...]) -> set[int]:
-    """Ids of the tokens whose text holds a breaker, as llama.cpp's DRY treats them (":" breaks at '":' too)."""
-    return {token for token, piece in enumerate(pieces) if any(breaker in piece for breaker in breakers)}
 
 
 def padded_logit_width(vocab_size: int) -> int:

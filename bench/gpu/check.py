@@ -17,8 +17,12 @@ transformers (--reference-hf) runs in this process, which never imports exllamav
 sees the stand-in flash_attn the provider lends exllamav2.
 
     python bench/gpu/check.py --model DIR --name fp16 --json OUT.json [--reference-hf] [--time-limit S]
+    python bench/gpu/check.py --engine exllamav3 --model DIR --name exl3 --json OUT.json   # the EXL3 variant
     python bench/gpu/check.py --address HOST:PORT   # an already running server, any engine
     python bench/gpu/check.py --direct --model DIR --attention sdpa --prompts IDS.json --json OUT.json
+
+With --engine exllamav3 (bench/gpu/stages_exl3.sh) the server runs the exllamav3 engine, the checks expect
+its samplers and weights, and the direct baseline is exllamav3 driven directly (bench/gpu/rates_exl3.py).
 
 Every wait is bounded: the server gets at most 180 s to start (less if --time-limit says so),
 every RPC has a deadline, the checks still to run when time is short are reported as not run,
@@ -75,14 +79,15 @@ def direct_setting(provider: str, paged: bool) -> str:
     return {"sdpa": "sdpa", "flash-attn": "flash-attn", "none": "off"}.get(provider, "auto" if paged else "off")
 
 
-def direct_in_child(model_dir: pathlib.Path, setting: str, prompt_ids: list[list[int]], timeout_s: float) -> dict:
+def direct_in_child(model_dir: pathlib.Path, setting: str, prompt_ids: list[list[int]], timeout_s: float,
+                    engine: str = "exllamav2") -> dict:
     """direct_rates in a child process: exllamav2 (and the stand-in flash_attn its provider lends it
     during the import) never enter this one, where transformers runs; its GPU memory goes with it."""
     with tempfile.TemporaryDirectory(prefix="tokenspout-direct-") as scratch:
         prompts, out = pathlib.Path(scratch) / "prompts.json", pathlib.Path(scratch) / "direct.json"
         prompts.write_text(json.dumps(prompt_ids))
         command = [sys.executable, __file__, "--direct", "--model", str(model_dir), "--attention", setting,
-                   "--prompts", str(prompts), "--json", str(out)]
+                   "--prompts", str(prompts), "--json", str(out), "--engine", engine]
         done = subprocess.run(command, timeout=timeout_s)
         if done.returncode or not out.exists():
             raise RuntimeError(f"the direct baseline exited {done.returncode} (its output is above)")
@@ -180,7 +185,7 @@ def serve_and_check(args, report: Report) -> None:
         return deadline - time.monotonic()
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="tokenspout-gpu-"))
-    flags = ("--engine", "exllamav2", "--model", str(args.model), "--context-length", str(CONTEXT),
+    flags = ("--engine", args.engine, "--model", str(args.model), "--context-length", str(CONTEXT),
              "--max-batch-size", str(BATCH), "--model-id", args.name)
     started = time.perf_counter()
     start_limit = max(10.0, min(SERVER_START_S, seconds_left() - 60))
@@ -193,7 +198,7 @@ def serve_and_check(args, report: Report) -> None:
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.GenerationServiceStub(channel)
-            checks = report.step("model info", Checks, stub, True)
+            checks = report.step("model info", Checks, stub, True, args.engine)
             if checks is not None:
                 provider, paged = checks.provider, checks.paged
                 report.data.update(engine=checks.info.engine, attention_provider=provider, paged=paged,
@@ -213,10 +218,11 @@ def serve_and_check(args, report: Report) -> None:
     direct = None
     if rates and prompt_ids and seconds_left() > DIRECT_RATES_S:
         setting = direct_setting(provider, paged)
-        direct = report.step("direct rates", direct_in_child, args.model, setting, prompt_ids, seconds_left() - 3)
+        direct = report.step("direct rates", direct_in_child, args.model, setting, prompt_ids, seconds_left() - 3,
+                             args.engine)
         if direct and provider in PAGED_PROVIDERS + ("none",) and direct["provider"] != provider:
-            report.data["errors"].append(f"direct rates: exllamav2 ran on {direct['provider']}, the server on {provider}")
-    record_rates(report, rates, direct)
+            report.data["errors"].append(f"direct rates: {args.engine} ran on {direct['provider']}, the server on {provider}")
+    record_rates(report, rates, direct, args.engine)
 
 
 def tokenized(stub, prompts: list[str]) -> list[list[int]]:
@@ -224,7 +230,7 @@ def tokenized(stub, prompts: list[str]) -> list[list[int]]:
     return [list(stub.Tokenize(pb.TokenizeRequest(text=p), timeout=RPC_TIMEOUT_S).token_ids) for p in prompts]
 
 
-def record_rates(report: Report, through_grpc: dict | None, direct: dict | None) -> None:
+def record_rates(report: Report, through_grpc: dict | None, direct: dict | None, engine: str = "exllamav2") -> None:
     """The rates in the report: the table per stream count, and the one-stream figures under their old names."""
     if through_grpc:
         report.data["engine_steps"] = through_grpc["engine_steps"]
@@ -237,7 +243,7 @@ def record_rates(report: Report, through_grpc: dict | None, direct: dict | None)
         report.data["direct_tok_s"] = table["direct_tok_s"].get("1")
         report.data["ratio"] = table["ratio"].get("1")
         for n, ratio in table["ratio"].items():
-            print(f"  decode at {n} streams: gRPC {table['grpc_tok_s'][n]:.1f} tok/s, exllamav2 directly "
+            print(f"  decode at {n} streams: gRPC {table['grpc_tok_s'][n]:.1f} tok/s, {engine} directly "
                   f"{table['direct_tok_s'][n]:.1f} tok/s, ratio {ratio:.3f} (target {RATIO_TARGET})", flush=True)
     report.save()
 
@@ -251,7 +257,7 @@ def speculation_rates(args, report: Report) -> None:
     outputs, rates = {}, {}
     for setting in ("off", "ngram"):
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"tokenspout-gpu-{setting}-"))
-        flags = ("--engine", "exllamav2", "--model", str(args.model), "--context-length", str(CONTEXT),
+        flags = ("--engine", args.engine, "--model", str(args.model), "--context-length", str(CONTEXT),
                  "--max-batch-size", str(BATCH), "--speculation", setting, "--max-draft-tokens", "4")
         server = report.step(f"server start ({setting})", start_server, tmp, *flags,
                              timeout_s=max(10.0, min(SERVER_START_S, deadline - time.monotonic() - 30)))
@@ -292,7 +298,9 @@ def speculation_rates(args, report: Report) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=pathlib.Path, help="an EXL2, GPTQ or FP16 model directory")
+    parser.add_argument("--model", type=pathlib.Path, help="an EXL2, GPTQ, EXL3, FP16 or BF16 model directory")
+    parser.add_argument("--engine", choices=("exllamav2", "exllamav3"), default="exllamav2",
+                        help="the engine served and driven directly")
     parser.add_argument("--name", default="model")
     parser.add_argument("--json", help="where to write this variant's report")
     parser.add_argument("--reference-hf", action="store_true", help="also compare greedy tokens with transformers")
@@ -309,6 +317,12 @@ def main() -> int:
         with grpc.insecure_channel(args.address) as channel:
             results = Checks(pb_grpc.GenerationServiceStub(channel), expect_exllamav2=False).run_all()
         return 0 if all(r["ok"] for r in results) else 1
+    if args.direct and args.engine == "exllamav3":
+        from bench.gpu.rates_exl3 import direct_rates as exllamav3_rates
+
+        rates = exllamav3_rates(args.model, json.loads(args.prompts.read_text()))
+        pathlib.Path(args.json).write_text(json.dumps(rates, indent=2))
+        return 0
     if args.direct:
         rates = direct_rates(args.model, args.attention, json.loads(args.prompts.read_text()))
         pathlib.Path(args.json).write_text(json.dumps(rates, indent=2))

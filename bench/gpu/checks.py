@@ -14,6 +14,7 @@ import grpc
 import jsonschema
 
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS
+from backend.exllamav3.sampler import SUPPORTED_SAMPLERS as EXLLAMAV3_SAMPLERS
 from bench.common import greedy_request
 from bench.gpu.model_check import PROMPT
 from bench.gpu.rates import CONTEXT, RPC_TIMEOUT_S, BatchWatcher
@@ -22,7 +23,9 @@ from tests.harness.helpers import stream, text_of
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
-PAGED_PROVIDERS = ("sdpa", "flash-attn")
+PAGED_PROVIDERS = ("sdpa", "flash-attn", "exllamav3")  # exllamav3: its own paged Triton kernels
+SAMPLERS = {"exllamav2": SUPPORTED_SAMPLERS, "exllamav3": EXLLAMAV3_SAMPLERS}
+WEIGHTS = {"exllamav2": ("EXL2", "GPTQ", "FP16"), "exllamav3": ("EXL3", "FP16", "BF16")}
 MIN_CHECK_S = 15  # a check is not started with less time than this left
 SCHEMA = {
     "type": "object",
@@ -67,10 +70,12 @@ class Checks:
         "cache_salt_refused",
     )
 
-    def __init__(self, stub: pb_grpc.GenerationServiceStub, expect_exllamav2: bool) -> None:
+    def __init__(self, stub: pb_grpc.GenerationServiceStub, expect_exllamav2: bool, engine: str = "exllamav2") -> None:
+        """`expect_exllamav2`: the server runs an exllama engine, `engine` (exllamav2 or exllamav3)."""
         self.stub = stub
         self.info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=RPC_TIMEOUT_S)
         self.expect_exllamav2 = expect_exllamav2
+        self.engine = engine
         self.provider = attention_provider(self.info)
         self.paged = expect_exllamav2 and runs_paged(self.info, self.provider)
         self._free: list[pb.GenerateStreamResponse] | None = None
@@ -103,9 +108,9 @@ class Checks:
     def model_info(self) -> str:
         samplers = set(self.info.samplers)
         if self.expect_exllamav2:
-            assert self.info.engine.startswith("exllamav2"), self.info.engine
-            assert set(SUPPORTED_SAMPLERS) <= samplers, set(SUPPORTED_SAMPLERS) - samplers
-            assert self.info.quantization.split()[0] in ("EXL2", "GPTQ", "FP16"), self.info.quantization
+            assert self.info.engine.startswith(self.engine), self.info.engine
+            assert set(SAMPLERS[self.engine]) <= samplers, set(SAMPLERS[self.engine]) - samplers
+            assert self.info.quantization.split()[0] in WEIGHTS[self.engine], self.info.quantization
         info = self.info
         mode = f" ({'paged' if self.paged else 'unpaged'})" if self.expect_exllamav2 else ""
         return (f"engine {info.engine!r}, {info.quantization}, batch {info.limits.max_batch_size}, "

@@ -36,6 +36,7 @@
 # summary.txt and gpu-report.tar.gz (every file written), the last two refreshed after each stage
 # and once more on exit, so a run cut off from outside still leaves them.
 #
+# GPU_CHECK_PLAN=exl3 runs the exllamav3 variant instead (bench/gpu/stages_exl3.sh, 540 s budget).
 # GPU_CHECK_PLAN=real-size runs the real-size plan instead (bench/gpu/README.md has the exact device call):
 #   preflight, wheels, imports, extension (or jit_build), provider (attention triton: paged on) as above, then
 #   bandwidth        a copy-bandwidth probe (bench/gpu/real_size.py)
@@ -305,6 +306,10 @@ trap 'stamp "stopped by a signal"; exit 143' TERM INT HUP
 
 stamp "GPU check ($PLAN): OUT=$OUT WORK=$WORK, ${BUDGET_S}s budget, GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)${STAND_INS:+ (stand-ins from $STAND_INS)}$([ "$PLAN" = real-size ] && echo ", models in $MODELS")"
 : >"$REPORT/stages.tsv"
+
+# GPU_CHECK_PLAN=exl3: exllamav3's stages instead of the ones below (it ends the run).
+# shellcheck source=bench/gpu/stages_exl3.sh
+[ "$PLAN" = exl3 ] && source bench/gpu/stages_exl3.sh
 
 # Limits: about twice what each took on the H200 (# N s: the first run there, 2026-12-04; serve_fp16
 # from the second, speculation never reached). That is ~375 s before speculation, so a 330 s budget

@@ -13,7 +13,8 @@ import struct
 import numpy as np
 import pytest
 
-from backend.exllamav2.model_files import _tensors, unloadable_weights, weight_format
+from backend.exllama.model_files import tensor_headers, weight_format
+from backend.exllamav2.loading import unloadable_weights
 from bench.gpu import make_random_model as mrm
 from bench.gpu.tiny_llama import gptq_dequantize
 
@@ -120,7 +121,7 @@ def test_the_tiny_models_are_what_the_engine_reads_them_as(tiny_models):
         config = json.loads((tiny_models / fmt / "config.json").read_text())
         assert config["num_key_value_heads"] == 4 and config["vocab_size"] == 4096
         assert (tiny_models / fmt / "tokenizer.json").exists()
-        names = set(_tensors(tiny_models / fmt))
+        names = set(tensor_headers(tiny_models / fmt))
         assert {"model.embed_tokens.weight", "model.norm.weight"} <= names
         assert len([n for n in names if n.startswith("model.layers.3.")]) > 7
 

@@ -104,13 +104,13 @@ def test_the_salt_mixes_the_caller_in_so_no_choice_of_salt_reaches_another_calle
 
 
 def test_an_engine_without_salts_refuses_cache_salt_naming_the_field():
-    from backend.exllamav2.engine import EXLLAMAV2_REQUEST_FEATURES
+    from backend.exllama.engine import EXLLAMA_REQUEST_FEATURES
     from backend.types import ModelInfo
     from service.errors import ServiceError
     from service.validate import RequestValidator
 
     info = ModelInfo("m", "exllamav2", 4096, 32000, 8, 1, (2,), False, ("temperature",),
-                     request_features=EXLLAMAV2_REQUEST_FEATURES)
+                     request_features=EXLLAMA_REQUEST_FEATURES)
     validator = RequestValidator(info)
     validator.params(pb.GenerateStreamRequest(prompt="a"))  # unsalted: served
     with pytest.raises(ServiceError) as refused:

@@ -66,6 +66,10 @@ def test_the_example_config_file_loads():
     engine = gpu.engine
     assert (engine.kind, engine.exllamav2.cache_type, engine.exllamav2.cache_tokens, engine.model) == (
         "exllamav2", "q8", 32768, "/models/x-exl2")
+    exl3 = load_config({"model": "/models/x-exl3"}, environ={},
+                       config_file=str(ROOT / "deploy" / "tokenspout-exllamav3.toml")).engine
+    assert (exl3.kind, exl3.exllamav3.cache_bits, exl3.exllamav3.cache_tokens, exl3.exllamav3.tensor_parallel) == (
+        "exllamav3", 8, 32768, False)
 
 
 def test_exllamav2_attention_from_flag_environment_and_file(tmp_path):
@@ -113,6 +117,24 @@ def test_exllamav2_wants_a_model_directory(capsys, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert main(["serve", *ANY_PORT, "--engine", "exllamav2", "--model", str(tmp_path)]) == 2
     assert "lacks tokenizer.json" in capsys.readouterr().err
+
+
+def test_exllamav3_wants_a_model_directory_it_can_load(capsys, tmp_path):
+    assert main(["serve", *ANY_PORT, "--engine", "exllamav3", "--model", str(tmp_path)]) == 2
+    assert "exllamav3 needs a model directory with config.json and tokenizer.json" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text('{"quantization_config": {"quant_method": "exl2", "bits": 4.0}}')
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert main(["serve", *ANY_PORT, "--engine", "exllamav3", "--model", str(tmp_path)]) == 2
+    assert "exllamav3 cannot load EXL2 weights" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("exllamav3") is not None, reason="exllamav3 is installed here")
+def test_exllamav3_missing_is_reported_without_a_traceback(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert main(["serve", *ANY_PORT, "--engine", "exllamav3", "--model", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "pip install 'tokenspout[exllamav3]'" in error and "Traceback" not in error
 
 
 @pytest.mark.skipif(importlib.util.find_spec("exllamav2") is not None, reason="exllamav2 is installed here")

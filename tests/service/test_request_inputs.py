@@ -136,12 +136,12 @@ def test_chat_truncation_finds_the_fewest_messages_to_drop_by_bisection():
 
 def test_an_engine_without_samples_or_prompt_logprobs_names_the_field(fake_stub):
     """The fake engine serves token input and truncation but not n or prompt logprobs (exllamav2 lacks the latter)."""
-    from backend.exllamav2.engine import EXLLAMAV2_REQUEST_FEATURES
+    from backend.exllama.engine import EXLLAMA_REQUEST_FEATURES
     from tests.harness.helpers import error_reason
 
     info = fake_stub.GetModelInfo(pb.GetModelInfoRequest())
     assert tuple(info.request_features) == ("prompt_token_ids", "truncate_input_tokens")
-    assert "output.prompt_logprobs" not in EXLLAMAV2_REQUEST_FEATURES
+    assert "output.prompt_logprobs" not in EXLLAMA_REQUEST_FEATURES
     for field, request in (
         ("n", pb.GenerateStreamRequest(prompt="Hi", n=2)),
         ("output.prompt_logprobs", pb.GenerateStreamRequest(prompt="Hi", output=pb.OutputOptions(prompt_logprobs=True))),

@@ -50,7 +50,7 @@ def test_serve_help_explains_every_setting_in_its_group():
         assert settings_help.plain(one.help.text).split()[0] in words
         assert "Values: " in words and "Default: " in words, words
     assert not re.search(r"<\w+\.\w+: |\(\)|Default: \.", text), "a Python repr or an empty default"
-    assert "--engine {llama.cpp,exllamav2}" in text and "Default: the host of listen." in text
+    assert "--engine {llama.cpp,exllamav2,exllamav3}" in text and "Default: the host of listen." in text
     assert "--prefix-cache [true|false]" in text
 
 

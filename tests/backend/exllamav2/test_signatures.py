@@ -1,21 +1,19 @@
 """Every keyword the engine gives exllamav2's sampler settings and jobs is one 0.3.2 has.
 
 The lists are pinned in tests/harness/exllamav2_fakes.py from v0.3.2's source. Where that source is on
-this machine (exllamav2 installed, or EXLLAMAV2_SOURCE naming a folder that holds the unpacked
-exllamav2-0.3.2 wheel or repository), the pinned lists are checked against it, read with `ast`
-(importing exllamav2 would compile its CUDA extension).
+this machine (exllamav2 installed, EXLLAMAV2_SOURCE naming a folder that holds the unpacked
+exllamav2-0.3.2 wheel or repository, or tools/exllama_sources.sh having unpacked the wheel under
+~/.cache/tokenspout/sources), the pinned lists are checked against it, read with `ast` (importing
+exllamav2 would compile its CUDA extension).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
-import os
-import pathlib
 
 import pytest
 
-from backend.exllamav2.jobs import job_fields
+from backend.exllama.job_fields import job_fields
 from backend.exllamav2.settings import settings_fields
 from backend.types import (
     DryParams,
@@ -26,7 +24,8 @@ from backend.types import (
     StopParams,
     XtcParams,
 )
-from tests.harness.exllamav2_fakes import EOS, GENERATOR_PARAMETERS, JOB_PARAMETERS, SETTINGS_FIELDS, no_breakers
+from tests.harness.exllama_fakes import EOS, library_source
+from tests.harness.exllamav2_fakes import GENERATOR_PARAMETERS, JOB_PARAMETERS, SETTINGS_FIELDS, no_breakers
 
 REQUESTS = [
     GenerationRequest("greedy", (1, 2, 3), SamplingParams(temperature=0.0)),
@@ -51,14 +50,6 @@ def test_the_engine_sets_only_what_0_3_2_takes(request_):
     assert set(job_fields(request_, EOS)) | {"input_ids", "gen_settings", "filters"} <= JOB_PARAMETERS
 
 
-def exllamav2_source() -> pathlib.Path | None:
-    """The exllamav2 package folder, found without importing it."""
-    if os.environ.get("EXLLAMAV2_SOURCE"):
-        return pathlib.Path(os.environ["EXLLAMAV2_SOURCE"]) / "exllamav2"
-    spec = importlib.util.find_spec("exllamav2")
-    return pathlib.Path(spec.origin).parent if spec and spec.origin else None
-
-
 def parameters(tree: ast.Module, class_name: str) -> set[str]:
     (init,) = [f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == class_name
                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"]
@@ -72,9 +63,9 @@ def settings_dataclass_fields(tree: ast.Module) -> set[str]:
 
 
 def test_the_pinned_lists_are_0_3_2s():
-    source = exllamav2_source()
+    source = library_source("exllamav2", "0.3.2")
     if source is None or not (source / "generator" / "dynamic.py").is_file():
-        pytest.skip("exllamav2's source is not here (set EXLLAMAV2_SOURCE to an unpacked 0.3.2 wheel)")
+        pytest.skip("exllamav2's source is not here (bash tools/exllama_sources.sh, or EXLLAMAV2_SOURCE)")
     assert '__version__ = "0.3.2"' in (source / "version.py").read_text()
     dynamic = ast.parse((source / "generator" / "dynamic.py").read_text())
     sampler = ast.parse((source / "generator" / "sampler.py").read_text())

@@ -8,7 +8,7 @@ import pathlib
 import tokenizers
 import torch
 
-from backend.exllamav2.model_files import _tensors
+from backend.exllama.model_files import tensor_headers
 
 LINEAR_KEYS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -38,7 +38,7 @@ class ExLlamaV2:
 
     def load(self, gpu_split: list[float] | None = None) -> None:
         """Every tensor 0.3.2 would read, found in the safetensors headers with a format it knows."""
-        names = set(_tensors(pathlib.Path(self.config.model_dir)))
+        names = set(tensor_headers(pathlib.Path(self.config.model_dir)))
         keys = ["lm_head"] + [f"model.layers.{i}.{key}" for i in range(self.config.num_hidden_layers) for key in LINEAR_KEYS]
         for key in keys:
             suffix = next((s for s in SUFFIXES if key + s in names), None)

@@ -1,4 +1,5 @@
-"""The exllamav2 grammar filter's core on CPU, with llguidance and the real model's vocabulary."""
+"""The exllama grammar filter's core on CPU, with llguidance and the real model's vocabulary; and constrained
+jobs through the shared core for both generations (their filter shells built by the real bindings)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ import pytest
 
 from backend.constraints import ConstraintCompiler, ConstraintSpec
 from backend.events import ErrorEvent, FinishReason
-from backend.exllamav2.core import ExLlamaV2Core
-from backend.exllamav2.filter_core import GrammarFilterCore
+from backend.exllama.grammar_filter import GrammarFilterCore
 from backend.types import GenerationRequest, SamplingParams, StopParams
-from tests.harness.core_driver import Delivering
-from tests.harness.exllamav2_fakes import FakeGenerators, FakeJobs, eos, streaming
+from tests.harness.exllama_fakes import GENERATIONS, eos, fake_core, filter_core_of, streaming
 
 
 @pytest.fixture(scope="module")
@@ -62,19 +61,16 @@ def test_begin_resets_for_the_first_sampling_step(model, compiler):
 # -- a constrained job's finish, through the owner-thread core (the generator is a fake; the filter core is real)
 
 
-@pytest.fixture
-def constrained(model, compiler):
-    generators, jobs = FakeGenerators(), FakeJobs(model.eos_token_ids)
-    core = Delivering(ExLlamaV2Core(generators, jobs, model.eos_token_ids, model.pieces.__getitem__, model.vocab_size, 4096))
+@pytest.fixture(params=GENERATIONS)
+def constrained(request, model, compiler):
+    core, generators = fake_core(request.param, model.vocab_size, model.pieces.__getitem__, model.eos_token_ids)
 
     def add(request_id: str, pattern: str, events: list, max_new_tokens: int = 16) -> GrammarFilterCore:
         compiled = compiler.compile(ConstraintSpec("regex", pattern))
-        filter_core = jobs.constraints[request_id] = GrammarFilterCore(compiled, model.eos_token_ids, model.vocab_size)
-        filter_core.begin()
-        request = GenerationRequest(request_id, (1, 2), SamplingParams(temperature=0.0), StopParams(max_new_tokens),
-                                    constraint=compiled.spec)
-        core.add(request, events.append, compiled)
-        return filter_core
+        constrained = GenerationRequest(request_id, (1, 2), SamplingParams(temperature=0.0), StopParams(max_new_tokens),
+                                        constraint=compiled.spec)
+        core.add(constrained, events.append, compiled)
+        return filter_core_of(generators, request_id)  # the core the binding's filter shell carries
 
     return core, generators, add
 
@@ -95,7 +91,8 @@ def test_a_finished_grammar_ends_as_constraint_complete(model, constrained):
     tokens = feed_text(filter_core, model, "123")
     assert allowed(filter_core, model.vocab_size) == set(model.eos_token_ids)  # then EOS is forced and sampled
     end_id = model.eos_token_ids[0]
-    # As 0.3.2 ends it: the digits stream, then the EOS comes alone, only in `held`.
+    # As 0.3.2 ends it (and 1.6.5 where the grammar may go on): the digits stream, then the EOS comes alone,
+    # only in `held`.
     generators[0].samples["c"] = [(t, model.pieces[t]) for t in tokens] + [(end_id, b"")]
     while core.has_work():
         core.step()

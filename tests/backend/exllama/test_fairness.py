@@ -1,5 +1,5 @@
-"""Fair sharing in the exllamav2 core, against the fake generator that behaves like 0.3.2
-(tests/harness/exllamav2_fakes.py): jobs wait in the core's own queue and enter the generator as places
+"""Fair sharing in the exllama core, for both generations over their doubles (tests/harness/exllama_fakes.py):
+jobs wait in the core's own queue and enter the generator as places
 free, the most urgent and the least served caller's first; a more urgent one takes a place at once
 (test_preemption.py); a caller at its limit waits; past capacity the flood's newest is shed; a job not
 started within its queue timeout ends."""
@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from backend.events import ErrorEvent, ErrorKind
 from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
 from tests.harness.core_driver import run_until_idle
-from tests.harness.exllamav2_fakes import fake_core
+from tests.harness.exllama_fakes import GENERATIONS, fake_core
 
 TOKENS = 3
 
@@ -22,8 +24,10 @@ def request(request_id: str, caller: str, priority: int = 0, queue_timeout_s: fl
                              scheduling=Scheduling(caller, priority=priority, queue_timeout_s=queue_timeout_s))
 
 
-def make_core(**settings):
-    return fake_core(vocab_size=16, **({"max_batch_size": 2, "max_queued_requests": 8} | settings))
+@pytest.fixture(params=GENERATIONS)
+def make_core(request):
+    return lambda **settings: fake_core(request.param, vocab_size=16,
+                                        **({"max_batch_size": 2, "max_queued_requests": 8} | settings))
 
 
 def add(core, generators, request_id: str, caller: str, events: dict, **scheduling) -> None:
@@ -36,7 +40,7 @@ def enqueue_order(generators) -> list[str]:
     return [job.identifier for job in generators[0].enqueued]
 
 
-def test_jobs_enter_the_generator_by_priority_then_least_served_caller():
+def test_jobs_enter_the_generator_by_priority_then_least_served_caller(make_core):
     core, generators = make_core()
     events: dict = {}
     for i in range(4):
@@ -56,7 +60,7 @@ def test_jobs_enter_the_generator_by_priority_then_least_served_caller():
     assert tallies["a"].generated_tokens_total == 4 * TOKENS and tallies["b"].prompt_tokens_total == 3
 
 
-def test_a_caller_at_its_running_limit_leaves_the_free_place_to_others():
+def test_a_caller_at_its_running_limit_leaves_the_free_place_to_others(make_core):
     core, generators = make_core(max_running_per_caller=1)
     events: dict = {}
     add(core, generators, "a0", "a", events)
@@ -67,7 +71,7 @@ def test_a_caller_at_its_running_limit_leaves_the_free_place_to_others():
     assert enqueue_order(generators) == ["a0", "b0", "a1"]
 
 
-def test_past_capacity_the_floods_newest_waiting_job_is_shed():
+def test_past_capacity_the_floods_newest_waiting_job_is_shed(make_core):
     core, generators = make_core(max_batch_size=1, max_queued_requests=2)
     events: dict = {}
     for i in range(3):
@@ -79,7 +83,7 @@ def test_past_capacity_the_floods_newest_waiting_job_is_shed():
     assert generators[0].cancelled == []  # a shed job never reached the generator
 
 
-def test_a_job_not_started_within_its_queue_timeout_ends():
+def test_a_job_not_started_within_its_queue_timeout_ends(make_core):
     core, generators = make_core(max_batch_size=1)
     events: dict = {}
     add(core, generators, "a0", "a", events)
@@ -93,7 +97,7 @@ def test_a_job_not_started_within_its_queue_timeout_ends():
     assert {t.caller: t.queue_timeouts_total for t in core.stats.callers}["b"] == 1
 
 
-def test_queued_jobs_that_find_no_place_do_not_keep_another_callers_job_from_one():
+def test_queued_jobs_that_find_no_place_do_not_keep_another_callers_job_from_one(make_core):
     # a and b each hold a place past their time slice, b served far more; a's next jobs cannot take b's
     # place (a would then hold two to b's none), while c, holding nothing, can. a's come first in the
     # queue: once one of them found no place, the others like it are skipped, not c.
@@ -107,7 +111,7 @@ def test_queued_jobs_that_find_no_place_do_not_keep_another_callers_job_from_one
         core.add(long, events[request_id].append)
     for _ in range(3):
         core.step()
-    core.held.policy.counters.charge("b", 1000, 1.0)
+    core.queue.policy.counters.charge("b", 1000, 1.0)
     for request_id, caller in (("a1", "a"), ("a2", "a"), ("c0", "c")):
         add(core, generators, request_id, caller, events)
     assert enqueue_order(generators) == ["a0", "b0", "c0"]

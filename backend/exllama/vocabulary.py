@@ -1,8 +1,9 @@
-"""Prompts, chats and token pieces for the exllamav2 engine, from the model's tokenizer.json.
+"""Prompts, chats and token pieces for the exllama engines, from the model folder's tokenizer.json.
 
-exllamav2 0.3.2 tokenizes with Hugging Face tokenizers too (tokenizer/hf.py wraps a
-tokenizers.Tokenizer), but two of its answers are wrong for us, so the engine asks
-tokenizers and llguidance directly:
+Both generations tokenize with Hugging Face tokenizers too (exllamav2 0.3.2's tokenizer/hf.py wraps
+a tokenizers.Tokenizer, exllamav3 1.6.5's Tokenizer holds one), but exllamav2's answers are wrong
+for us in two ways, so the engines, and each front end beside an engine in another process, ask
+tokenizers and llguidance directly, from the same files (one vocabulary, however it is served):
 
 - Its plain encode (`encode(..., encode_special_tokens=False)`, tokenizer.py:346-366) ends in
   `Tokenizer.encode(text, add_special_tokens=False)` (hf.py:84-86), and tokenizers still turns
@@ -24,12 +25,12 @@ import llguidance
 import tokenizers
 
 from backend.common.chat import NO_TEMPLATE, ChatTemplate, ChatTemplateError, RenderedChat, SpecialTokens, tokenize_chat
-from backend.exllamav2.model_files import adds_bos, model_config
+from backend.exllama.model_files import adds_bos, model_config
 from backend.types import ChatContext, ChatMessage, ModelInfo
 
 
-class Vocabulary:
-    """Thread-safe: read-only after construction."""
+class FolderVocabulary:
+    """A model folder's vocabulary (backend.engine.Vocabulary). Thread-safe: read-only after construction."""
 
     def __init__(
         self,
@@ -39,6 +40,8 @@ class Vocabulary:
         add_bos: bool,
         chat: ChatTemplate | None,
     ) -> None:
+        self.ll_tokenizer = ll_tokenizer
+        """For the engine's constraint compiler: the same ids and end tokens."""
         self._tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
         self._tokenizer.encode_special_tokens = True  # special-token text in the input is text
         self._bos = bos_token_id if add_bos else None
@@ -81,15 +84,24 @@ class Vocabulary:
         return tokenize_chat(chat, messages, self.specials, self.encode_plain)
 
 
-def load_vocabulary(model_dir: pathlib.Path, info: ModelInfo) -> Vocabulary:
-    """The vocabulary of an exllamav2 model folder without exllamav2 (a front end's, beside an engine in another
-    process): tokenizer.json, tokenizer_config.json's chat template, and the engine's own word on BOS and the
-    end tokens (`info`). The special tokens' text is the tokenizer's, by id."""
+def folder_vocabulary(
+    model_dir: pathlib.Path, vocab_size: int, bos_token_id: int | None, eos_token_ids: tuple[int, ...]
+) -> tuple[FolderVocabulary, str | None]:
+    """The vocabulary of an exllama model folder, and its chat template's text (None: it has none): its
+    tokenizer.json, tokenizer_config.json's chat template, and the library's word on the vocabulary's
+    size, BOS and the end tokens. The special tokens' text is the tokenizer's, by id."""
     tokenizer_json = (model_dir / "tokenizer.json").read_text()
-    ll_tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=info.vocab_size, eos_token=list(info.eos_token_ids))
+    ll_tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids))
     added = {token["id"]: token["content"] for token in json.loads(tokenizer_json).get("added_tokens") or []}
     template = model_config(model_dir, "tokenizer_config.json").get("chat_template")
-    bos = added.get(info.bos_token_id, "") if info.bos_token_id is not None else ""
-    eos = added.get(info.eos_token_ids[0], "") if info.eos_token_ids else ""
+    bos = added.get(bos_token_id, "") if bos_token_id is not None else ""
+    eos = added.get(eos_token_ids[0], "") if eos_token_ids else ""
     chat = ChatTemplate(template, bos, eos) if isinstance(template, str) else None
-    return Vocabulary(tokenizer_json, ll_tokenizer, info.bos_token_id, adds_bos(model_dir, bos), chat)
+    vocabulary = FolderVocabulary(tokenizer_json, ll_tokenizer, bos_token_id, adds_bos(model_dir, bos), chat)
+    return vocabulary, template if isinstance(template, str) else None
+
+
+def load_vocabulary(model_dir: pathlib.Path, info: ModelInfo) -> FolderVocabulary:
+    """The vocabulary an engine in another process serves, for a front end: from the folder, without the
+    library, and the engine's own word on the vocabulary (`info`)."""
+    return folder_vocabulary(model_dir, info.vocab_size, info.bos_token_id, info.eos_token_ids)[0]

@@ -1,23 +1,27 @@
-"""Recompute preemption in the exllamav2 core, against the fake generator that behaves like 0.3.2
-(tests/harness/exllamav2_fakes.py): a job gives its place by being cancelled, and comes back as a new
+"""Recompute preemption in the exllama core, for both generations over their doubles
+(tests/harness/exllama_fakes.py): a job gives its place by being cancelled, and comes back as a new
 job whose prompt is the old one's prompt and output; the caller's stream goes on with nothing
 repeated or lost. Only a job holding nothing back, and without a constraint, gives way."""
 
 from __future__ import annotations
 
+import pytest
+
 from backend.constraints import ConstraintSpec
 from backend.events import FinishReason, TokenEvent
-from backend.exllamav2.jobs import job_fields, job_input
+from backend.exllama.job_fields import job_fields, job_input
 from backend.types import GenerationRequest, SamplingParams, Scheduling, StopParams
 from tests.harness.core_driver import run_until_idle
-from tests.harness.exllamav2_fakes import EOS, fake_core
+from tests.harness.exllama_fakes import EOS, GENERATIONS, fake_core
 
 PROMPT = (1, 5, 6)
 WORDS = [(20 + i, f" w{i}".encode()) for i in range(6)]
 
 
-def make_core(**settings):
-    return fake_core(vocab_size=64, **({"max_batch_size": 1, "max_queued_requests": 8} | settings))
+@pytest.fixture(params=GENERATIONS)
+def make_core(request):
+    return lambda **settings: fake_core(request.param, vocab_size=64,
+                                        **({"max_batch_size": 1, "max_queued_requests": 8} | settings))
 
 
 def request(request_id: str, caller: str = "a", priority: int = 0, max_new_tokens: int = 6, seed: int = 7,
@@ -41,7 +45,7 @@ def ids(events: list) -> list[int]:
     return [t.token_id for e in events for t in e.tokens]
 
 
-def test_a_more_urgent_request_preempts_a_running_job_whose_stream_goes_on_without_repeats_or_gaps():
+def test_a_more_urgent_request_preempts_a_running_job_whose_stream_goes_on_without_repeats_or_gaps(make_core):
     core, generators = make_core()
     events: dict = {}
     add(core, generators, events, request("low"), WORDS)
@@ -56,7 +60,7 @@ def test_a_more_urgent_request_preempts_a_running_job_whose_stream_goes_on_witho
     # The job that continues it holds the prompt and the two tokens out, samples the rest from the same
     # random generator and sampler settings, and counts its budget from there.
     assert second.input_ids == [*PROMPT, 20, 21] and second.max_new_tokens == 4
-    assert second.rng is first.rng and second.gen_settings is first.gen_settings
+    assert second.rng is first.rng and second.sampling is first.sampling
     low = events["low"]
     assert ids(low) == [token for token, _ in WORDS]
     assert "".join(e.text for e in low) == " w0 w1 w2 w3 w4 w5"
@@ -68,7 +72,7 @@ def test_a_more_urgent_request_preempts_a_running_job_whose_stream_goes_on_witho
     assert core.stats.preempted_sequences == 0 and core.stats.recomputed_tokens_total == len(PROMPT) + 2
 
 
-def test_a_job_holding_back_part_of_a_stop_string_gives_way_only_once_it_has_released_it():
+def test_a_job_holding_back_part_of_a_stop_string_gives_way_only_once_it_has_released_it(make_core):
     core, generators = make_core()
     events: dict = {}
     add(core, generators, events, request("low", stop_sequences=("Hello!",)),
@@ -85,7 +89,7 @@ def test_a_job_holding_back_part_of_a_stop_string_gives_way_only_once_it_has_rel
     assert low[-1].finish.reason is FinishReason.STOP_SEQUENCE and low[-1].finish.stop_sequence == "Hello!"
 
 
-def test_a_constrained_job_is_never_preempted():
+def test_a_constrained_job_is_never_preempted(make_core):
     core, generators = make_core()
     events: dict = {}
     constrained = GenerationRequest("json", PROMPT, SamplingParams(temperature=0.0), StopParams(max_new_tokens=3),
@@ -98,7 +102,7 @@ def test_a_constrained_job_is_never_preempted():
     assert [job.identifier for job in generators[0].enqueued] == ["json", "urgent"]  # it took the next free place
 
 
-def test_a_caller_over_its_share_gives_a_place_after_a_time_slice():
+def test_a_caller_over_its_share_gives_a_place_after_a_time_slice(make_core):
     core, generators = make_core(max_batch_size=2, time_slice_steps=3)
     events: dict = {}
     long = [(20, b" w")] * 12
@@ -114,19 +118,19 @@ def test_a_caller_over_its_share_gives_a_place_after_a_time_slice():
     assert all(e[-1].finish.reason is FinishReason.MAX_TOKENS for e in events.values())
 
 
-def test_a_job_preempted_before_the_generator_started_it_starts_again_from_its_prompt():
+def test_a_job_preempted_before_the_generator_started_it_starts_again_from_its_prompt(make_core):
     core, generators = make_core()
     events: dict = {}
     add(core, generators, events, request("low"), WORDS)
     add(core, generators, events, request("urgent", caller="b", priority=1, max_new_tokens=1), WORDS[:1])
-    (first,), second = jobs_of(generators, "low"), core.held.jobs["low"].job  # waiting to come back
+    (first,), second = jobs_of(generators, "low"), core.queue.jobs["low"].job  # waiting to come back
     assert generators[0].cancelled == [first] and second.input_ids == list(PROMPT) and second.max_new_tokens == 6
     run_until_idle(core, limit=200)
     assert ids(events["low"]) == [token for token, _ in WORDS]
     assert core.stats.queued_requests == core.stats.preempted_sequences == 0
 
 
-def test_a_preempted_job_can_be_cancelled_while_it_waits_to_come_back():
+def test_a_preempted_job_can_be_cancelled_while_it_waits_to_come_back(make_core):
     core, generators = make_core()
     events: dict = {}
     add(core, generators, events, request("low"), WORDS)

@@ -1,5 +1,5 @@
-"""n samples on exllamav2: n jobs with the same prompt, against the fake generator that behaves like 0.3.2
-(tests/harness/exllamav2_fakes.py). The first sample is admitted as any request; the others are enqueued
+"""n samples on the exllama core: n jobs with the same prompt, for both generations over their doubles
+(tests/harness/exllama_fakes.py). The first sample is admitted as any request; the others are enqueued
 right behind it where the batch has places (a paged generator then shares the prompt's pages), each with
 its own seed, its events carrying its index; one cancel ends them all; the prompt is charged once."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from backend.events import ErrorEvent, ErrorKind, FinishReason, TokenEvent
-from backend.exllamav2.engine import EXLLAMAV2_REQUEST_FEATURES
+from backend.exllama.engine import EXLLAMA_REQUEST_FEATURES
 from backend.types import GenerationRequest, ModelInfo, SamplingParams, Scheduling, StopParams
 from service.validate import RequestValidator
-from tests.harness.exllamav2_fakes import EOS, fake_core
+from tests.harness.exllama_fakes import EOS, GENERATIONS, fake_core
 from tokenspout.v1 import generation_pb2 as pb
 
 PROMPT = (1, 5, 6, 7)
@@ -19,8 +19,10 @@ SEEDS = (11, 12, 13)
 IDS = ("r", "r·1", "r·2")
 
 
-def make_core(**settings):
-    return fake_core(vocab_size=64, **({"max_batch_size": 4, "max_queued_requests": 4} | settings))
+@pytest.fixture(params=GENERATIONS)
+def make_core(request):
+    return lambda **settings: fake_core(request.param, vocab_size=64,
+                                        **({"max_batch_size": 4, "max_queued_requests": 4} | settings))
 
 
 def samples_request(request_id: str = "r", caller: str = "a", seeds: tuple[int, ...] = SEEDS) -> GenerationRequest:
@@ -48,7 +50,7 @@ def by_index(events: list) -> dict[int, list[TokenEvent]]:
     return grouped
 
 
-def test_n_samples_are_n_jobs_with_the_same_prompt_each_with_its_seed_and_their_events_carry_its_index():
+def test_n_samples_are_n_jobs_with_the_same_prompt_each_with_its_seed_and_their_events_carry_its_index(make_core):
     core, generators = make_core()
     script(generators)
     events: list = []
@@ -67,19 +69,19 @@ def test_n_samples_are_n_jobs_with_the_same_prompt_each_with_its_seed_and_their_
         assert finish.usage.prompt_tokens == len(PROMPT) and finish.usage.completion_tokens == 3
 
 
-def test_the_prompt_is_charged_to_the_caller_once_whatever_n():
+def test_the_prompt_is_charged_to_the_caller_once_whatever_n(make_core):
     core, generators = make_core()
     script(generators)
     core.add(samples_request(), lambda event: None)
     core.step()  # every sample started, one token each
-    assert core.policy.counters["a"] == len(PROMPT) + 3
+    assert core.queue.policy.counters["a"] == len(PROMPT) + 3
     assert core.stats.started_total == 3 and core.stats.running_sequences == 3
     run(core)
     tally = {t.caller: t for t in core.stats.callers}["a"]
     assert tally.prompt_tokens_total == 3 * len(PROMPT) and tally.generated_tokens_total == 9  # per sample, as llama.cpp
 
 
-def test_samples_take_the_free_places_behind_their_first_and_queue_for_the_rest():
+def test_samples_take_the_free_places_behind_their_first_and_queue_for_the_rest(make_core):
     core, generators = make_core(max_batch_size=2, max_running_per_caller=1)
     script(generators)
     events: list = []
@@ -92,7 +94,7 @@ def test_samples_take_the_free_places_behind_their_first_and_queue_for_the_rest(
     assert sorted(by_index(events)) == [0, 1, 2]
 
 
-def test_cancelling_the_request_cancels_every_sample_running_or_waiting():
+def test_cancelling_the_request_cancels_every_sample_running_or_waiting(make_core):
     core, generators = make_core(max_batch_size=2)
     script(generators)
     events: list = []
@@ -106,7 +108,7 @@ def test_cancelling_the_request_cancels_every_sample_running_or_waiting():
     assert not core.has_work()
 
 
-def test_samples_still_waiting_on_their_first_end_with_it():
+def test_samples_still_waiting_on_their_first_end_with_it(make_core):
     core, generators = make_core(max_batch_size=1)
     script(generators, ("busy",))
     core.add(GenerationRequest("busy", PROMPT, stopping=StopParams(max_new_tokens=3)), lambda event: None)
@@ -119,7 +121,7 @@ def test_samples_still_waiting_on_their_first_end_with_it():
     assert [job.identifier for job in generators[0].enqueued] == ["busy"]
 
 
-def test_a_requests_samples_join_the_engines_capacity_only_as_they_are_enqueued():
+def test_a_requests_samples_join_the_engines_capacity_only_as_they_are_enqueued(make_core):
     core, generators = make_core(max_batch_size=1, max_queued_requests=1)
     script(generators, ("busy",))
     core.add(GenerationRequest("busy", PROMPT, stopping=StopParams(max_new_tokens=3)), lambda event: None)
@@ -134,7 +136,7 @@ def test_a_requests_samples_join_the_engines_capacity_only_as_they_are_enqueued(
 @pytest.mark.parametrize("seed, expected", [(100, (100, 101, 102)), (None, None)])
 def test_validation_lets_n_through_to_exllamav2_with_a_seed_per_sample(seed, expected):
     info = ModelInfo("m", "exllamav2", 4096, 32000, 8, 1, EOS, False, ("temperature", "seed"),
-                     request_features=EXLLAMAV2_REQUEST_FEATURES)
+                     request_features=EXLLAMA_REQUEST_FEATURES)
     sampling = pb.SamplingParams(temperature=0.7, **({} if seed is None else {"seed": seed}))
     params = RequestValidator(info).params(pb.GenerateStreamRequest(prompt="a", n=3, sampling=sampling))
     assert len(set(params.sample_seeds)) == 3  # as for llama.cpp: the request's seed + i, else random ones

@@ -1,30 +1,29 @@
-"""The exllamav2 core's EngineStats: the same figures as the llama.cpp core's.
+"""The exllama core's EngineStats: the same figures as the llama.cpp core's.
 
 Jobs the generator has started run; those it holds but has not started, and those waiting in the
 core's own queue, are queued; those that gave their place to another and wait to come back are
 preempted. The cache's used tokens are the pages jobs hold (each reserves prompt + max_new_tokens
 up front); its cached prefixes are the free pages that still hold keys and values a later prompt
-can reuse (0.3.2's unreferenced_pages lists every free page, the never-used ones too).
+can reuse (both generations list every free page, the never-used ones too, in their page table).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from backend.common.ledger import Ledger
 from backend.common.stats import EngineStats
-from backend.exllamav2.held import HeldJob
+from backend.exllama.binding import Page
+from backend.exllama.job import SampleJob
 
 
 def engine_stats(
-    ledger: Ledger, steps: int, held: list[HeldJob], generator: Any, cache_tokens_total: int
+    ledger: Ledger, steps: int, jobs: list[SampleJob], pages: Sequence[Page], page_size: int, cache_tokens_total: int
 ) -> EngineStats:
-    running = [entry for entry in held if entry.enqueued and entry.results.started_at is not None]
-    preempted = [entry for entry in held if entry.preempted]
-    queued = [entry for entry in held if entry.results.started_at is None]
-    pages = getattr(generator, "all_pages", None) or ()
+    running = [entry for entry in jobs if entry.enqueued and entry.started]
+    preempted = [entry for entry in jobs if entry.preempted]
+    queued = [entry for entry in jobs if not entry.started]
     cached = [page for page in pages if page.ref_count == 0 and page.kv_position > 0]
-    page_size = getattr(generator, "page_size", 256)
     return ledger.snapshot(
         running, queued, preempted,
         steps=steps,

@@ -1,16 +1,16 @@
-"""The grammar filter for exllamav2 jobs, as a pure core on ints and numpy arrays.
+"""The grammar filter for exllama jobs, as a pure core on ints and numpy arrays.
 
-exllamav2 calls a job's filter from its worker threads, and an exception
+Both generations call a job's filter from their worker threads, and an exception
 there ends every job in the generator, so nothing here raises: a matcher
 error puts the filter in an error state in which only EOS is allowed, and
-JobResults reports the error on that stream. The `ExLlamaV2Filter` subclass
-the generator sees is a thin shell over this (`filter_class`).
+JobResults reports the error on that stream. The filter class each generator
+sees is a thin shell over this, in its binding (exllamav2's masks logits in place,
+exllamav3's hands over the packed bitmask).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import llguidance.numpy
 import numpy as np
@@ -29,7 +29,7 @@ class GrammarFilterCore:
         self._bitmask = llguidance.numpy.allocate_token_bitmask(1, vocab_size)
         self.error = ""
         self.mask_s = 0.0
-        """Time spent computing masks (on exllamav2's filter thread)."""
+        """Time spent computing masks (on the generator's filter threads)."""
 
     def begin(self) -> None:
         self._matcher = self._compiled.new_matcher()
@@ -71,6 +71,12 @@ class GrammarFilterCore:
         self._eos_only()
         return True
 
+    @property
+    def bitmask(self) -> np.ndarray:
+        """The mask `prepare_mask` computed, packed: int32 words of shape (1, ceil(vocabulary / 32)), bit
+        (i & 31) of word (i >> 5) set where token i is allowed (llguidance's layout, and exllamav3's)."""
+        return self._bitmask
+
     def mask_logits(self, logits: np.ndarray) -> np.ndarray:
         """Sets disallowed logits (and any padding past the vocabulary) to -inf, in place."""
         apply_bitmask(logits, self._bitmask[0])
@@ -87,38 +93,3 @@ class GrammarFilterCore:
         bits = np.zeros(self._bitmask.shape[1] * 32, dtype=np.uint8)
         bits[self._eos] = 1
         self._bitmask[0] = np.packbits(bits, bitorder="little").view(np.int32)
-
-
-def filter_class() -> type:
-    """The `ExLlamaV2Filter` subclass; importing exllamav2 needs CUDA, so it is built on demand."""
-    import torch
-    from exllamav2.generator.filters import ExLlamaV2Filter
-
-    class LLGuidanceFilter(ExLlamaV2Filter):  # type: ignore[misc]  # exllamav2 is untyped
-        def __init__(self, model: Any, tokenizer: Any, core: GrammarFilterCore) -> None:
-            super().__init__(model, tokenizer)
-            self.core = core
-
-        def begin(self, prefix_str: str = "") -> None:
-            self.core.begin()
-
-        def feed(self, token: Any) -> None:
-            self.core.feed(int(token.view(-1)[0]))
-
-        def use_background_worker(self) -> bool:
-            return True
-
-        def can_mask_logits(self) -> bool:
-            return True
-
-        def prepare_logit_mask(self) -> bool:
-            return self.core.prepare_mask()
-
-        def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
-            self.core.mask_logits(logits.numpy())
-            return logits
-
-        def next(self) -> tuple[list[int], list[int]]:
-            return self.core.allowed_tokens()
-
-    return LLGuidanceFilter

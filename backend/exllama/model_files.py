@@ -1,4 +1,5 @@
-"""What a model directory says about itself, read from its files without loading it."""
+"""What a Hugging Face model directory says about itself, read from its files without loading it
+(either exllama generation's engine, and each front end beside it)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from typing import Any
 from backend.common.models import ModelError
 
 
-def find_model_dir(path: str, setting: str) -> pathlib.Path:
-    """The exllamav2 model directory a setting names. Raises ModelError when it lacks what exllamav2 reads."""
+def find_model_dir(path: str, setting: str, engine: str) -> pathlib.Path:
+    """The model directory a setting names. Raises ModelError when it lacks what the exllama engines read."""
     directory = pathlib.Path(path).expanduser()
     missing = [name for name in ("config.json", "tokenizer.json") if not (directory / name).is_file()]
-    if missing:  # exllamav2 reads only tokenizer.json; SentencePiece-only models are not supported
+    if missing:  # both read only tokenizer.json; SentencePiece-only models are not supported
         raise ModelError(
-            f"{setting}: exllamav2 needs a model directory with config.json and tokenizer.json; "
+            f"{setting}: {engine} needs a model directory with config.json and tokenizer.json; "
             f"{directory} lacks {', '.join(missing)}"
         )
     return directory
@@ -52,39 +53,24 @@ def adds_bos(model_dir: pathlib.Path, bos_token: str) -> bool:
 
 
 def weight_format(model_dir: pathlib.Path) -> str:
-    """"EXL2 4.0 bpw", "GPTQ 4-bit" or "FP16": from config.json's quantization_config, else from
-    the tensor names in the safetensors headers (exllamav2 itself decides by those)."""
-    quantization = model_config(model_dir, "config.json").get("quantization_config") or {}
+    """"EXL3 4.0 bpw", "EXL2 4.0 bpw", "GPTQ 4-bit", "BF16" or "FP16": from config.json's quantization_config
+    (exllamav3's converter writes quant_method "exl3" and bits there), else from the tensor names in the
+    safetensors headers (as the libraries decide), and for unquantized weights their dtype."""
+    config = model_config(model_dir, "config.json")
+    quantization = config.get("quantization_config") or {}
     method, bits = str(quantization.get("quant_method", "")).lower(), quantization.get("bits")
-    if method == "exl2":
-        return f"EXL2 {bits} bpw" if bits else "EXL2"
+    if method in ("exl3", "exl2"):
+        return f"{method.upper()} {bits} bpw" if bits else method.upper()
     if method == "gptq":
         return f"GPTQ {bits}-bit" if bits else "GPTQ"
-    names = set(_tensors(model_dir))
-    if any(name.endswith(".q_weight") for name in names):
-        return "EXL2"
-    if any(name.endswith(".qweight") for name in names):
-        return "GPTQ"
-    return "FP16"
+    tensors = tensor_headers(model_dir)
+    for suffix, name in ((".trellis", "EXL3"), (".q_weight", "EXL2"), (".qweight", "GPTQ")):
+        if any(tensor.endswith(suffix) for tensor in tensors):
+            return name
+    return "BF16" if any(header.get("dtype") == "BF16" for header in tensors.values()) else "FP16"
 
 
-def unloadable_weights(model_dir: pathlib.Path) -> str:
-    """Why exllamav2 0.3.2 cannot load these weights, or "". Its GPTQ kernel takes only 4-bit weights,
-    8 to an int32 (ext_qmatrix.cpp:66 checks qweight's columns against qzeros' times 8), and it never
-    reads quantization_config.bits, so another width would fail inside the extension, on the GPU."""
-    quantization = model_config(model_dir, "config.json").get("quantization_config") or {}
-    bits = quantization.get("bits")
-    if str(quantization.get("quant_method", "")).lower() == "gptq" and bits not in (None, 4):
-        return f"exllamav2 loads only 4-bit GPTQ weights; this model's config.json says {bits}-bit"
-    tensors = _tensors(model_dir)
-    for name, header in tensors.items():
-        zeros = tensors.get(name.removesuffix(".qweight") + ".qzeros")
-        if name.endswith(".qweight") and zeros and header["shape"][1] != zeros["shape"][1] * 8:
-            return f"exllamav2 loads only 4-bit GPTQ weights; {name} is not packed 8 to an int32"
-    return ""
-
-
-def _tensors(model_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
+def tensor_headers(model_dir: pathlib.Path) -> dict[str, dict[str, Any]]:
     """Every tensor's header entry (dtype, shape), from the safetensors files' headers alone."""
     return {name: header for path in sorted(model_dir.glob("*.safetensors")) for name, header in _header(path).items()}
 
