@@ -1,18 +1,20 @@
 """The engine contract: what the service (or any caller) needs from a model backend.
 
-    types      requests and what an engine says about its model (neutral: no gRPC)
-    events     what comes back for each sequence: tokens, finish, errors (neutral too)
-    engine     the Engine protocol: submit, cancel, pause, resume, stats
-    worker     the one thread that owns a model, driving an engine core step by step
-    config     the engine's settings, checked when built
-    registry   builds the engine a config names
+    types         requests and what an engine says about its model (neutral: no gRPC)
+    events        what comes back for each sequence: tokens, finish, errors (neutral too)
+    engine        the Engine protocol: submit, cancel, pause, resume, stats
+    worker        the one thread that owns a model, driving an engine core step by step
+    local_engine  an engine in this process: the protocol's commands over a core on its worker thread
+    config        the engine's settings, checked when built
+    setting       what an operator reads about a setting, declared on its field
+    registry      builds the engine a config names
 
-Everything a caller uses is exported here. The parts engines share (output
-bookkeeping, text, logprobs, fairness, chat templates, stats, the model fetch,
-the KV-cache events)
-are in backend.common; each engine is a package of its own (backend.llamacpp, and the
+Everything a caller uses is exported here. The parts engines share (the core's
+scaffold, the door, output bookkeeping, text, logprobs, fairness, chat templates,
+stats, the model fetch, the KV-cache events) are in backend.common; each engine is a package of its own (backend.llamacpp, and the
 two exllama generations backend.exllamav2 and backend.exllamav3 over the room they share,
-backend.exllama); constraints are backend.constraints.
+backend.exllama); constraints are backend.constraints; an engine in a process of its own, and the
+front ends' RemoteEngine that speaks to it, are backend.process.
 """
 
 from backend.common.cache_events import (

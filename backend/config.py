@@ -75,7 +75,7 @@ class SchedulingPolicy(enum.StrEnum):
     FAIR = "fair"
     """Callers share the engine by weighted token counts; priority first; time-slicing (backend.common.fairness)."""
     FIFO = "fifo"
-    """First come, first served, whoever the caller (the baseline bench/fairness.py measures against)."""
+    """First come, first served, whoever the caller (the baseline bench/suite/fairness.py measures against)."""
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ class Engine(Vocabulary, Protocol):
         ...
 
     def resume(self, request_id: str) -> None:
+        """Decodes a paused request again from where it stopped. Thread-safe."""
         ...
 
     def on_death(self, callback: Callable[[BaseException], None]) -> None:
@@ -102,4 +103,6 @@ class Engine(Vocabulary, Protocol):
         ...
 
     def close(self) -> None:
+        """Stops the engine in this process (its model freed), or the connection to one in its own process; called
+        once, at shutdown."""
         ...

@@ -2,8 +2,9 @@
 
 What every engine in one process shares, written once: the door (backend.common.door) at submit, each
 request's constraint taken from the compile cache (or compiled again on the compile lanes, never on the
-submitting thread), the commands queued for the worker, and the figures it publishes. The engine
-process serves one of these to its front ends (backend.process.host); tests use them directly.
+submitting thread), the commands queued for the worker, the figures it publishes, and the Vocabulary half
+of the protocol, answered by the engine's `vocabulary`. The engine process serves one of these to its front
+ends (backend.process.host); tests use them directly.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from backend.constraints import (
     ConstraintSpec,
     TooManyCompiles,
 )
+from backend.engine import Vocabulary
 from backend.events import ErrorEvent, ErrorKind, EventSink
 from backend.types import ChatContext, ChatMessage, GenerationRequest, ModelInfo
 from backend.worker import EngineCore, EngineWorker, deliver
@@ -39,6 +41,8 @@ class WorkerEngine:
     """
 
     info: ModelInfo
+    vocabulary: Vocabulary
+    """Its tokenizer and chat template (the model itself, or loaded from the model's files)."""
     core: EngineCore
     constraints: ConstraintCompiler
     cache_events: CacheEventHub | None = None
@@ -135,19 +139,20 @@ class WorkerEngine:
         self._worker.close()
         self.compiles.close()
 
-    # The vocabulary (backend.engine.Vocabulary) and the model are each engine's own.
+    # The Vocabulary half of the protocol is the engine's `vocabulary`'s.
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        raise NotImplementedError
+        return self.vocabulary.tokenize(text, add_special)
 
     def token_piece(self, token_id: int) -> bytes:
-        raise NotImplementedError
+        return self.vocabulary.token_piece(token_id)
 
     def render_chat(
         self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
         context: ChatContext = ChatContext(),
     ) -> list[int]:
-        raise NotImplementedError
+        return self.vocabulary.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
+        """Stops the engine (`_stop`) and frees its model: each engine's own."""
         raise NotImplementedError

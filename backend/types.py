@@ -193,6 +193,12 @@ class GenerationRequest:
     def n(self) -> int:
         return max(1, len(self.sample_seeds))
 
+    @property
+    def group(self) -> str:
+        """The id of the request it is a sample of (its own, unless it is one of several samples: see `samples`);
+        one cancel of that id reaches every sample."""
+        return self.request_id.rpartition(SAMPLE_SEPARATOR)[0] if self.sample_index else self.request_id
+
     def samples(self) -> list[GenerationRequest]:
         """One request per sample: the first keeps the request's id, sample i is "<id>·i"; each has its
         own seed and asks for one sample."""

@@ -21,7 +21,7 @@ Output = tuple[EventSink, Event]
 """One event for one request's sink, as a core hands it over."""
 
 Item = TypeVar("Item")
-"""What a core holds per sequence (its Sequence, HeldJob, ...)."""
+"""What a core holds per sequence (its Sequence, SampleJob, ...)."""
 
 
 class CoreBase(Generic[Item]):

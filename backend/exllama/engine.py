@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from collections.abc import Sequence
 from typing import Any
 
 from backend.config import EngineConfig
@@ -18,7 +17,7 @@ from backend.exllama.results import Translation
 from backend.exllama.vocabulary import FolderVocabulary
 from backend.local_engine import WorkerEngine
 from backend.tools import detect_format, detect_reasoning
-from backend.types import CONSTRAINT_KINDS, ChatContext, ChatMessage, ModelInfo
+from backend.types import CONSTRAINT_KINDS, ModelInfo
 
 EXLLAMA_REQUEST_FEATURES = ("prompt_token_ids", "n", "truncate_input_tokens")
 """Token input and truncation are the service's; n samples are n jobs sharing the prompt's pages
@@ -59,15 +58,3 @@ class ExllamaEngine(WorkerEngine):
         batched = dataclasses.replace(config, max_batch_size=info.max_batch_size)
         core = ExllamaCore(binding, translation, info.cache_tokens, batched)
         self._serve(core, ConstraintCompiler(vocabulary.ll_tokenizer, limits=config.constraint), batched, name)
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self.vocabulary.tokenize(text, add_special)
-
-    def token_piece(self, token_id: int) -> bytes:
-        return self.vocabulary.piece(token_id)
-
-    def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
-        context: ChatContext = ChatContext(),
-    ) -> list[int]:
-        return self.vocabulary.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)

@@ -19,7 +19,7 @@ from backend.constraints import CompiledConstraint
 from backend.events import EventSink
 from backend.exllama.grammar_filter import GrammarFilterCore
 from backend.exllama.results import JobResults, Translation
-from backend.types import SAMPLE_SEPARATOR, GenerationRequest
+from backend.types import GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,7 @@ class SampleJob:
 
     @property
     def group(self) -> str:
-        """The id of the request it is a sample of (its own, unless it is one of several samples)."""
-        request_id = self.request.request_id
-        return request_id.rpartition(SAMPLE_SEPARATOR)[0] if self.request.sample_index else request_id
+        return self.request.group
 
     @property
     def tokens(self) -> tuple[int, ...]:

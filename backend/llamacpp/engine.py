@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Sequence
 
 from backend.config import EngineConfig, LlamaCppSettings
 from backend.constraints import ConstraintCompiler
@@ -16,8 +15,6 @@ from backend.tools import ReasoningFormat, ToolFormat, detect_format, detect_rea
 from backend.types import (
     ALL_REQUEST_FEATURES,
     CONSTRAINT_KINDS,
-    ChatContext,
-    ChatMessage,
     ModelInfo,
     PrefixReuse,
     SpeculationMode,
@@ -29,6 +26,7 @@ class LlamaCppEngine(WorkerEngine):
     def __init__(self, model_path: pathlib.Path, config: EngineConfig = EngineConfig(), model_id: str = "") -> None:
         own = config.llamacpp
         self.model = GgufModel(model_path, own.gpu_layers)
+        self.vocabulary = self.model  # the model tokenizes and renders chats itself
         core = LlamaCppCore(self.model, config)
         self.info = ModelInfo(
             model_id=model_id or self.model.name,
@@ -55,18 +53,6 @@ class LlamaCppEngine(WorkerEngine):
         self.cache_events = core.cache_events.hub if core.cache_events is not None else None
         constraints = ConstraintCompiler(self.model.constraint_tokenizer(), limits=config.constraint)
         self._serve(core, constraints, config, name="llama.cpp-engine")
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self.model.tokenize(text, add_special=add_special)
-
-    def token_piece(self, token_id: int) -> bytes:
-        return self.model.token_piece(token_id)
-
-    def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
-        context: ChatContext = ChatContext(),
-    ) -> list[int]:
-        return self.model.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
         self._stop()

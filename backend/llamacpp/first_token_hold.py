@@ -3,7 +3,7 @@ first_token_hold_ms, unless another request still waits for its own first token 
 
 llama.cpp's threads take every core they are given; so held, the threads that send that token (the
 service's, a sidecar's, a local caller's on the same cores) run before the next decode: a first token
-reached its caller 1-5 ms sooner in seven rounds of eight (bench.first_token, docs/benchmarks.md).
+reached its caller 1-5 ms sooner in seven rounds of eight (`python -m bench first_token`, docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from backend.constraints import CompiledConstraint
 from backend.events import EventSink, GeneratedToken
 from backend.llamacpp.layout import PromptLayout
 from backend.llamacpp.sampling import Sampler
-from backend.types import SAMPLE_SEPARATOR, GenerationRequest
+from backend.types import GenerationRequest
 
 
 @dataclass
@@ -79,8 +79,7 @@ class Sequence:
 
     @property
     def group(self) -> str:
-        """The id of the request it is a sample of (its own, unless it is one of several samples)."""
-        return self.id.rpartition(SAMPLE_SEPARATOR)[0] if self.request.sample_index else self.id
+        return self.request.group
 
     @property
     def cache_salt(self) -> str:

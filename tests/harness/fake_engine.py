@@ -91,7 +91,7 @@ _UNPLANNED = Plan()
 @functools.lru_cache(maxsize=256)
 def _positions(text: bytes, logprob: float | None) -> tuple[GeneratedToken, ...]:
     """Each position's token, made once per text: per token the fake engine does no more than a model's host
-    would (bench.service_ceiling counts its work as the service's). Shared: a GeneratedToken is a value."""
+    would (`python -m bench service_ceiling` counts its work as the service's). Shared: a GeneratedToken is a value."""
     return tuple(GeneratedToken(BYTE_BASE + b, bytes([b]), logprob) for b in text)
 
 
@@ -364,20 +364,6 @@ class FakeEngine(WorkerEngine):
         """The engine thread dies at its next turn, as a bug in its loop would (the server's ENGINE_DOWN)."""
         self.core.dying = True
         self._worker.resume("")  # wakes the thread if it waits for commands
-
-    # -- the vocabulary --------------------------------------------------------
-
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return self.vocabulary.tokenize(text, add_special)
-
-    def token_piece(self, token_id: int) -> bytes:
-        return self.vocabulary.token_piece(token_id)
-
-    def render_chat(
-        self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True, special_tokens_in_content: bool = False,
-        context: ChatContext = ChatContext(),
-    ) -> list[int]:
-        return self.vocabulary.render_chat(messages, add_generation_prompt, special_tokens_in_content, context)
 
     def close(self) -> None:
         self._stop()

@@ -64,8 +64,8 @@ class DecodeCosts:
     def given(
         cls, pass_s: float, row_s: float, shapes: dict[Shape, float], plain_row_share: float = 0.8
     ) -> DecodeCosts:
-        """Costs known beforehand (bench/planner.py replays the planner at fixed costs): the line, and the
-        seconds of the shapes off it."""
+        """Costs known beforehand (a closed study replayed the planner at fixed costs: `git show
+        470e819:bench/planner.py`): the line, and the seconds of the shapes off it."""
         costs = cls(plain_row_share)
         costs.pass_s, costs.row_s = pass_s, row_s
         costs._prior = (pass_s, row_s)  # known: it never falls back on the first decode's guess
