@@ -36,7 +36,7 @@ from backend import (
     TokenEvent,
 )
 from service import auth, convert
-from service.cache_scope import CacheScope, cache_salt
+from service.cache_scope import cache_salt
 from service.callers import Callers
 from service.compiles import CompileGate
 from service.config import ServeConfig
@@ -50,7 +50,7 @@ from service.errors import (
 )
 from service.lifecycle import Lifecycle
 from service.prompt import Prompt, PromptBuilder, off_loop_if_large
-from service.samples import OutputParser, Samples, by_sample
+from service.samples import SampleParser, Samples, by_sample
 from service.streams import EventRelay, RequestStream
 from service.telemetry import Telemetry
 from service.tracing import RequestTrace
@@ -85,9 +85,6 @@ class Calls:
         self.fair = config.engine.fairness.fair
         self.callers = Callers(config.caller_weights, config.priority_callers, config.fairness_header)
         self.cache_scope = config.cache_scope
-        if self.cache_scope is not CacheScope.SHARED and "cache_salt" not in engine.info.request_features:
-            raise ValueError(f"cache_scope = {self.cache_scope.value}: this engine cannot keep callers' cached "
-                             "prefixes apart (see docs/engines.md); leave cache_scope at shared")
         self._buffer_events = config.stream_buffer_events
         self._running: dict[tuple[str, str], RequestStream] = {}
         self._engine_ids: set[str] = set()
@@ -157,7 +154,7 @@ class GenerationCall:
         self._trace: RequestTrace | None = None
         self._ended = False
         """The engine ended the request: every sample finished, or it failed."""
-        self._output_parser: Callable[[], OutputParser] | None = None
+        self._output_parser: Callable[[], SampleParser] | None = None
         """Makes each sample's output parser (a chat turn's, when its output holds reasoning or tool calls)."""
 
     @property

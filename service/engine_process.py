@@ -17,10 +17,9 @@ from multiprocessing.connection import Connection
 import zmq
 
 from backend import CacheEventHub, EngineHost, EngineRecipe, EngineUnavailable, ModelError
-from service import logs
 from service.config import ServeConfig
 from service.kv_publisher import cache_publisher
-from service.parent import end_with_parent
+from service.parent import start_child
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +28,7 @@ ENGINE_CRASH_EXIT_CODE = 70
 
 
 def main(config: ServeConfig, recipe: EngineRecipe, run_dir: str, restarts: int, ready: Connection) -> None:
-    end_with_parent()
-    logs.configure(config.log_level, config.log_format)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor too: it decides
+    start_child(config)
     try:
         engine = recipe.engine(config.engine)
     except (ModelError, EngineUnavailable) as exc:

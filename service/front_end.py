@@ -15,16 +15,13 @@ import sys
 from multiprocessing.connection import Connection
 
 from backend import EngineRecipe, ModelError, RemoteEngine
-from service import logs
 from service.config import ServeConfig
-from service.parent import end_with_parent
-from service.server import StartupError, TokenspoutServer, freeze_startup, serve_until_signal
+from service.parent import start_child
+from service.server import StartupError, TokenspoutServer, serve_until_signal, start_with_engine
 
 
 def main(config: ServeConfig, recipe: EngineRecipe, run_dir: str, index: int, ready: Connection) -> None:
-    end_with_parent()
-    logs.configure(config.log_level, config.log_format)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor too: it decides, through SIGTERM
+    start_child(config)
     sys.exit(asyncio.run(_serve(config, recipe, pathlib.Path(run_dir), index, ready)))
 
 
@@ -41,9 +38,11 @@ async def _serve(config: ServeConfig, recipe: EngineRecipe, run_dir: pathlib.Pat
         ready.send(("failed", str(exc)))
         return 2
     try:
-        server.attach(engine)
-        await server.start()
-        freeze_startup()
+        try:
+            await start_with_engine(server, engine)
+        except StartupError as exc:  # the engine cannot serve as configured
+            ready.send(("failed", str(exc)))
+            return 2
         ready.send(("ready", server.port))
         return await serve_until_signal(server, exit_on_engine_death=False, signals=(signal.SIGTERM,))
     finally:

@@ -1,5 +1,6 @@
-"""A child process of the supervisor ends with it: killed with the supervisor (kill -9, an OOM kill), the
-engine and the front ends must not live on as orphans holding the port and the model's memory."""
+"""A child process of the supervisor (the engine's, or a front end) ends with it: killed with the supervisor
+(kill -9, an OOM kill), the engine and the front ends must not live on as orphans holding the port and the
+model's memory."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ import ctypes
 import os
 import signal
 
+from service import logs
+from service.config import ServeConfig
+
 _PR_SET_PDEATHSIG = 1
+
+
+def start_child(config: ServeConfig) -> None:
+    """A child process's first steps: it ends with its parent, logs as configured, and leaves Ctrl-C (which
+    reaches the whole group) to the supervisor, which decides, through SIGTERM."""
+    end_with_parent()
+    logs.configure(config.log_level, config.log_format)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def end_with_parent() -> None:

@@ -13,7 +13,7 @@ from service.errors import deadline_exceeded
 from tokenspout.v1 import generation_pb2 as pb
 
 
-class OutputParser(Protocol):
+class SampleParser(Protocol):
     """One sample's reader of its own output (a chat's: service.chat.output), given each of its messages in order
     to rewrite before it goes out."""
 
@@ -25,12 +25,12 @@ class Samples:
     how each finished, and with a non-strict JSON constraint, the text to check once it ends."""
 
     def __init__(
-        self, generation: GenerationRequest, request_id: str, output_parser: Callable[[], OutputParser] | None = None,
+        self, generation: GenerationRequest, request_id: str, output_parser: Callable[[], SampleParser] | None = None,
     ) -> None:
         self._generation = generation
         self._output_parser = output_parser
         """Makes each sample's parser, when the output is parsed (a chat's reasoning and tool calls)."""
-        self._parsers: dict[int, OutputParser] = {}
+        self._parsers: dict[int, SampleParser] = {}
         self._request_id = request_id
         self.n = generation.n
         self._with_tokens = generation.output.return_tokens

@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from backend import MODEL_RECIPE, CacheEventHub, Engine, EngineRecipe, EngineStats, RemoteEngine
 from service import auth
 from service.boundary import ErrorBoundary
+from service.cache_scope import CacheScope
 from service.chat import ChatFormats
 from service.config import ServeConfig
 from service.generation import GenerationServicer
@@ -180,7 +181,12 @@ class TokenspoutServer:
             raise StartupError(f"cannot listen on {self.config.listen}: gRPC refused it (its log line says why)") from None
 
     def attach(self, engine: Engine) -> None:
-        """Serves generation with this engine; if its thread dies, the server stops serving (ENGINE_DOWN)."""
+        """Serves generation with this engine; if its thread dies, the server stops serving (ENGINE_DOWN). Raises
+        StartupError when the engine cannot serve as configured."""
+        scope = self.config.cache_scope
+        if scope is not CacheScope.SHARED and "cache_salt" not in engine.info.request_features:
+            raise StartupError(f"cache_scope = {scope.value}: this engine cannot keep callers' cached prefixes apart "
+                               "(see docs/engines.md); leave cache_scope at shared")
         self.engine = engine
         self.telemetry.describe_engine(engine.info)
         if self.telemetry.enabled:
@@ -269,9 +275,7 @@ async def run_in_process(config: ServeConfig, recipe: EngineRecipe = MODEL_RECIP
         await server.server.stop(None)
         raise
     try:
-        server.attach(engine)
-        await server.start()
-        freeze_startup()
+        await start_with_engine(server, engine)
         # Tests and scripts read this line to learn the port (listen may say :0).
         print(serving_line(config, engine.info.model_id, server.port), flush=True)
         return await serve_until_signal(server, exit_on_engine_death=True)
@@ -282,6 +286,13 @@ async def run_in_process(config: ServeConfig, recipe: EngineRecipe = MODEL_RECIP
 def serving_line(config: ServeConfig, model_id: str, port: int) -> str:
     host = config.listen.rsplit(":", 1)[0]
     return f"tokenspout serving {model_id} on {host}:{port}"
+
+
+async def start_with_engine(server: TokenspoutServer, engine: Engine) -> None:
+    """Serves generation with `engine` (attach), listens (start), and freezes what start-up built."""
+    server.attach(engine)
+    await server.start()
+    freeze_startup()
 
 
 def freeze_startup() -> None:

@@ -167,3 +167,20 @@ def test_a_bad_model_file_stops_the_start_in_one_line(kind, tmp_path, model_path
     ours = [line for line in result.stderr.splitlines() if line.startswith("tokenspout:")]
     assert len(ours) == 1 and str(bad) in ours[0], result.stderr
     assert "Traceback" not in result.stderr and " ERROR " not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("engine_process", ["true", "false"])
+def test_a_cache_scope_the_engine_cannot_keep_apart_stops_the_start_in_one_line(engine_process):
+    import subprocess
+    import sys
+
+    from tests.harness.servers import ROOT
+
+    # The fake engine, as exllamav2 and exllamav3, takes no cache_salt.
+    result = subprocess.run([sys.executable, "-m", "tests.harness.faults", "--fake-engine", "serve", *ANY_PORT,
+                             "--cache-scope", "caller", "--engine-process", engine_process],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    ours = [line for line in result.stderr.splitlines() if line.startswith("tokenspout:")]
+    assert len(ours) == 1 and "cannot keep callers' cached prefixes apart" in ours[0], result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
