@@ -19,10 +19,9 @@ import grpc.aio
 
 from tokenspout import requests as rq
 from tokenspout import responses as rs
-from tokenspout.base import BaseClient, Unary, log
+from tokenspout.base import BaseClient, Unary
 from tokenspout.connection import ChannelSpec
-from tokenspout.errors import CancelledError, from_rpc_error
-from tokenspout.retry import remaining
+from tokenspout.errors import CancelledError
 from tokenspout.streams import StreamState, generation
 
 T = TypeVar("T")
@@ -36,21 +35,14 @@ class AsyncStream(StreamState, AsyncIterator[rs.Chunk]):
 
     async def __anext__(self) -> rs.Chunk:
         while True:
-            if self._call is None:
-                self._call = self._start(remaining(self._deadline))
             try:
-                response = await self._call.read()
+                response = await self._started().read()
             except asyncio.CancelledError:
                 if not self._cancelled:
                     raise  # the task itself was cancelled
                 raise CancelledError("the stream was cancelled", code=grpc.StatusCode.CANCELLED) from None
             except grpc.RpcError as rpc_error:
-                error = from_rpc_error(rpc_error)
-                wait = self._retry_delay(error)
-                if wait is None:
-                    raise error from None
-                log.info("retrying the stream in %.2f s after %s", wait, error)
-                await asyncio.sleep(wait)
+                await asyncio.sleep(self._wait_after(rpc_error))
                 continue
             if response is grpc.aio.EOF:
                 raise StopAsyncIteration
@@ -79,8 +71,7 @@ class AsyncClient(BaseClient):
         return grpc.aio.insecure_channel(spec.target, spec.options)
 
     def stream(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> AsyncStream:
-        start, deadline = self._stream_start(prompt, options)
-        return AsyncStream(start, self.retry, deadline)
+        return AsyncStream(*self._stream_start(prompt, options))
 
     async def generate(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> rs.Generation:
         return await self._send(self._generate(prompt, options))
@@ -127,15 +118,12 @@ class AsyncClient(BaseClient):
 
     async def _send(self, call: Unary[T]) -> T:
         """Sends a unary call, again after a wait while the retry policy allows, and reads its answer."""
-        deadline = self._deadline(call)
-        retries = 0
+        tries = self._tries(call)
         while True:
             try:
-                response = await call.method(call.request, timeout=remaining(deadline),
-                                             metadata=call.metadata or self._metadata)
+                response = await call.method(call.request, timeout=tries.timeout(), metadata=call.metadata or self._metadata)
             except grpc.RpcError as rpc_error:
-                await asyncio.sleep(self._retry_wait(rpc_error, call, retries, deadline))
-                retries += 1
+                await asyncio.sleep(tries.wait_after(rpc_error, call.name))
                 continue
             return call.read(response)
 

@@ -1,27 +1,22 @@
 """What the sync and asyncio clients share, as httpx's BaseClient: the connection's settings, each call's
-request and metadata, when to retry, and reading the answers. `Client` and `AsyncClient` are the two
-transports over it: how they open a channel, and whether they wait by blocking or by awaiting.
+request, metadata and tries (tokenspout.retry.Tries: when to retry), and reading the answers. `Client` and
+`AsyncClient` are the two transports over it: how they open a channel, and whether they wait by blocking
+or by awaiting.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
-
-import grpc
 
 from tokenspout import requests as rq
 from tokenspout import responses as rs
 from tokenspout.affinity import with_affinity
 from tokenspout.connection import ChannelSpec, Tls, channel_spec
-from tokenspout.errors import TokenspoutError, from_rpc_error
-from tokenspout.retry import RetryPolicy, deadline_of
+from tokenspout.retry import RetryPolicy, Tries
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
-
-log = logging.getLogger("tokenspout.client")
 
 T = TypeVar("T")
 Metadata = tuple[tuple[str, str], ...]
@@ -40,6 +35,11 @@ class Unary(Generic[T]):
 
     def read(self, response: Any) -> T:
         return rs.from_proto(self.answer, response)
+
+    @property
+    def name(self) -> str:
+        """What the log calls it: its request's message name."""
+        return type(self.request).__name__
 
 
 class BaseClient:
@@ -72,16 +72,15 @@ class BaseClient:
 
     def _stream_start(
         self, prompt: str | None, options: rq.GenerateOptions,
-    ) -> tuple[Callable[[float | None], Any], float | None]:
-        """How to start (and start again) a stream of this generation, and its deadline."""
+    ) -> tuple[Callable[[float | None], Any], Tries]:
+        """How to start (and start again) a stream of this generation, and its tries."""
         request = rq.generate_request(pb.GenerateStreamRequest, prompt, options)
-        deadline = deadline_of(options.get("timeout", self.timeout))
         metadata = self._call_metadata(request, options)
 
         def start(timeout: float | None) -> Any:
             return self.stub.GenerateStream(request, timeout=timeout, metadata=metadata)
 
-        return start, deadline
+        return start, Tries(self.retry, options.get("timeout", self.timeout))
 
     def _generate(self, prompt: str | None, options: rq.GenerateOptions) -> Unary[rs.Generation]:
         request = rq.generate_request(pb.GenerateRequest, prompt, options)
@@ -116,14 +115,6 @@ class BaseClient:
             return self._metadata
         return with_affinity(self._metadata, request, options.get("session_id"))
 
-    def _deadline(self, call: Unary[Any]) -> float | None:
-        return deadline_of(call.timeout if call.timeout is not None else self.timeout)
-
-    def _retry_wait(self, rpc_error: grpc.RpcError, call: Unary[Any], retries: int, deadline: float | None) -> float:
-        """Seconds to wait before sending the call again; raises its error when it is not to be retried."""
-        error: TokenspoutError = from_rpc_error(rpc_error)
-        wait = self.retry.delay(error, retries, deadline)
-        if wait is None:
-            raise error from None
-        log.info("retrying %s in %.2f s after %s", type(call.request).__name__, wait, error)
-        return wait
+    def _tries(self, call: Unary[Any]) -> Tries:
+        """The call's tries under its deadline (its own timeout, else the client's) and the client's retry policy."""
+        return Tries(self.retry, call.timeout if call.timeout is not None else self.timeout)

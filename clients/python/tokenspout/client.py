@@ -18,10 +18,8 @@ import grpc
 
 from tokenspout import requests as rq
 from tokenspout import responses as rs
-from tokenspout.base import BaseClient, Unary, log
+from tokenspout.base import BaseClient, Unary
 from tokenspout.connection import ChannelSpec
-from tokenspout.errors import from_rpc_error
-from tokenspout.retry import remaining
 from tokenspout.streams import StreamState, generation
 
 T = TypeVar("T")
@@ -39,17 +37,10 @@ class Stream(StreamState, Iterator[rs.Chunk]):
 
     def __next__(self) -> rs.Chunk:
         while True:
-            if self._call is None:
-                self._call = self._start(remaining(self._deadline))
             try:
-                response = next(self._call)
+                response = next(self._started())
             except grpc.RpcError as rpc_error:
-                error = from_rpc_error(rpc_error)
-                wait = self._retry_delay(error)
-                if wait is None:
-                    raise error from None
-                log.info("retrying the stream in %.2f s after %s", wait, error)
-                time.sleep(wait)
+                time.sleep(self._wait_after(rpc_error))
                 continue
             chunk = self._accept(response)
             if chunk is not None:
@@ -87,8 +78,7 @@ class Client(BaseClient):
 
     def stream(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> Stream:
         """Starts a generation and returns its chunks as they arrive; see GenerateOptions."""
-        start, deadline = self._stream_start(prompt, options)
-        return Stream(start, self.retry, deadline)
+        return Stream(*self._stream_start(prompt, options))
 
     def generate(self, prompt: str | None = None, /, **options: Unpack[rq.GenerateOptions]) -> rs.Generation:
         """Generates the whole text and returns it at once; see GenerateOptions."""
@@ -138,14 +128,12 @@ class Client(BaseClient):
 
     def _send(self, call: Unary[T]) -> T:
         """Sends a unary call, again after a wait while the retry policy allows, and reads its answer."""
-        deadline = self._deadline(call)
-        retries = 0
+        tries = self._tries(call)
         while True:
             try:
-                response = call.method(call.request, timeout=remaining(deadline), metadata=call.metadata or self._metadata)
+                response = call.method(call.request, timeout=tries.timeout(), metadata=call.metadata or self._metadata)
             except grpc.RpcError as rpc_error:
-                time.sleep(self._retry_wait(rpc_error, call, retries, deadline))
-                retries += 1
+                time.sleep(tries.wait_after(rpc_error, call.name))
                 continue
             return call.read(response)
 

@@ -6,11 +6,16 @@ message): the server has not started their generation, so a retry cannot duplica
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
 
-from tokenspout.errors import TokenspoutError
+import grpc
+
+from tokenspout.errors import TokenspoutError, from_rpc_error
+
+log = logging.getLogger("tokenspout.client")
 
 
 @dataclass(frozen=True)
@@ -44,10 +49,26 @@ class RetryPolicy:
 NO_RETRIES = RetryPolicy(max_retries=0)
 
 
-def deadline_of(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
+class Tries:
+    """One call's tries under one deadline, the same for a unary call and a stream, sync or asyncio: what is
+    left of the deadline for the next try, and how long to wait before it."""
 
+    def __init__(self, policy: RetryPolicy, timeout: float | None) -> None:
+        self.policy = policy
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.retries = 0
 
-def remaining(deadline: float | None) -> float | None:
-    """The timeout for the next try: what is left of the call's deadline."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+    def timeout(self) -> float | None:
+        """The next try's timeout: what is left of the deadline."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def wait_after(self, rpc_error: grpc.RpcError, what: str, may_retry: bool = True) -> float:
+        """Seconds to wait before trying `what` again; raises the call's error (a TokenspoutError) instead when
+        it may not be retried or the policy says no."""
+        error = from_rpc_error(rpc_error)
+        wait = self.policy.delay(error, self.retries, self.deadline) if may_retry else None
+        if wait is None:
+            raise error from None
+        self.retries += 1
+        log.info("retrying %s in %.2f s after %s", what, wait, error)
+        return wait

@@ -2,7 +2,8 @@
 
 `Stream` and `AsyncStream` differ only in how they wait (next() or await read());
 the bookkeeping they share is here: the chunks so far, whether anything arrived
-(only a call that received nothing may be retried), retries and cancellation.
+(only a call that received nothing may be retried), its tries (tokenspout.retry.Tries)
+and cancellation.
 """
 
 from __future__ import annotations
@@ -10,31 +11,34 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import grpc
+
 from tokenspout import responses as rs
-from tokenspout.errors import TokenspoutError
-from tokenspout.retry import RetryPolicy
+from tokenspout.retry import Tries
 from tokenspout.v1 import generation_pb2 as pb
 
 
 class StreamState:
-    def __init__(self, start: Callable[[float | None], Any], retry: RetryPolicy, deadline: float | None) -> None:
+    def __init__(self, start: Callable[[float | None], Any], tries: Tries) -> None:
         self._start = start
-        self._retry = retry
-        self._deadline = deadline
+        """Starts the call (again) with a timeout."""
+        self._tries = tries
         self._call: Any = None
-        self._retries = 0
         self._received = False
         self._cancelled = False
         self._chunks: list[rs.Chunk] = []
 
-    def _retry_delay(self, error: TokenspoutError) -> float | None:
-        """Seconds to wait before starting the call again, or None to give up (raise)."""
-        if self._received or self._cancelled:
-            return None  # something streamed already (or the caller left): never repeat it
-        wait = self._retry.delay(error, self._retries, self._deadline)
-        if wait is not None:
-            self._retries += 1
-            self._call = None
+    def _started(self) -> Any:
+        """The call, started now if it has not been (or failed before anything arrived)."""
+        if self._call is None:
+            self._call = self._start(self._tries.timeout())
+        return self._call
+
+    def _wait_after(self, rpc_error: grpc.RpcError) -> float:
+        """Seconds to wait before starting the call again; raises its error instead when something streamed
+        already (never repeated), the caller left, or the retry policy says no."""
+        wait = self._tries.wait_after(rpc_error, "the stream", may_retry=not (self._received or self._cancelled))
+        self._call = None
         return wait
 
     def _accept(self, response: pb.GenerateStreamResponse) -> rs.Chunk | None:
@@ -69,7 +73,7 @@ class StreamState:
 
     @property
     def retries(self) -> int:
-        return self._retries
+        return self._tries.retries
 
     def cancel(self) -> None:
         self._cancelled = True
