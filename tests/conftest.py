@@ -105,6 +105,16 @@ def fake_stub(fake_channel: grpc.Channel) -> pb_grpc.GenerationServiceStub:
     return pb_grpc.GenerationServiceStub(fake_channel)
 
 
+def pytest_sessionfinish(session) -> None:
+    """Under pytest-xdist (`make test` runs it), a worker hands its figures to the controller, which prints them."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["tokenspout_report"] = list(REPORT)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    REPORT.extend(getattr(node, "workeroutput", {}).get("tokenspout_report", []))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -7,16 +7,12 @@ import re
 import subprocess
 import sys
 
-from tests.harness.servers import REPORT, ROOT, start_server, stop_server
-
-TYPESCRIPT = ROOT / "clients" / "typescript"
+from tests.harness.servers import REPORT, start_server, stop_server
+from tests.harness.typescript import TYPESCRIPT, build_typescript_client
 
 
 def test_typescript_client_against_live_servers(server, tmp_path):
-    assert (TYPESCRIPT / "node_modules").is_dir(), "run `make tools` (npm ci in clients/typescript)"
-    build = subprocess.run(["npm", "run", "--silent", "build"], cwd=TYPESCRIPT, capture_output=True, text=True,
-                           timeout=300)
-    assert build.returncode == 0, build.stdout + build.stderr
+    build_typescript_client()
     full = start_server(
         tmp_path, "--max-batch-size", "1", "--max-queued-requests", "0", "--context-length", "1024"
     )
@@ -40,10 +36,7 @@ def test_typescript_client_against_live_servers(server, tmp_path):
 
 def test_typescript_affinity_key_matches_the_shared_vectors():
     """No server: the TypeScript client's affinity key against clients/affinity-vectors.json."""
-    assert (TYPESCRIPT / "node_modules").is_dir(), "run `make tools` (npm ci in clients/typescript)"
-    build = subprocess.run(["npm", "run", "--silent", "build"], cwd=TYPESCRIPT, capture_output=True, text=True,
-                           timeout=300)
-    assert build.returncode == 0, build.stdout + build.stderr
+    build_typescript_client()
     result = subprocess.run(["node", "--test", "test/affinity.test.mjs"], cwd=TYPESCRIPT, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

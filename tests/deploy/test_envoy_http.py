@@ -18,11 +18,10 @@ from google.rpc import error_details_pb2, status_pb2
 
 from tests.harness.helpers import greedy, text_of, wait_for
 from tests.harness.proxies import Envoy, start_replicas, stop_replicas
-from tests.harness.servers import ROOT
+from tests.harness.typescript import TYPESCRIPT, build_typescript_client
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
 SERVICE = "tokenspout.v1.GenerationService"
-TYPESCRIPT = ROOT / "clients" / "typescript"
 PROMPT = "The sea is"
 
 
@@ -211,9 +210,7 @@ def test_an_error_after_the_stream_began_arrives_as_trailers(tmp_path, model_pat
 
 def test_a_grpc_web_client_streams_through_envoy(envoy):
     proxy, replica = envoy
-    assert (TYPESCRIPT / "node_modules").is_dir(), "run `make tools` (npm ci in clients/typescript)"
-    build = subprocess.run(["npm", "run", "--silent", "build"], cwd=TYPESCRIPT, capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stdout + build.stderr
+    build_typescript_client()
     env = {**os.environ, "ENVOY_URL": proxy.url, "PROMPT": PROMPT, "MAX_NEW_TOKENS": "10"}
     result = subprocess.run(["node", "test/grpc-web.mjs"], cwd=TYPESCRIPT, env=env, capture_output=True, text=True,
                             timeout=120)

@@ -23,6 +23,7 @@ import sys
 import time
 
 from tests.harness.servers import ROOT
+from tests.harness.typescript import TYPESCRIPT, build_typescript_client
 
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 PAGE_ADDRESS = "127.0.0.1:50051"
@@ -222,13 +223,8 @@ class PageSession:
 def compile_typescript(snippets: list[str], folder: pathlib.Path) -> list[pathlib.Path]:
     """The snippets as a reader's project of their own would build them, importing the client package by name
     (clients/typescript, its dist built): type-checked by tsc (strict), and the JavaScript to run."""
-    package = ROOT / "clients" / "typescript"
-    assert (package / "node_modules").is_dir(), "run `make tools` (npm ci in clients/typescript)"
-    built = package / "dist" / "index.js"
-    if not built.exists() or max(f.stat().st_mtime for f in (package / "src").rglob("*.ts")) > built.stat().st_mtime:
-        build = subprocess.run(["npm", "run", "--silent", "build"], cwd=package, capture_output=True, text=True,
-                               timeout=300)
-        assert build.returncode == 0, build.stdout + build.stderr
+    package = TYPESCRIPT
+    build_typescript_client()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "node_modules" / "@tokenspout").mkdir(parents=True, exist_ok=True)
     link = folder / "node_modules" / "@tokenspout" / "client"

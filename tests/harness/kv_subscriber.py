@@ -1,15 +1,18 @@
 """A router's side of the KV-cache events: decode vLLM's msgpack batches, rebuild the block index from
 them alone, and follow a ZMQ PUB stream with gap detection and replay/snapshot, as llm-d's indexer does.
-Shared by the tests and bench/kv_events.py."""
+Shared by the tests and bench/suite/kv_events.py."""
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import zmq
+
+from tokenspout.v1 import generation_pb2 as pb
 
 END_OF_REPLAY = -1
 
@@ -177,3 +180,17 @@ class GrpcFollower:
     def close(self) -> None:
         self.call.cancel()
         self.thread.join(timeout=5)
+
+
+def random_request(
+    rng: random.Random, stems: list[list[int]], bos: int, own_tokens: int, max_new: int
+) -> pb.GenerateStreamRequest:
+    """A prompt of a random length of one of a few stems and 4 to `own_tokens` - 1 tokens of its own (many prompts share
+    blocks), greedy, 1 to `max_new` - 1 new tokens."""
+    stem = rng.choice(stems)
+    shared = stem[: rng.randrange(len(stem) + 1)]
+    tokens = [bos, *shared, *(rng.randrange(300, 4000) for _ in range(rng.randrange(4, own_tokens)))]
+    return pb.GenerateStreamRequest(
+        prompt_token_ids=pb.TokenIds(ids=tokens), sampling=pb.SamplingParams(temperature=0.0),
+        stopping=pb.StoppingCriteria(max_new_tokens=rng.randrange(1, max_new), ignore_eos=True),
+    )

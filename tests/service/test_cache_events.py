@@ -15,7 +15,7 @@ from backend.config import EngineConfig, EngineKind
 from backend.llamacpp.cache_events import BLOCK_SIZE
 from service.config import ServeConfig
 from tests.harness.helpers import rpc_error, wait_for
-from tests.harness.kv_subscriber import GrpcFollower, ZmqFollower
+from tests.harness.kv_subscriber import GrpcFollower, ZmqFollower, random_request
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
@@ -39,14 +39,6 @@ def events_stub(events_server):
     with grpc.insecure_channel(events_server.address) as channel:
         yield pb_grpc.GenerationServiceStub(channel)
 
-
-def random_request(rng: random.Random, stems: list[list[int]], bos: int) -> pb.GenerateStreamRequest:
-    stem = rng.choice(stems)
-    tokens = [bos, *stem[: rng.randrange(len(stem) + 1)], *(rng.randrange(300, 4000) for _ in range(rng.randrange(4, 80)))]
-    return pb.GenerateStreamRequest(
-        prompt_token_ids=pb.TokenIds(ids=tokens), sampling=pb.SamplingParams(temperature=0.0),
-        stopping=pb.StoppingCriteria(max_new_tokens=rng.randrange(1, 5), ignore_eos=True),
-    )
 
 
 def quiet_sequence(stub) -> int:
@@ -82,7 +74,7 @@ def test_subscribers_rebuild_the_servers_index_from_events_alone(events_stub):
             if i == REQUESTS // 3:
                 late = ZmqFollower(sources.endpoint, sources.replay_endpoint, sources.topic)
             list(pool.map(lambda r: list(stub.GenerateStream(r, timeout=120)),
-                          [random_request(rng, stems, bos) for _ in range(rng.randrange(1, 4))]))
+                          [random_request(rng, stems, bos, 80, 5) for _ in range(rng.randrange(1, 4))]))
             if late is not None:
                 late.poll(0.01)
     last = quiet_sequence(stub)
