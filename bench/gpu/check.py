@@ -51,7 +51,6 @@ sys.path[:0] = [str(ROOT)]  # run as a file on the GPU machine, beside no instal
 
 import grpc  # noqa: E402
 
-from bench.common import greedy_request, timed_request  # noqa: E402
 from bench.gpu.checks import PAGED_PROVIDERS, Checks, attention_provider, runs_paged  # noqa: E402
 from bench.gpu.model_check import PROMPT, SAFE_MARGIN, STEPS, greedy_with_margins  # noqa: E402
 from bench.gpu.rates import (  # noqa: E402
@@ -64,6 +63,7 @@ from bench.gpu.rates import (  # noqa: E402
     rate_prompts,
     rate_table,
 )
+from bench.harness.streams import greedy_request, timed_request  # noqa: E402
 from tests.harness.helpers import stream, text_of  # noqa: E402
 from tests.harness.servers import start_server  # noqa: E402
 from tokenspout.v1 import generation_pb2 as pb  # noqa: E402

@@ -15,10 +15,10 @@ import jsonschema
 
 from backend.exllamav2.settings import SUPPORTED_SAMPLERS
 from backend.exllamav3.sampler import SUPPORTED_SAMPLERS as EXLLAMAV3_SAMPLERS
-from bench.common import greedy_request
 from bench.gpu.model_check import PROMPT
 from bench.gpu.rates import CONTEXT, RPC_TIMEOUT_S, BatchWatcher
 from bench.gpu.ties import TIE_MARGIN, first_parting, token_text, top_two_margin
+from bench.harness.streams import greedy_request
 from tests.harness.helpers import stream, text_of
 from tokenspout.v1 import generation_pb2 as pb
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc

@@ -10,8 +10,8 @@ import statistics
 import threading
 import time
 
-from bench.common import greedy_request
 from bench.gpu.model_check import PROMPT
+from bench.harness.streams import greedy_request
 from tokenspout.v1 import generation_pb2 as pb
 
 CONTEXT, BATCH, RATE_TOKENS = 2048, 16, 256  # BATCH: 16 streams decode together
@@ -71,6 +71,21 @@ def window_rate(timelines: list[Timeline]) -> float:
     if span <= 0:
         raise ValueError("every token arrived at once: no decode rate to measure")
     return sum(t[-1][1] - t[0][1] for t in timelines) / span
+
+
+def generator_rate(generator, count: int, length: int) -> float:
+    """Decode tokens/s (window_rate) of the `count` jobs enqueued on an exllama generator (v2 or v3: the same
+    iterate() results), identifiers 0 to count-1 and `length` tokens each, iterated to their end."""
+    timelines: list[Timeline] = [[] for _ in range(count)]
+    while generator.num_remaining_jobs():
+        results = generator.iterate()
+        now = time.perf_counter()
+        for result in results:
+            if result.get("token_ids") is not None:  # one result may carry several held-back tokens
+                timeline = timelines[result["identifier"]]
+                timeline.append((now, (timeline[-1][1] if timeline else 0) + result["token_ids"].shape[-1]))
+    assert all(t[-1][1] == length for t in timelines), [t[-1][1] for t in timelines]
+    return window_rate(timelines)
 
 
 def rate_prompts(count: int = max(RATE_STREAMS)) -> list[str]:
@@ -164,20 +179,11 @@ class Direct:
                 input_ids=self.torch.tensor([ids], dtype=self.torch.long), max_new_tokens=length, stop_conditions=[],
                 gen_settings=self.sampler.Settings.greedy(), identifier=i,
             ))
-        timelines: list[Timeline] = [[] for _ in range(count)]
         try:
-            while self.generator.num_remaining_jobs():
-                results = self.generator.iterate()
-                now = time.perf_counter()
-                for result in results:
-                    if result.get("token_ids") is not None:  # one result may carry several held-back tokens
-                        timeline = timelines[result["identifier"]]
-                        timeline.append((now, (timeline[-1][1] if timeline else 0) + result["token_ids"].shape[-1]))
+            return generator_rate(self.generator, count, length)
         except BaseException:
             self.generator.clear_queue()  # a failed run's jobs never reach the next one
             raise
-        assert all(t[-1][1] == length for t in timelines), [t[-1][1] for t in timelines]
-        return window_rate(timelines)
 
 
 def rate_table(through_grpc: dict, direct: dict) -> dict:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pathlib
 import statistics
-import time
 
-from bench.gpu.rates import BATCH, CONTEXT, RATE_REPS, RATE_STREAMS, RATE_TOKENS, Timeline, window_rate
+from bench.gpu.rates import BATCH, CONTEXT, RATE_REPS, RATE_STREAMS, RATE_TOKENS, generator_rate
 
 
 def direct_rates(model_dir: pathlib.Path, prompt_ids: list[list[int]], streams=RATE_STREAMS,
@@ -34,16 +33,7 @@ def direct_rates(model_dir: pathlib.Path, prompt_ids: list[list[int]], streams=R
                 input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=length, stop_conditions=[],
                 sampler=sampling.CustomSampler([sampling.SS_Argmax()]), identifier=i,
             ))
-        timelines: list[Timeline] = [[] for _ in range(count)]
-        while generator.num_remaining_jobs():
-            results = generator.iterate()
-            now = time.perf_counter()
-            for result in results:
-                if result.get("token_ids") is not None:  # one result may carry several held-back tokens
-                    timeline = timelines[result["identifier"]]
-                    timeline.append((now, (timeline[-1][1] if timeline else 0) + result["token_ids"].shape[-1]))
-        assert all(t[-1][1] == length for t in timelines), [t[-1][1] for t in timelines]
-        return window_rate(timelines)
+        return generator_rate(generator, count, length)
 
     together(max(streams), 16)  # warm-up, as through gRPC (and Triton's kernels compiled for these shapes)
     rates = {}

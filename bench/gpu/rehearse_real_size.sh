@@ -4,6 +4,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
+# shellcheck source=bench/gpu/common.sh
+source bench/gpu/common.sh
+use_generation exl2
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 SCRATCH=${SCRATCH:-/tmp/tokenspout-real-size-rehearsal}
 rm -rf "${SCRATCH:?}" && mkdir -p "$SCRATCH/wheels" "$SCRATCH/prebuilt"
@@ -20,38 +23,22 @@ with zipfile.ZipFile(pathlib.Path(sys.argv[1]) / f"{name}-0.0.0-py3-none-any.whl
     for path, text in files.items():
         wheel.writestr(path, text)
 PY
-include=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-printf '%s\n' '#include <Python.h>' \
-    'static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "exllamav2_ext", "a stand-in", -1, NULL};' \
-    'PyMODINIT_FUNC PyInit_exllamav2_ext(void) { return PyModule_Create(&module); }' >"$SCRATCH/stand_in.c"
-gcc -shared -fPIC -I"$include" "$SCRATCH/stand_in.c" -o "$SCRATCH/prebuilt/exllamav2_ext.so" || exit 2
-echo "sha256     $(sha256sum "$SCRATCH/prebuilt/exllamav2_ext.so" | cut -d' ' -f1)" >"$SCRATCH/prebuilt/build-info.txt"
-gzip -f "$SCRATCH/prebuilt/exllamav2_ext.so"
+make_prebuilt "$SCRATCH/prebuilt" stand-in || exit 2
 
 FORMATS="exl2 gptq fp16"
-rehearse() {  # rehearse NAME EXPECTED_RC "stage=STATUS ..." [VAR=value ...]
-    local name=$1 expected_rc=$2 expectations=$3 rc problems=() expectation got
-    shift 3
-    local out=$SCRATCH/$name/out work=$SCRATCH/$name/work
-    env GPU_CHECK_PLAN=real-size GPU_CHECK_STAND_INS="$ROOT/tests/harness/stand_ins" PYTHON="$PYTHON" \
-        WHEELS="$SCRATCH/wheels" PREBUILT="$SCRATCH/prebuilt" MODELS="$SCRATCH/$name/models" OUT="$out" WORK="$work" \
-        GPU_CHECK_SKIP=preflight REAL_SIZE_SHAPE=tiny REAL_SIZE_PROBE="--probe-mib 16 --probe-reps 2" \
-        REAL_SIZE_ARGS="--streams 1,4 --tokens 8 --reps 1 --warmup-steps 3 --cache-tokens 2048 --attention-calls 0" \
-        GPU_CHECK_BUDGET_S=600 GPU_CHECK_SLOWDOWN=2 "$@" bash bench/gpu/run.sh >"$SCRATCH/$name.log" 2>&1
-    rc=$?
-    [ "$rc" = "$expected_rc" ] || problems+=("exit $rc, expected $expected_rc")
-    for expectation in $expectations; do
-        got=$(awk -F'\t' -v s="${expectation%%=*}" '$1 == s {print $2}' "$work/report/stages.tsv" 2>/dev/null)
-        [ "$got" = "${expectation#*=}" ] || problems+=("${expectation%%=*} ${got:-missing}, expected ${expectation#*=}")
-    done
+REHEARSAL_ENV=(GPU_CHECK_PLAN=real-size GPU_CHECK_STAND_INS="$ROOT/tests/harness/stand_ins" PYTHON="$PYTHON"
+    WHEELS="$SCRATCH/wheels" PREBUILT="$SCRATCH/prebuilt" MODELS="$SCRATCH/models"
+    GPU_CHECK_SKIP=preflight REAL_SIZE_SHAPE=tiny REAL_SIZE_PROBE="--probe-mib 16 --probe-reps 2"
+    REAL_SIZE_ARGS="--streams 1,4 --tokens 8 --reps 1 --warmup-steps 3 --cache-tokens 2048 --attention-calls 0"
+    GPU_CHECK_BUDGET_S=600 GPU_CHECK_SLOWDOWN=2)
+rehearse_checks() {  # rehearse_checks OUT EXPECTATIONS: the plan's lines in summary.txt, and no model left behind
+    local format
     for format in $FORMATS; do
-        [[ "$expectations" == *"model_$format=ok"* ]] || continue
-        grep -q "^$format: " "$out/summary.txt" 2>/dev/null || problems+=("no $format line in summary.txt")
+        [[ "$2" == *"model_$format=ok"* ]] || continue
+        grep -q "^$format: " "$1/summary.txt" 2>/dev/null || problems+=("no $format line in summary.txt")
     done
-    grep -q "^real size: copy bandwidth [0-9]" "$out/summary.txt" 2>/dev/null || problems+=("no bandwidth in summary.txt")
-    [ -e "$SCRATCH/$name/models" ] && problems+=("the models were left behind")
-    if [ ${#problems[@]} = 0 ]; then echo "PASS $name"; else
-        echo "FAIL $name: ${problems[*]} (log: $SCRATCH.$name.log, $SCRATCH/$name.log)"; failures=$((failures + 1)); fi
+    grep -q "^real size: copy bandwidth [0-9]" "$1/summary.txt" 2>/dev/null || problems+=("no bandwidth in summary.txt")
+    [ -e "$SCRATCH/models" ] && problems+=("the models were left behind")
 }
 
 all_ok="preflight=SKIP wheels=ok imports=ok extension=ok jit_build=SKIP provider=ok bandwidth=ok"

@@ -36,7 +36,8 @@
 # summary.txt and gpu-report.tar.gz (every file written), the last two refreshed after each stage
 # and once more on exit, so a run cut off from outside still leaves them.
 #
-# GPU_CHECK_PLAN=exl3 runs the exllamav3 variant instead (bench/gpu/stages_exl3.sh, 540 s budget).
+# GPU_CHECK_PLAN=exl3 runs the exllamav3 variant instead (bench/gpu/stages_exl3.sh, 540 s budget): the same first
+# stages on exllamav3 (imports_exl3, extension_exl3, jit_build_exl3), then its own.
 # GPU_CHECK_PLAN=real-size runs the real-size plan instead (bench/gpu/README.md has the exact device call):
 #   preflight, wheels, imports, extension (or jit_build), provider (attention triton: paged on) as above, then
 #   bandwidth        a copy-bandwidth probe (bench/gpu/real_size.py)
@@ -56,7 +57,11 @@
 set -uo pipefail  # no -e: a stage's failure is a finding, and the next stage runs
 shopt -s nullglob
 cd "$(dirname "$0")/../.." || exit 2
+# shellcheck source=bench/gpu/common.sh
+source bench/gpu/common.sh
 ROOT=$PWD
+PLAN=${GPU_CHECK_PLAN:-check}
+if [ "$PLAN" = exl3 ]; then use_generation exl3; else use_generation exl2; fi
 OUT=${OUT:-$ROOT/bench/results/gpu}
 WORK=${WORK:-/tmp/tokenspout-gpu}
 REPORT=$WORK/report
@@ -64,14 +69,15 @@ PREBUILT=${PREBUILT:-$ROOT/bench/gpu/build/prebuilt}
 WHEELS=${WHEELS:-$ROOT/.whl}
 PYTHON=${PYTHON:-python3}
 SLOWDOWN=${GPU_CHECK_SLOWDOWN:-1}
-BUDGET_S=$((${GPU_CHECK_BUDGET_S:-330} * SLOWDOWN))
+default_budget_s=330
+[ "$GEN" = exl3 ] && default_budget_s=540
+BUDGET_S=$((${GPU_CHECK_BUDGET_S:-$default_budget_s} * SLOWDOWN))
 PACK_RESERVE_S=15  # kept back from the budget for the summary and the archive
 STARTED=$(date +%s)
 DEADLINE=$((STARTED + BUDGET_S))
 GPU_CHECK_FAIL=${GPU_CHECK_FAIL:-}
 GPU_CHECK_HANG=${GPU_CHECK_HANG:-}
 GPU_CHECK_SKIP=${GPU_CHECK_SKIP:-}
-PLAN=${GPU_CHECK_PLAN:-check}
 STAND_INS=${GPU_CHECK_STAND_INS:-}
 REAL_SIZE_SHAPE=${REAL_SIZE_SHAPE:-llama3-8b}
 REAL_SIZE_ARGS=${REAL_SIZE_ARGS:---streams 1,16,64 --tokens 128 --reps 2 --warmup-steps 240 --cache-tokens 32768}
@@ -90,9 +96,9 @@ mkdir -p "$REPORT" "$WORK/ext"
 rm -f "$OUT/run.log" "$OUT/summary.txt" "$OUT/preflight.txt" "$OUT/gpu-report.tar.gz"
 exec > >(tee -a "$OUT/run.log") 2>&1
 TEE_PID=$!
-stamp() { echo "[$(date -u +%T)] $*"; }
 
 export ROOT OUT WORK REPORT PREBUILT WHEELS PYTHON PYTHONUNBUFFERED=1 MODELS REAL_SIZE_SHAPE REAL_SIZE_ARGS STAND_INS
+export GEN MODULE EXT INFO SUFFIX PREFIX
 export PYTHONPATH="${STAND_INS:+$STAND_INS:}$WORK/ext:$WORK/site:$ROOT:$ROOT/clients/python${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
@@ -124,17 +130,21 @@ print('tokenspout and check.py import; grpcio', __import__('grpc').__version__)"
         "$PYTHON" bench/gpu/paged_smoke.py --self-check
 }
 
+unpack_prebuilt() {  # the prebuilt $EXT into $WORK/ext, checked against its sha256 in $INFO, test-imported alone
+    [ -f "$PREBUILT/$EXT.so.gz" ] || { echo "no prebuilt $EXT in $PREBUILT: run bench/gpu/build_ext.sh $GEN here and carry it"; return 1; }
+    cat "$PREBUILT/$INFO" 2>/dev/null
+    gunzip -c "$PREBUILT/$EXT.so.gz" >"$WORK/ext/$EXT.so" || return 1
+    expected=$(sed -n 's/^sha256 *//p' "$PREBUILT/$INFO" 2>/dev/null)
+    actual=$(sha256sum "$WORK/ext/$EXT.so" | cut -d' ' -f1)
+    [ -z "$expected" ] || [ "$expected" = "$actual" ] || { echo "sha256 $actual, $INFO says $expected"; return 1; }
+    "$PYTHON" -c "import torch, $EXT; print('prebuilt imports:', $EXT.__file__)"
+}
+
 stage_extension() {
     # exllamav2 imports exllamav2_ext if it can; an ImportError other than "undefined symbol"
     # leaves its loader broken, so the prebuilt is tried alone in a child first.
-    [ -f "$PREBUILT/exllamav2_ext.so.gz" ] || { echo "no prebuilt extension in $PREBUILT: run bench/gpu/build_ext.sh here and carry it"; return 1; }
-    cat "$PREBUILT/build-info.txt" 2>/dev/null
-    gunzip -c "$PREBUILT/exllamav2_ext.so.gz" >"$WORK/ext/exllamav2_ext.so" || return 1
-    expected=$(sed -n 's/^sha256 *//p' "$PREBUILT/build-info.txt" 2>/dev/null)
-    actual=$(sha256sum "$WORK/ext/exllamav2_ext.so" | cut -d' ' -f1)
-    [ -z "$expected" ] || [ "$expected" = "$actual" ] || { echo "sha256 $actual, build-info says $expected"; return 1; }
-    "$PYTHON" -c "import torch, exllamav2_ext; print('prebuilt imports:', exllamav2_ext.__file__)" || return 1
-    "$PYTHON" -c "import exllamav2.ext as e, exllamav2; assert not e.build_jit, 'exllamav2 would build'; print('exllamav2', exllamav2.__version__, 'uses it')"
+    unpack_prebuilt &&
+        "$PYTHON" -c "import exllamav2.ext as e, exllamav2; assert not e.build_jit, 'exllamav2 would build'; print('exllamav2', exllamav2.__version__, 'uses it')"
 }
 
 stage_provider() {
@@ -148,12 +158,12 @@ assert 'flash_attn' not in sys.modules, 'the stand-in flash_attn outlived the im
 print('exllamav2', exllamav2.__version__, 'runs paged on', provider, '(the stand-in flash_attn gone after the import)')"
 }
 
-stage_jit_build() {
+stage_jit_build() {  # $MODULE's own build of $EXT, when the prebuilt one failed
     # shellcheck disable=SC1091
     [ -f "$WORK/cuda.env" ] && source "$WORK/cuda.env"
     echo "CUDA_HOME=${CUDA_HOME:-unset} CPATH=${CPATH:-unset} TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS"
     find "$TORCH_EXTENSIONS_DIR" -name lock -type f -print -delete 2>/dev/null  # a killed build's lock waits forever
-    "$PYTHON" -c "import exllamav2.ext as e, exllamav2; print('exllamav2', exllamav2.__version__, 'built', e.exllamav2_ext.__file__)"
+    "$PYTHON" -c "import $MODULE.ext as e; print('$MODULE built', e.$EXT.__file__)"
 }
 
 stage_tiny_model() {
@@ -172,27 +182,29 @@ stage_paged_smoke_exl2() {
     "$PYTHON" bench/gpu/paged_smoke.py "$WORK/model/exl2" --json "$REPORT/smoke-exl2.json"
 }
 
-serve() {  # serve VARIANT SECONDS [check.py flags]
-    local variant=$1 seconds=$2; shift 2
-    "$PYTHON" bench/gpu/check.py --model "$WORK/model/$variant" --name "$variant" --json "$REPORT/check-$variant.json" \
-        --time-limit "$seconds" "$@"
+serve() {  # serve VARIANT [check.py flags]: check.py serving $WORK/model/VARIANT on $MODULE, in its stage's limit
+    "$PYTHON" bench/gpu/check.py --engine "$MODULE" --model "$WORK/model/$1" --name "$PREFIX$1" \
+        --json "$REPORT/check-$PREFIX$1.json" --time-limit "$STAGE_LIMIT" "${@:2}"
 }
-stage_serve_fp16() { serve fp16 "$STAGE_LIMIT" --reference-hf; }
-stage_serve_gptq() { serve gptq "$STAGE_LIMIT"; }
-stage_serve_exl2() { serve exl2 "$STAGE_LIMIT"; }
-stage_speculation() {
+speculate() {  # speculate QUANT: the QUANT model (FP16 if there is none) with $MODULE's n-gram drafting and without
     local variant=fp16
-    [ -f "$WORK/model/exl2/config.json" ] && variant=exl2
-    "$PYTHON" bench/gpu/check.py --model "$WORK/model/$variant" --name "speculation-$variant" --speculation \
-        --json "$REPORT/check-speculation.json" --time-limit "$STAGE_LIMIT"
+    [ -f "$WORK/model/$1/config.json" ] && variant=$1
+    "$PYTHON" bench/gpu/check.py --engine "$MODULE" --model "$WORK/model/$variant" --name "${PREFIX}speculation-$variant" \
+        --speculation --json "$REPORT/check-${PREFIX}speculation.json" --time-limit "$STAGE_LIMIT"
 }
+stage_serve_fp16() { serve fp16 --reference-hf; }
+stage_serve_gptq() { serve gptq; }
+stage_serve_exl2() { serve exl2; }
+stage_speculation() { speculate exl2; }
 
+converted() {  # converted VARIANT: a converter exits 0 on some errors, so its output directory is the proof
+    [ -f "$WORK/model/$1/config.json" ] && compgen -G "$WORK/model/$1/*.safetensors" >/dev/null ||
+        { echo "the converter wrote no ${1^^} model"; return 1; }
+}
 stage_convert_exl2() {
-    # The converter exits 0 on some errors: its output directory is the proof.
     "$PYTHON" -m exllamav2.conversion.convert_exl2 -i "$WORK/model/fp16" -o "$WORK/exl2-work" -cf "$WORK/model/exl2" \
         -b 4.0 -hb 6 -l 512 -ml 512 -r 32 -mr 8 -nr
-    [ -f "$WORK/model/exl2/config.json" ] && compgen -G "$WORK/model/exl2/*.safetensors" >/dev/null ||
-        { echo "the converter wrote no EXL2 model"; return 1; }
+    converted exl2
 }
 # The real-size plan's stages (GPU_CHECK_PLAN=real-size); $REAL_SIZE_ARGS is split into flags on purpose.
 stage_bandwidth() { "$PYTHON" bench/gpu/real_size.py bandwidth --json "$REPORT/real-bandwidth.json" ${REAL_SIZE_PROBE:-}; }
@@ -216,9 +228,9 @@ stage_grpc_gptq() { measure grpc gptq; }
 stage_grpc_fp16() { measure grpc fp16; }
 export -f stage_bandwidth make_model measure stage_model_exl2 stage_model_gptq stage_model_fp16 stage_direct_exl2 \
     stage_direct_gptq stage_direct_fp16 stage_grpc_exl2 stage_grpc_gptq stage_grpc_fp16
-export -f stage_preflight stage_wheels stage_imports stage_extension stage_jit_build stage_provider stage_tiny_model \
-    stage_paged_smoke stage_paged_smoke_exl2 stage_model_check serve stage_serve_fp16 stage_serve_gptq stage_serve_exl2 \
-    stage_convert_exl2 stage_speculation
+export -f stage_preflight stage_wheels stage_imports unpack_prebuilt stage_extension stage_jit_build stage_provider \
+    stage_tiny_model stage_paged_smoke stage_paged_smoke_exl2 stage_model_check serve speculate stage_serve_fp16 \
+    stage_serve_gptq stage_serve_exl2 converted stage_convert_exl2 stage_speculation
 
 # ---- running, recording, packing ----
 
@@ -307,24 +319,28 @@ trap 'stamp "stopped by a signal"; exit 143' TERM INT HUP
 stamp "GPU check ($PLAN): OUT=$OUT WORK=$WORK, ${BUDGET_S}s budget, GPU: $([ "$HAVE_GPU" = 1 ] && echo yes || echo no)${STAND_INS:+ (stand-ins from $STAND_INS)}$([ "$PLAN" = real-size ] && echo ", models in $MODELS")"
 : >"$REPORT/stages.tsv"
 
+# Limits: about twice what each took on the H200 (# N s: the first run there, 2026-12-04; serve_fp16
+# from the second, speculation never reached). That is ~375 s before speculation, so a 330 s budget
+# skips serve_fp16's end and speculation; a stage left under half its limit is skipped, not started.
+first_stages() {  # first_stages JIT_LIMIT_S: every plan's start, on $MODULE (stage names with its $SUFFIX)
+    stage preflight 30                                    # 8 s
+    # shellcheck disable=SC1091
+    [ -f "$WORK/cuda.env" ] && source "$WORK/cuda.env"  # CUDA_HOME and CPATH for a JIT build
+    stage wheels 45                                       # 1 s
+    stage "imports$SUFFIX" 45 wheels                      # 2 s
+    if stage "extension$SUFFIX" 60 wheels; then           # 14 s
+        record "jit_build$SUFFIX" SKIP 0 "the prebuilt extension imports"
+    else
+        rm -f "$WORK/ext/$EXT.so"  # a broken one on the path would break the package's own loader or build
+        stage "jit_build$SUFFIX" "$1" wheels gpu && STATUS[extension$SUFFIX]=ok  # then the budget cuts the tail
+    fi
+}
+
 # GPU_CHECK_PLAN=exl3: exllamav3's stages instead of the ones below (it ends the run).
 # shellcheck source=bench/gpu/stages_exl3.sh
 [ "$PLAN" = exl3 ] && source bench/gpu/stages_exl3.sh
 
-# Limits: about twice what each took on the H200 (# N s: the first run there, 2026-12-04; serve_fp16
-# from the second, speculation never reached). That is ~375 s before speculation, so a 330 s budget
-# skips serve_fp16's end and speculation; a stage left under half its limit is skipped, not started.
-stage preflight 30                                        # 8 s
-# shellcheck disable=SC1091
-[ -f "$WORK/cuda.env" ] && source "$WORK/cuda.env"  # CUDA_HOME and CPATH for a JIT build
-stage wheels 45                                           # 1 s
-stage imports 45 wheels                                   # 2 s
-if stage extension 60 wheels; then                        # 14 s
-    record jit_build SKIP 0 "the prebuilt extension imports"
-else
-    rm -f "$WORK/ext/exllamav2_ext.so"  # a broken one on the path would break exllamav2's own loader
-    stage jit_build 300 wheels gpu && STATUS[extension]=ok  # 3-4 min: then the budget cuts the tail
-fi
+first_stages 300                                          # exllamav2's JIT build: 3-4 min
 stage provider 45 extension                               # 10 s
 if [ "$PLAN" = real-size ]; then
     # Limits: about twice the estimates for an 8B model on an H100 (../shared/research/gpu-real-size.md, s. 4),

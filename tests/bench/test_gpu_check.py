@@ -498,12 +498,14 @@ def test_the_real_size_summary_sets_each_rate_against_the_bandwidth_limit():
 
 
 @pytest.mark.timeout(900)
-def test_the_real_size_device_run_rehearsed_on_the_cpu_with_stand_ins():
+def test_the_real_size_device_run_rehearsed_on_the_cpu_with_stand_ins(tmp_path):
     """The whole real-size plan (run.sh GPU_CHECK_PLAN=real-size) with the tiny shape, the stand-in
-    exllamav2 and the scripted engine: every stage passes, and a failed stage leaves the rest running."""
+    exllamav2 and the scripted engine: every stage passes, and a failed stage leaves the rest running.
+    Its scratch folder is the test's own (the script's default is one fixed /tmp path for every checkout)."""
     pytest.importorskip("triton")
     done = subprocess.run(["bash", str(ROOT / "bench" / "gpu" / "rehearse.sh"), "--real-size"],
-                          capture_output=True, text=True, timeout=880, env={**os.environ, "PYTHON": sys.executable})
+                          capture_output=True, text=True, timeout=880,
+                          env={**os.environ, "PYTHON": sys.executable, "SCRATCH": str(tmp_path / "scratch")})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "PASS clean" in done.stdout and "PASS fail-direct_exl2" in done.stdout
     assert "real-size rehearsal: 0 failed" in done.stdout

@@ -1,7 +1,7 @@
 """The GPU check's exllamav3 variant (GPU_CHECK_PLAN=exl3 bench/gpu/run.sh, bench/gpu/stages_exl3.sh,
 check.py --engine exllamav3), kept from rotting until a session has a GPU: its stages, limits and report with
 nothing there to use (seconds), the checks' expectations of an exllamav3 server, and the direct baseline run
-through on exllamav3's doubles (tests/harness/exllamav3_fakes.py). bench/gpu/rehearse_exl3.sh rehearses it in
+through on exllamav3's doubles (tests/harness/exllamav3_fakes.py). bench/gpu/rehearse.sh --exl3 rehearses it in
 the GPU machine's Python 3.12 environment (TOKENSPOUT_GPU_REHEARSAL=1)."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_the_direct_baseline_runs_through_on_exllamav3s_doubles(tmp_path, monkey
 
 @pytest.mark.skipif(os.environ.get("TOKENSPOUT_GPU_REHEARSAL") != "1", reason="set TOKENSPOUT_GPU_REHEARSAL=1 (~8 min)")
 def test_the_cpu_rehearsal_passes():
-    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu" / "rehearse_exl3.sh")], capture_output=True, text=True,
-                          timeout=2400)
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu" / "rehearse.sh"), "--exl3"], capture_output=True,
+                          text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "rehearsal: 0 failed" in done.stdout
