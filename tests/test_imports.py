@@ -150,3 +150,12 @@ def test_the_contract_check_sees_every_reach_inside(tmp_path):
         "m.py:1: backend FairnessPolicy", "m.py:3: backend.types", "m.py:5: backend.common.fairness CallerTally",
         "m.py:6: backend.constraints.compiler source_chars",
     ]
+
+
+def test_the_benchmarks_reach_engines_through_the_contract_only():
+    """bench/ measures engines as the service uses them, so renaming an engine's internals never breaks a benchmark
+    that no test runs. bench/gpu/ is exempt: its baseline is exllamav2 driven directly, on a GPU machine."""
+    paths = [path for path in sorted((ROOT / "bench").rglob("*.py")) if "gpu" not in path.relative_to(ROOT / "bench").parts]
+    # The engine process's wire protocol is the cross-process contract (docs/engines.md): bench.suite.protocol_codec times it.
+    wire = "backend.process.protocol"
+    assert [problem for path in paths for problem in reaches_inside(path) if problem.split()[1] != wire] == []

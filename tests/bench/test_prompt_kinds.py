@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.prompt_kinds import extended, fresh_prompts
+from bench.harness.prompt_kinds import extended, fresh_prompts
 
 
 def test_fresh_prompts_share_nothing_and_extensions_extend_them(model, model_path):

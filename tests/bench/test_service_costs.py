@@ -1,5 +1,5 @@
-"""bench.service_costs kept honest: both sides of its in-process comparison stream every token of every call,
-one message a token (callers that keep up), and report time on both the engine's side and the loop's."""
+"""bench.suite.service_ceiling's in-process measure kept honest: both sides stream every token of every call, one
+message a token (callers that keep up), and report time on both the engine's side and the loop's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from bench.service_costs import minimal, tokenspout
+from bench.suite.service_ceiling import minimal, tokenspout
 
 
 @pytest.mark.parametrize("side", [tokenspout, minimal], ids=["tokenspout", "minimal"])

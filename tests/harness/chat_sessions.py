@@ -1,7 +1,7 @@
 """Chat sessions of several turns, each resending its whole history, against one address (a
 replica, or Envoy or HAProxy in front of several): the workload prefix-affinity routing is for.
 
-tests/deploy/test_affinity.py and bench/affinity.py share this. Each turn records its prompt and cached
+tests/deploy/test_affinity.py and bench/suite/affinity.py share this. Each turn records its prompt and cached
 tokens (Usage), its time to first token as the caller sees it, and the replica that served it
 (from the replicas' logs: "request <id> finished").
 """

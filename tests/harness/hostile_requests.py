@@ -3,7 +3,7 @@
 Every field of GenerateStreamRequest is drawn, with the extremes mixed in:
 NaN and infinite floats, the largest integers, huge repeated fields and maps,
 odd Unicode, and constraints known to be pathological. Shared by
-tests/service/test_fuzz.py and bench/fuzz.py.
+tests/service/test_fuzz.py and bench/suite/hostile.py.
 """
 
 from __future__ import annotations

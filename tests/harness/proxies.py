@@ -1,7 +1,7 @@
 """Several tokenspout replicas and the shipped HAProxy and Envoy configs in front of them, on loopback.
 
 tests/deploy/test_replicas.py, tests/deploy/test_deploy_envoy.py, tests/deploy/test_affinity.py, tests/deploy/test_envoy_http.py,
-bench/replicas.py and bench/affinity.py share this.
+bench/suite/replicas.py and bench/suite/affinity.py share this.
 """
 
 from __future__ import annotations

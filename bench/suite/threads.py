@@ -1,0 +1,95 @@
+"""Which `threads` default survives a shared machine: every core, every core but one, or the engine's choice (0).
+A server per setting, in turn, after 256 tokens: tok/s at 1 and 8 streams, first token ms; quiet, then beside one busy process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from bench.harness.pairing import rotated
+from bench.harness.record import Benchmark, Run
+from bench.harness.sides import CONTEXT, SLOTS, Sides
+from bench.harness.streams import aggregate_rate, greedy_request, timed_stream
+
+BENCHMARK = Benchmark(
+    area="Threads",
+    smoke=("--settings", "0", "--reps", "1", "--tokens", "8", "--warm-tokens", "8", "--first-tokens", "2"),
+    order=1,
+)
+LOADS = ("quiet", "busy")
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    cores = os.cpu_count() or 1
+    every = ",".join(str(n) for n in [*sorted({max(1, cores - 1), cores}), 0])
+    parser.add_argument("--settings", default=every, help=f"`threads` values, comma-separated (here {every}; 0: adaptive)")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=96, help="tokens a stream")
+    parser.add_argument("--warm-tokens", type=int, default=256, help="decoded first: the adaptive setting probes")
+    parser.add_argument("--first-tokens", type=int, default=8, help="first-token requests a measure")
+
+
+def spin(stop) -> None:  # type: ignore[no-untyped-def]
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+@contextmanager
+def load(busy: bool) -> Iterator[None]:
+    """One process wanting a core for as long as the block runs, when `busy`."""
+    stop = multiprocessing.Event()
+    hog = multiprocessing.Process(target=spin, args=(stop,)) if busy else None
+    if hog:
+        hog.start()
+    try:
+        yield
+    finally:
+        if hog:
+            stop.set()
+            hog.join()
+
+
+def first_token_s(stub, prompt: str) -> float:  # type: ignore[no-untyped-def]
+    """Seconds to the first message of a 4-token stream, read to its end."""
+    start = time.perf_counter()
+    first = None
+    for _ in stub.GenerateStream(greedy_request(prompt, 4), timeout=300):
+        first = first or time.perf_counter() - start
+    assert first is not None
+    return first
+
+
+def one_setting(threads: int, args: argparse.Namespace) -> tuple[float, float, float]:
+    """(1-stream tok/s, 8-stream tok/s, median first token s) of a fresh server with `threads`."""
+    with Sides() as sides:
+        stub = sides.tokenspout("--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS), "--threads", str(threads)).stub
+        timed_stream(stub, "Warm up", args.warm_tokens)
+        single = statistics.median(timed_stream(stub, "The history of the printing press", args.tokens)[1] for _ in range(2))
+        eight = aggregate_rate(stub, 8, args.tokens)
+        first = statistics.median(first_token_s(stub, f"Question {i}: why is the sky blue?") for i in range(args.first_tokens))
+        return single, eight, first
+
+
+def measure(run: Run, args: argparse.Namespace) -> None:
+    settings = [int(n) for n in args.settings.split(",")]
+    figures: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    for busy in (False, True):
+        with load(busy):
+            for rep in range(args.reps):
+                for threads in rotated(settings, rep):
+                    figures.setdefault((LOADS[busy], threads), []).append(one_setting(threads, args))
+        time.sleep(1)
+    rows: list[list] = []
+    for threads in settings:
+        row: list = [f"{threads} (adaptive)" if threads == 0 else threads]
+        for kind in LOADS:
+            single, eight, first = (statistics.median(r[i] for r in figures[(kind, threads)]) for i in range(3))
+            row += [round(single, 1), round(eight, 1), round(first * 1000, 1)]
+        rows.append(row)
+    run.table("", ["threads", "quiet: 1 stream", "8 streams", "first token", "busy: 1 stream", "8 streams", "first token"], rows)
