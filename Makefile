@@ -13,6 +13,8 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 LLAMA_CPP := $(shell grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
 LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
 LLAMA_WHEELS := $(HOME)/.cache/tokenspout/wheels/$(shell echo '$(LLAMA_CPP) $(LLAMA_CMAKE_ARGS) $(shell uname -m) $(shell $(PYTHON) -V 2>&1)' | sha256sum | cut -c1-16)
+# The benchmarks' reference, llama-server, built at the same level (`make llama-server`).
+LLAMA_SERVER := $(subst /wheels/,/llama-server/,$(LLAMA_WHEELS))/llama-server
 
 .PHONY: help venv tools deploy-tools client-tools clients model proto release-protos lint check run test test-fast bench llama-server clean
 
@@ -113,20 +115,26 @@ client-tools:
 clients: client-tools venv $(BUF)
 	for language in go java cpp; do $(MAKE) -C clients/$$language PYTHON=$(CURDIR)/$(PY) || exit 1; done
 
-test: check tools model deploy-tools client-tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+# `make test TEST_WORKERS=4` runs the test files side by side in 4 processes (pytest-xdist; each file whole in one,
+# so a module's servers start once): 29 minutes on 2 cores (one process took 31 before the benchmarks' smoke tests
+# joined), but there the heaviest tests take 2-4x their time alone, so CI and the default run them in one process.
+TEST_WORKERS ?= 0
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
+# The benchmarks' smoke tests (tests/bench/test_smoke.py) run the reference, llama-server, too.
+test: check tools model deploy-tools client-tools $(LLAMA_SERVER)
+	TOKENSPOUT_LLAMA_SERVER=$(LLAMA_SERVER) $(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 # Every test that needs no model (tests/conftest.py marks the others `model` by the fixtures they ask for).
 test-fast: check tools deploy-tools
-	$(PY) -m pytest -m "not model" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not model" $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 bench: venv model
-	$(PY) -m bench.streaming $(BENCH_ARGS)
+	$(PY) -m bench streaming $(BENCH_ARGS)
 
 # The benchmarks' reference: llama.cpp's own llama-server, built once (about 7 minutes on 2 cores) from the source
 # vendored in the pinned llama-cpp-python sdist, at the same CPU level as the engine's wheel; prints its path
 # (`--llama-server PATH`).
-LLAMA_SERVER := $(subst /wheels/,/llama-server/,$(LLAMA_WHEELS))/llama-server
 llama-server: $(LLAMA_SERVER)
 	@echo $(LLAMA_SERVER)
 
