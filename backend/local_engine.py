@@ -17,6 +17,7 @@ from concurrent.futures import Future
 
 from backend.common.cache_events import CacheEventHub
 from backend.common.door import Door
+from backend.common.output import make_finish
 from backend.common.stats import EngineStats
 from backend.config import EngineConfig
 from backend.constraints import (
@@ -29,7 +30,7 @@ from backend.constraints import (
     TooManyCompiles,
 )
 from backend.engine import Vocabulary
-from backend.events import ErrorEvent, ErrorKind, EventSink
+from backend.events import ErrorEvent, ErrorKind, EventSink, FinishReason, Timings, TokenEvent
 from backend.types import ChatContext, ChatMessage, GenerationRequest, ModelInfo
 from backend.worker import EngineCore, EngineWorker, deliver
 
@@ -57,9 +58,9 @@ class WorkerEngine:
         self.constraints = constraints
         self.compiles = CompileLanes(constraints, config.compile_threads, config.max_concurrent_compiles)
         self._door = Door(config.capacity, config.per_caller_limit, config.fairness.fair)
-        self._compiling: dict[str, bool] = {}
-        """Requests whose constraint left the cache since the service compiled it, compiling again: whether a
-        cancel came meanwhile."""
+        self._compiling: dict[str, list[_Compiling]] = {}
+        """Requests whose constraint left the cache since the service compiled it, compiling again, by id: a caller
+        may cancel one and send its id again before the first compile ends, so each is its own entry."""
         self._compiling_lock = threading.Lock()
         self._worker = EngineWorker(core, name)
 
@@ -88,22 +89,31 @@ class WorkerEngine:
         except TooManyCompiles as busy:
             deliver(sink, ErrorEvent(f"{busy}, the most the engine allows; retry later", ErrorKind.OVERLOADED))
             return
+        compiling = _Compiling()
         with self._compiling_lock:
-            self._compiling[request.request_id] = False
-        future.add_done_callback(lambda done: self._compiled(request, sink, done))
+            self._compiling.setdefault(request.request_id, []).append(compiling)
+        future.add_done_callback(lambda done: self._compiled(request, sink, compiling, done))
 
-    def _compiled(self, request: GenerationRequest, sink: EventSink, done: Future[CompiledConstraint]) -> None:
-        """On a compile thread: the request goes on (and a cancel that came meanwhile after it)."""
+    def _compiled(
+        self, request: GenerationRequest, sink: EventSink, compiling: _Compiling, done: Future[CompiledConstraint]
+    ) -> None:
+        """On a compile thread: the request goes on to the worker, unless it was cancelled meanwhile. Then it ends
+        here, never reaching the core: by now its id may belong to a newer request there, which a cancel by id
+        would end too, and two live sequences of one id would share the core's bookkeeping."""
         with self._compiling_lock:
-            cancelled = self._compiling.pop(request.request_id, False)
+            pending = self._compiling[request.request_id]
+            pending.remove(compiling)
+            if not pending:
+                del self._compiling[request.request_id]
+        if compiling.cancelled:
+            deliver(sink, TokenEvent((), "", 0, make_finish(request, FinishReason.CANCELLED, 0, Timings(0, 0, 0, 0, 0))))
+            return
         try:
             compiled = done.result()
         except ConstraintError as exc:
             deliver(sink, ErrorEvent(f"the constraint cannot be enforced: {exc}", ErrorKind.CONSTRAINT_FAILED))
             return
         self._worker.submit(request, sink, compiled)
-        if cancelled:
-            self._worker.cancel(request.request_id)
 
     def release(self, request_id: str) -> None:
         """Its caller is done with the request: its places at the door are free."""
@@ -111,8 +121,8 @@ class WorkerEngine:
 
     def cancel(self, request_id: str) -> None:
         with self._compiling_lock:
-            if request_id in self._compiling:
-                self._compiling[request_id] = True
+            for compiling in self._compiling.get(request_id, ()):
+                compiling.cancelled = True
         self._worker.cancel(request_id)
 
     def pause(self, request_id: str) -> None:
@@ -156,3 +166,12 @@ class WorkerEngine:
     def close(self) -> None:
         """Stops the engine (`_stop`) and frees its model: each engine's own."""
         raise NotImplementedError
+
+
+class _Compiling:
+    """A request whose constraint compiles before it reaches the worker."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False

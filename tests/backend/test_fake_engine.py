@@ -152,3 +152,43 @@ def test_a_constraint_gone_from_the_cache_compiles_again_off_the_callers_thread_
         assert finishes == {"cancelled": FinishReason.CANCELLED, "served": FinishReason.MAX_TOKENS}
     finally:
         engine.close()
+
+
+def test_an_id_cancelled_while_its_constraint_compiles_and_sent_again_ends_only_the_first():
+    """A caller cancels a request whose constraint compiles and sends its id again at once (the service frees an id
+    when its call ends): the first ends CANCELLED without reaching the core, the second is served. Before, the
+    second's compile took the first's cancel, both reached the core under one id, and llama.cpp's slots lost one."""
+    import queue
+    import threading
+
+    from backend.constraints import ConstraintSpec
+    from backend.events import FinishReason, TokenEvent
+    from backend.types import GenerationRequest, SamplingParams, StopParams
+
+    engine = FakeEngine(EngineConfig(context_length=64, max_batch_size=2))
+    gate = threading.Event()
+    compile_now = engine.constraints.compile
+    engine.constraints.compile = lambda spec: (gate.wait(10), compile_now(spec))[1]
+    events: queue.Queue = queue.Queue()
+    prompt = tuple(engine.tokenize("Hello"))
+    added = []
+    add_now = engine.core.add
+    engine.core.add = lambda request, *rest: (added.append(request.request_id), add_now(request, *rest))[1]
+    try:
+        for label in ("first", "second"):
+            engine.submit(GenerationRequest("same", prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=4),
+                                            constraint=ConstraintSpec("regex", "[ -~]*")), lambda e, n=label: events.put((n, e)))
+            if label == "first":
+                engine.cancel("same")
+                engine.release("same")
+        gate.set()
+        finishes = {}
+        while len(finishes) < 2:
+            label, event = events.get(timeout=10)
+            assert isinstance(event, TokenEvent), event
+            if event.finish is not None:
+                finishes[label] = event.finish.reason
+        assert finishes == {"first": FinishReason.CANCELLED, "second": FinishReason.MAX_TOKENS}
+        assert added == ["same"]
+    finally:
+        engine.close()
