@@ -18,27 +18,24 @@ from bench.harness.sides import Sides
 from tests.harness.kv_subscriber import GrpcFollower, ZmqFollower, random_request
 from tokenspout.v1 import generation_pb2 as pb
 
-BENCHMARK = Benchmark(area="KV-cache events", smoke=("--reps", "1", "--requests", "20"), order=1)
+BENCHMARK = Benchmark(area="KV-cache events", smoke=("--reps", "1", "--requests", "20", "--streams", "2", "--tokens", "8"), order=1)
 
 SETTINGS = ("--context-length", "1024", "--max-batch-size", "8", "--prefix-cache-slots", "2")
 EVENTS = ("--cache-events", "--cache-events-endpoint", "tcp://127.0.0.1:*", "--cache-events-replay-endpoint",
           "tcp://127.0.0.1:*")
-STREAMS, TOKENS = 8, 64
-
-
-def decode_rate(stub, rep: int) -> float:
-    """Tokens/s of STREAMS concurrent greedy streams whose prompts share a ~300-token prefix (fresh per rep)."""
+def decode_rate(stub, rep: int, streams: int, tokens: int) -> float:
+    """Tokens/s of `streams` concurrent greedy streams whose prompts share a ~300-token prefix (fresh per rep)."""
     shared = " ".join(f"Clause {i} of contract {rep}: the tenant keeps the garden tidy." for i in range(25))
     requests = [pb.GenerateStreamRequest(
         prompt=f"{shared}\nQuestion {i}: what does clause {i} say?",
         sampling=pb.SamplingParams(temperature=0.0),
-        stopping=pb.StoppingCriteria(max_new_tokens=TOKENS, ignore_eos=True),
-    ) for i in range(STREAMS)]
+        stopping=pb.StoppingCriteria(max_new_tokens=tokens, ignore_eos=True),
+    ) for i in range(streams)]
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
         finals = list(pool.map(lambda r: list(stub.GenerateStream(r, timeout=600))[-1], requests))
-    assert all(f.generated_tokens == TOKENS for f in finals)
-    return STREAMS * TOKENS / (time.perf_counter() - start)
+    assert all(f.generated_tokens == tokens for f in finals)
+    return streams * tokens / (time.perf_counter() - start)
 
 
 def drain(follower: ZmqFollower, stop: threading.Event) -> None:
@@ -118,23 +115,26 @@ def yes(flag: bool) -> str:
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=6, help="0: no publishing cost")
     parser.add_argument("--requests", type=int, default=1000, help="0: no rebuild")
+    parser.add_argument("--streams", type=int, default=8, help="concurrent streams of the publishing cost")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per stream of the publishing cost")
 
 
-def publishing_cost(run: Run, rows: list, stubs: dict, reps: int) -> None:
+def publishing_cost(run: Run, rows: list, stubs: dict, args: argparse.Namespace) -> None:
     sources = stubs["on"].GetModelInfo(pb.GetModelInfoRequest(), timeout=10).cache_event_sources
     subscriber, stop = ZmqFollower(sources.endpoint, sources.replay_endpoint), threading.Event()
     draining = threading.Thread(target=drain, args=(subscriber, stop), daemon=True)
     draining.start()
     try:
         for stub in stubs.values():
-            decode_rate(stub, -1)  # warm-up
-        rates = alternate({side: (lambda rep, stub=stub: decode_rate(stub, rep)) for side, stub in stubs.items()}, range(reps))
+            decode_rate(stub, -1, args.streams, args.tokens)  # warm-up
+        rates = alternate({side: (lambda rep, stub=stub: decode_rate(stub, rep, args.streams, args.tokens))
+                           for side, stub in stubs.items()}, range(args.reps))
     finally:
         stop.set()
         draining.join()
         subscriber.close()
     ratios = [on / off for on, off in zip(rates["on"], rates["off"], strict=True)]
-    rows.append([f"decode tokens/s of {STREAMS} streams x {TOKENS} tokens, events on / off: per rep (median)",
+    rows.append([f"decode tokens/s of {args.streams} streams x {args.tokens} tokens, events on / off: per rep (median)",
                  f"{span(ratios, 3)} ({statistics.median(ratios):.3f})"])
     run.target("decode tokens/s, events on / off, median of reps", statistics.median(ratios), ">=", 0.98)
 
@@ -144,7 +144,7 @@ def measure(run: Run, args: argparse.Namespace) -> None:
     if args.reps:
         with Sides() as sides:
             publishing_cost(run, rows, {"off": sides.tokenspout(*SETTINGS).stub, "on": sides.tokenspout(*SETTINGS, *EVENTS).stub},
-                            args.reps)
+                            args)
     if args.requests:  # on a server of its own, whose events start with these requests
         with Sides() as sides:
             rebuild(run, rows, sides.tokenspout(*SETTINGS, *EVENTS).stub, args.requests)

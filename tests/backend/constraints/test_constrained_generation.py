@@ -44,19 +44,20 @@ def test_generation_under_thirty_real_schemas(stub):
     schemas = thirty_compilable_schemas(stub)
     assert len(schemas) == 30
 
-    def run(item):
-        name, schema = item
+    def run(index_and_item):
+        index, (name, schema) = index_and_item
         constraint = pb.Constraint(json_schema=json.dumps(schema))
         greedy_request = chat_request(ASK_FOR_JSON, constraint)
         sampled_request = chat_request(ASK_FOR_JSON, constraint, temperature=0.8, seed=7, repetition_penalty=1.1)
-        unary = stub.Generate(pb.GenerateRequest.FromString(greedy_request.SerializeToString()), timeout=300)
+        # Unary Generate against the stream on every fifth schema: the same code path, a third of the test's time.
+        unary = None if index % 5 else stub.Generate(pb.GenerateRequest.FromString(greedy_request.SerializeToString()), timeout=300)
         return name, schema, unary, stream(stub, greedy_request, 300), stream(stub, sampled_request, 300)
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(run, schemas))
+        results = list(pool.map(run, enumerate(schemas)))
     completed = 0
     for name, schema, unary, *streams in results:
-        assert text_of(streams[0]) == unary.text, name
+        assert unary is None or text_of(streams[0]) == unary.text, name
         for messages in streams:
             assert len(messages) > 1, name
             finish = messages[-1].finish
