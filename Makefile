@@ -116,8 +116,8 @@ clients: client-tools venv $(BUF)
 	for language in go java cpp; do $(MAKE) -C clients/$$language PYTHON=$(CURDIR)/$(PY) || exit 1; done
 
 # `make test TEST_WORKERS=4` runs the test files side by side in 4 processes (pytest-xdist; each file whole in one,
-# so a module's servers start once): 29 minutes on 2 cores (one process took 31 before the benchmarks' smoke tests
-# joined), but there the heaviest tests take 2-4x their time alone, so CI and the default run them in one process.
+# so a module's servers start once). The tests are bound by the model's compute on 2 cores: in 4 processes they took
+# 29 minutes against 31 in one, the heaviest 2-4x their time alone; so CI and the default run one process (23 minutes).
 TEST_WORKERS ?= 0
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
