@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from backend.config import EngineConfig
-from backend.events import ErrorEvent, ErrorKind, FinishReason
+from backend.events import ErrorEvent, ErrorKind, FinishReason, TokenEvent
 from backend.types import ChatMessage, GenerationRequest, SamplingParams, StopParams
 from tests.harness.fake_engine import BOS, EOS, IM_START, FakeEngine
 
@@ -120,75 +120,61 @@ def test_the_vocabulary_is_bytes_with_a_chat_template_whose_content_stays_text(e
     assert engine.render_chat(forged, special_tokens_in_content=True).count(IM_START) == 3
 
 
-def test_a_constraint_gone_from_the_cache_compiles_again_off_the_callers_thread_and_a_cancel_meanwhile_holds():
-    """The service compiles a request's constraint first; should the cache have dropped it by the time the request
-    arrives, the engine compiles it again on its compile lanes, not on the thread that submits (a front end's loop,
-    the engine process's input thread), and a cancel that comes meanwhile still ends the request."""
-    import queue
-    import threading
-
-    from backend.constraints import ConstraintSpec
-    from backend.events import FinishReason, TokenEvent
-    from backend.types import GenerationRequest, SamplingParams, StopParams
-
+@pytest.fixture
+def compiles_held():
+    """An engine whose constraint compiles wait until the test sets the gate, the events of its requests by label, and
+    a prompt."""
     engine = FakeEngine(EngineConfig(context_length=64, max_batch_size=2))
     gate = threading.Event()
     compile_now = engine.constraints.compile
     engine.constraints.compile = lambda spec: (gate.wait(10), compile_now(spec))[1]  # held until the test lets it go
-    events: queue.Queue = queue.Queue()
-    try:
-        prompt = tuple(engine.tokenize("Hello"))
-        for name in ("cancelled", "served"):
-            engine.submit(GenerationRequest(name, prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=4),
-                                            constraint=ConstraintSpec("regex", "[ -~]*")), lambda e, n=name: events.put((n, e)))
-        engine.cancel("cancelled")  # submit returned at once: the compile waits on the gate
-        gate.set()
-        finishes = {}
-        while len(finishes) < 2:
-            name, event = events.get(timeout=10)
-            assert isinstance(event, TokenEvent), event
-            if event.finish is not None:
-                finishes[name] = event.finish.reason
-        assert finishes == {"cancelled": FinishReason.CANCELLED, "served": FinishReason.MAX_TOKENS}
-    finally:
-        engine.close()
+    yield engine, gate, queue.Queue(), tuple(engine.tokenize("Hello"))
+    engine.close()
 
 
-def test_an_id_cancelled_while_its_constraint_compiles_and_sent_again_ends_only_the_first():
+def constrained(request_id: str, prompt: tuple[int, ...]):
+    from backend.constraints import ConstraintSpec
+
+    return GenerationRequest(request_id, prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=4),
+                             constraint=ConstraintSpec("regex", "[ -~]*"))
+
+
+def finishes_of(events, count: int) -> dict:
+    """Label -> finish reason, for the first `count` labels to finish."""
+    finishes = {}
+    while len(finishes) < count:
+        label, event = events.get(timeout=10)
+        assert isinstance(event, TokenEvent), event
+        if event.finish is not None:
+            finishes[label] = event.finish.reason
+    return finishes
+
+
+def test_a_constraint_gone_from_the_cache_compiles_again_off_the_callers_thread_and_a_cancel_meanwhile_holds(compiles_held):
+    """The service compiles a request's constraint first; should the cache have dropped it by the time the request
+    arrives, the engine compiles it again on its compile lanes, not on the thread that submits (a front end's loop,
+    the engine process's input thread), and a cancel that comes meanwhile still ends the request."""
+    engine, gate, events, prompt = compiles_held
+    for name in ("cancelled", "served"):
+        engine.submit(constrained(name, prompt), lambda e, n=name: events.put((n, e)))
+    engine.cancel("cancelled")  # submit returned at once: the compile waits on the gate
+    gate.set()
+    assert finishes_of(events, 2) == {"cancelled": FinishReason.CANCELLED, "served": FinishReason.MAX_TOKENS}
+
+
+def test_an_id_cancelled_while_its_constraint_compiles_and_sent_again_ends_only_the_first(compiles_held):
     """A caller cancels a request whose constraint compiles and sends its id again at once (the service frees an id
     when its call ends): the first ends CANCELLED without reaching the core, the second is served. Before, the
     second's compile took the first's cancel, both reached the core under one id, and llama.cpp's slots lost one."""
-    import queue
-    import threading
-
-    from backend.constraints import ConstraintSpec
-    from backend.events import FinishReason, TokenEvent
-    from backend.types import GenerationRequest, SamplingParams, StopParams
-
-    engine = FakeEngine(EngineConfig(context_length=64, max_batch_size=2))
-    gate = threading.Event()
-    compile_now = engine.constraints.compile
-    engine.constraints.compile = lambda spec: (gate.wait(10), compile_now(spec))[1]
-    events: queue.Queue = queue.Queue()
-    prompt = tuple(engine.tokenize("Hello"))
+    engine, gate, events, prompt = compiles_held
     added = []
     add_now = engine.core.add
     engine.core.add = lambda request, *rest: (added.append(request.request_id), add_now(request, *rest))[1]
-    try:
-        for label in ("first", "second"):
-            engine.submit(GenerationRequest("same", prompt, SamplingParams(temperature=0.0), StopParams(max_new_tokens=4),
-                                            constraint=ConstraintSpec("regex", "[ -~]*")), lambda e, n=label: events.put((n, e)))
-            if label == "first":
-                engine.cancel("same")
-                engine.release("same")
-        gate.set()
-        finishes = {}
-        while len(finishes) < 2:
-            label, event = events.get(timeout=10)
-            assert isinstance(event, TokenEvent), event
-            if event.finish is not None:
-                finishes[label] = event.finish.reason
-        assert finishes == {"first": FinishReason.CANCELLED, "second": FinishReason.MAX_TOKENS}
-        assert added == ["same"]
-    finally:
-        engine.close()
+    for label in ("first", "second"):
+        engine.submit(constrained("same", prompt), lambda e, n=label: events.put((n, e)))
+        if label == "first":
+            engine.cancel("same")
+            engine.release("same")
+    gate.set()
+    assert finishes_of(events, 2) == {"first": FinishReason.CANCELLED, "second": FinishReason.MAX_TOKENS}
+    assert added == ["same"]
