@@ -50,7 +50,8 @@ def test_generation_under_thirty_real_schemas(stub):
         greedy_request = chat_request(ASK_FOR_JSON, constraint)
         sampled_request = chat_request(ASK_FOR_JSON, constraint, temperature=0.8, seed=7, repetition_penalty=1.1)
         # Unary Generate against the stream on every fifth schema: the same code path, a third of the test's time.
-        unary = None if index % 5 else stub.Generate(pb.GenerateRequest.FromString(greedy_request.SerializeToString()), timeout=300)
+        unary = None if index % 5 else stub.Generate(
+            pb.GenerateRequest.FromString(greedy_request.SerializeToString()), timeout=300)
         return name, schema, unary, stream(stub, greedy_request, 300), stream(stub, sampled_request, 300)
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
