@@ -9,6 +9,7 @@ many commands the batch held.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Generic, TypeVar
@@ -16,6 +17,8 @@ from typing import Generic, TypeVar
 from backend.common.ledger import Ledger
 from backend.common.stats import CancelOrder, EngineStats
 from backend.events import Event, EventSink, FinishReason
+
+log = logging.getLogger(__name__)
 
 Output = tuple[EventSink, Event]
 """One event for one request's sink, as a core hands it over."""
@@ -40,6 +43,16 @@ class CoreBase(Generic[Item]):
         for item in group:
             self._end(item, FinishReason.CANCELLED)
         self.ledger.cancelled(order, self.steps, time.monotonic())
+
+    def end_leftovers(self, request_id: str) -> None:
+        """Before a request joins: a front end frees an id only once its request ended or was cancelled, so
+        anything still holding that id here is a leftover (a ghost). It ends now (CANCELLED), never to share the
+        core's bookkeeping, keyed by id, with the new request."""
+        leftovers = self._group(request_id)
+        if leftovers:
+            log.warning("request %s arrived while %d sequence(s) of that id still ran: ended", request_id, len(leftovers))
+        for item in leftovers:
+            self._end(item, FinishReason.CANCELLED)
 
     def settle(self) -> list[Output]:
         """What follows a batch of commands or a step (`_settle`: admission, the figures), then the outbox."""

@@ -51,6 +51,7 @@ class ExllamaCore(CoreBase[SampleJob]):
         self._generator: Any = binding.new_generator()
 
     def add(self, request: GenerationRequest, sink: EventSink, constraint: CompiledConstraint | None = None) -> None:
+        self.end_leftovers(request.request_id)
         if self._generator is None and not self._rebuild():
             self._emit(sink, ErrorEvent("the generator failed and could not be rebuilt; see the server log"))
             return

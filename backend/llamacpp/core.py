@@ -82,6 +82,7 @@ class LlamaCppCore(CoreBase[Sequence]):
     # -- commands ----------------------------------------------------------------
 
     def add(self, request: GenerationRequest, sink: EventSink, constraint: CompiledConstraint | None = None) -> None:
+        self.end_leftovers(request.request_id)
         leader, *others = [self._sequence(sample, sink, constraint) for sample in request.samples()]
         self.siblings.hold(leader, others)  # they fork from the leader once its prompt is computed
         self._queue(leader)

@@ -157,6 +157,7 @@ class ScriptedCore(CoreBase[FakeSequence]):
     # -- commands --------------------------------------------------------------
 
     def add(self, request: GenerationRequest, sink: EventSink, constraint: CompiledConstraint | None = None) -> None:
+        self.end_leftovers(request.request_id)
         self.waiting.append(FakeSequence(request, sink, self.plan_for(request.request_id), constraint))
 
     def _group(self, request_id: str) -> list[FakeSequence]:

@@ -295,3 +295,24 @@ def test_a_first_token_holds_the_next_step_only_while_no_other_request_waits_for
     core.step()
     assert holds == [EngineConfig().llamacpp.first_token_hold_ms / 1000] and holds[0] > 0
     run_until_idle(core)
+
+
+def test_a_request_arriving_under_a_live_id_ends_the_leftover_and_no_slot_is_lost(model):
+    """A front end reuses an id only once its request ended, so a sequence still holding it is a ghost: it ends
+    (CANCELLED) when the new request arrives. Two live sequences of one id lost a slot, and the next step's
+    compaction crashed the engine loop (seen in the fuzz test)."""
+    core = make_core(model, max_batch_size=3)
+    try:
+        old, beside, new = Recorder(core), Recorder(core), Recorder(core)
+        core.add(request(model, "same", max_new_tokens=40), old)
+        core.add(request(model, "beside", max_new_tokens=40), beside)
+        for _ in range(3):
+            core.step()
+        core.add(request(model, "same", max_new_tokens=4), new)
+        assert old.finish is not None and old.finish.reason is FinishReason.CANCELLED
+        run_until_idle(core)
+        assert new.finish.reason is FinishReason.MAX_TOKENS and beside.finish.reason is FinishReason.MAX_TOKENS
+        slots = core.slots
+        assert sorted(slots._free) == list(range(slots.count))  # every slot free again, none held twice
+    finally:
+        core.close()
