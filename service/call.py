@@ -105,17 +105,28 @@ class Calls:
             engine_id = f"{request_id}~{n}"
         return engine_id
 
-    def open(self, identity: str, request_id: str, engine_id: str) -> RequestStream:
+    def open(self, identity: str, request_id: str, engine_id: str, samples: int) -> RequestStream:
         """The event stream of a call that starts now; ALREADY_EXISTS while its caller runs another of that id."""
         if (identity, request_id) in self._running:
             raise already_exists(request_id)
-        stream = RequestStream(self.engine, engine_id, self._buffer_events)
+        stream = RequestStream(self.engine, engine_id, self._buffer_events, samples)
         self._running[identity, request_id] = stream
         self._engine_ids.add(engine_id)
         return stream
 
-    def close(self, identity: str, request_id: str) -> None:
-        self._engine_ids.discard(self._running.pop((identity, request_id)).request_id)
+    def close(self, identity: str, request_id: str, engine_done: bool) -> None:
+        """The call is over for its caller (its id free for its next call); the engine's id and the request's place
+        at the engine's door are given back once the engine is done with it: at once, or (a call that ended early)
+        when the engine's last event for it arrives, so a newer request under that id never gets this one's."""
+        stream = self._running.pop((identity, request_id))
+        if engine_done:
+            self._release(stream.request_id)
+        else:
+            stream.when_engine_done(lambda: self._release(stream.request_id))
+
+    def _release(self, engine_id: str) -> None:
+        self._engine_ids.discard(engine_id)
+        self.engine.release(engine_id)
 
     def sink(self, stream: RequestStream) -> EventSink:
         """Where the engine thread delivers the stream's events."""
@@ -245,11 +256,10 @@ class GenerationCall:
                                 await send(message)
             self._finished(samples.finishes[0])
         finally:
-            self._calls.close(self._identity, self.request_id)
             if not self._ended:  # the caller left, or the server ended the call: free its sequences now
                 self._calls.engine.cancel(self.generation.request_id)
                 self._ended_early(samples.generated_tokens)
-            self._calls.engine.release(self.generation.request_id)
+            self._calls.close(self._identity, self.request_id, engine_done=self._ended)
 
     def _prepare(self, request: pb.GenerateStreamRequest) -> tuple[RequestParams, Prompt, float]:
         """The checks and the prompt (on a worker thread when the input is large), and when they were done:
@@ -268,7 +278,7 @@ class GenerationCall:
         calls = self._calls
         if calls.lifecycle.ending is not None:
             raise calls.lifecycle.ending
-        stream = calls.open(self._identity, self.request_id, self.generation.request_id)
+        stream = calls.open(self._identity, self.request_id, self.generation.request_id, self.generation.n)
         if calls.telemetry.enabled:
             self._trace = RequestTrace(calls.telemetry, self._request, self.request_id, self.generation,
                                        calls.engine.info.model_id, self._streaming)

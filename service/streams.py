@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from backend import Engine, ErrorEvent, Event, EventSink, TokenEvent
@@ -33,9 +34,12 @@ class RequestStream:
     """One request's events on the event loop. A deque and one waiting future rather than an asyncio.Queue:
     at hundreds of streams the queue's bookkeeping per event was a visible share of the loop's time."""
 
-    def __init__(self, engine: Engine, request_id: str, buffer_events: int) -> None:
+    def __init__(self, engine: Engine, request_id: str, buffer_events: int, samples: int = 1) -> None:
         self.request_id = request_id
         self._engine = engine
+        self._unfinished = samples
+        """Samples the engine has not ended yet: at 0 (or an error) it is done with the request."""
+        self._on_engine_done: Callable[[], None] | None = None
         self._events: collections.deque[Event | _Interrupt] = collections.deque()
         self._waiter: asyncio.Future[bool] | None = None
         self._high_water = buffer_events
@@ -46,8 +50,21 @@ class RequestStream:
         """Makes the pending (or next) `next_batch` return an empty batch at once."""
         self.put(_INTERRUPT)
 
+    def when_engine_done(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` once the engine has sent the request's last event (at once if it has): a call that
+        ended early keeps its engine id until then, so no newer request under that id receives this one's events."""
+        if self._unfinished <= 0:
+            callback()
+        else:
+            self._on_engine_done = callback
+
     def put(self, event: Event | _Interrupt) -> None:
         """Called on the event loop by the relay."""
+        if type(event) is ErrorEvent or type(event) is TokenEvent and event.finish is not None:
+            self._unfinished = 0 if type(event) is ErrorEvent else self._unfinished - 1
+            if self._unfinished <= 0 and self._on_engine_done is not None:
+                self._on_engine_done()
+                self._on_engine_done = None
         self._events.append(event)
         waiter = self._waiter
         if waiter is not None and not waiter.done():

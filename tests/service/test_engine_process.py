@@ -251,3 +251,26 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
     except FileNotFoundError:
         return False
+
+
+def test_an_id_sent_again_right_after_a_cancel_gets_its_own_events_not_the_cancelled_calls(tmp_path):
+    """The engine process routes events to a front end by request id. A caller that cancels a call and sends its id
+    again at once must get its new request's events: the cancelled one's CANCELLED finish, still on its way, used to
+    reach the new call, which ended with it while its own sequence ran on as a ghost. The id now stays the old
+    request's until the engine's last event for it arrives (the new call runs under another engine id meanwhile)."""
+    server = start_server(tmp_path, "--max-batch-size", "4", "--context-length", "512", faults=PACE, fake_engine=True)
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.GenerationServiceStub(channel)
+            for round_ in range(5):
+                call = stub.GenerateStream(long_request(200, "again"), timeout=30)
+                next(call)
+                call.cancel()
+                messages = list(stub.GenerateStream(long_request(6, "again"), timeout=30))
+                finish = messages[-1].finish
+                assert finish.reason == pb.FINISH_REASON_MAX_TOKENS and messages[-1].generated_tokens == 6, (round_, finish)
+        wait_for(lambda: not pb_grpc.GenerationServiceStub(grpc.insecure_channel(server.address)).GetServerStatus(
+            pb.GetServerStatusRequest(), timeout=10).running_sequences, what="no sequence left running")
+        assert "still ran: ended" not in server.log()
+    finally:
+        assert stop_server(server) == 0, server.log()
