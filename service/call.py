@@ -114,15 +114,12 @@ class Calls:
         self._engine_ids.add(engine_id)
         return stream
 
-    def close(self, identity: str, request_id: str, engine_done: bool) -> None:
+    def close(self, identity: str, request_id: str) -> None:
         """The call is over for its caller (its id free for its next call); the engine's id and the request's place
         at the engine's door are given back once the engine is done with it: at once, or (a call that ended early)
         when the engine's last event for it arrives, so a newer request under that id never gets this one's."""
         stream = self._running.pop((identity, request_id))
-        if engine_done:
-            self._release(stream.request_id)
-        else:
-            stream.when_engine_done(lambda: self._release(stream.request_id))
+        stream.when_engine_done(lambda: self._release(stream.request_id))
 
     def _release(self, engine_id: str) -> None:
         self._engine_ids.discard(engine_id)
@@ -259,7 +256,7 @@ class GenerationCall:
             if not self._ended:  # the caller left, or the server ended the call: free its sequences now
                 self._calls.engine.cancel(self.generation.request_id)
                 self._ended_early(samples.generated_tokens)
-            self._calls.close(self._identity, self.request_id, engine_done=self._ended)
+            self._calls.close(self._identity, self.request_id)
 
     def _prepare(self, request: pb.GenerateStreamRequest) -> tuple[RequestParams, Prompt, float]:
         """The checks and the prompt (on a worker thread when the input is large), and when they were done:
