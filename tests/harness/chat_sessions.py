@@ -37,6 +37,8 @@ class Turn:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     ttft_s: float = 0.0
+    sent_at: float = 0.0
+    """time.monotonic() when the call was sent."""
     replica: int | None = None
     """Index of the replica that served it (None for a failed call)."""
 
@@ -105,7 +107,7 @@ def run_sessions(
                     stopping=pb.StoppingCriteria(max_new_tokens=max_new_tokens),
                 )
                 metadata = ((HEADER, affinity_key(request)),) if affinity else ()
-                turn = Turn(index, number, request.request_id)
+                turn = Turn(index, number, request.request_id, sent_at=time.monotonic())
                 text, start = "", time.perf_counter()
                 try:
                     for message in stub.GenerateStream(request, timeout=300, metadata=metadata):
