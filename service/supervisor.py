@@ -98,15 +98,14 @@ class Supervisor:
             os.close(wakeup_write)
 
     def _run(self) -> int:
-        self._engine = self._start_engine()
-        model_id = self._await_ready(self._engine)
-        if model_id is None:
-            return self._stop_all()
         config = self.config
-        first = self._start_front_end(0, config)
-        port = self._await_ready(first)
-        if port is None:
+        # The first front end starts beside the engine: it builds its server while the model loads, and says
+        # Hello until the engine answers. Whichever of the two fails first is the error.
+        self._engine = self._start_engine()
+        answers = self._await_ready(self._engine, self._start_front_end(0, config))
+        if answers is None:
             return self._stop_all()
+        model_id, port = answers
         self.config = config = dataclasses.replace(config, listen=f"{config.listen.rsplit(':', 1)[0]}:{port}")
         for index in range(1, config.front_ends):  # on the port the first one got (listen may say :0)
             if self._await_ready(self._start_front_end(index, config)) is None:
@@ -133,25 +132,34 @@ class Supervisor:
         ours.close()
         return _Child(name, process, theirs, time.monotonic())
 
-    def _await_ready(self, child: _Child) -> Any:
-        """What a starting child says it serves with (the model's id, a port); None when a signal came first.
-        Raises StartupError when it cannot start."""
-        while True:
-            ready = multiprocessing.connection.wait([child.ready, child.process.sentinel, self._wakeup])
-            if child.ready in ready:
-                try:
-                    state, detail = child.ready.recv()
-                except EOFError:
-                    child.process.join(5)
-                    state, detail = "failed", f"the {child.name} exited with {child.process.exitcode} while starting"
-                if state == "failed":
-                    raise StartupError(detail)
-                child.up = True
-                return detail
-            if child.process.sentinel in ready and not child.ready.poll():
-                raise StartupError(f"the {child.name} exited with {child.process.exitcode} while starting")
+    def _await_ready(self, *children: _Child) -> list[Any] | None:
+        """What each starting child says it serves with (the model's id, a port), in order; None when a signal
+        came first. Raises StartupError when one cannot start (the first to say so)."""
+        answers: dict[int, Any] = {}
+        while len(answers) < len(children):
+            waiting = [(i, child) for i, child in enumerate(children) if i not in answers]
+            waits = [self._wakeup, *(handle for _, child in waiting for handle in (child.ready, child.process.sentinel))]
+            ready = multiprocessing.connection.wait(waits)
+            for i, child in waiting:
+                if child.ready in ready:
+                    answers[i] = self._answer(child)
+                elif child.process.sentinel in ready and not child.ready.poll():
+                    raise StartupError(f"the {child.name} exited with {child.process.exitcode} while starting")
             if self._wakeup in ready and self._take_signals():
                 return None
+        return [answers[i] for i in range(len(children))]
+
+    def _answer(self, child: _Child) -> Any:
+        """A starting child's ready message: what it serves with. Raises StartupError when it failed."""
+        try:
+            state, detail = child.ready.recv()
+        except EOFError:
+            child.process.join(5)
+            state, detail = "failed", f"the {child.name} exited with {child.process.exitcode} while starting"
+        if state == "failed":
+            raise StartupError(detail)
+        child.up = True
+        return detail
 
     # -- watching ----------------------------------------------------------------------------------
 
