@@ -96,8 +96,13 @@ class GgufModel:
         self.bos_token_id: int | None = bos if bos >= 0 else None
         self.eos_token_ids = tuple(t for t in range(self.vocab_size) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
         self.eos_token_set = frozenset(self.eos_token_ids)
-        # Decoded pieces for output text: control tokens render as nothing.
-        self.pieces: list[bytes] = [self._piece(t, special=False) for t in range(self.vocab_size)]
+        # Every token read once: its attributes and its text as llama.cpp caches it (special tokens
+        # included); output text renders control and unknown tokens as nothing, as llama.cpp does when
+        # asked for text without specials.
+        self._attrs = [llama_cpp.llama_vocab_get_attr(self.vocab, t) for t in range(self.vocab_size)]
+        self._special_pieces = [self._piece(t) for t in range(self.vocab_size)]
+        hidden = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        self.pieces: list[bytes] = [b"" if attr & hidden else piece for attr, piece in zip(self._attrs, self._special_pieces)]
         self.special_token_ids = tuple(t for t in range(self.vocab_size) if self._is_special(t))
         self.chat_template = self.metadata("tokenizer.chat_template")
         self._chat = (
@@ -156,7 +161,7 @@ class GgufModel:
 
     def _parsed_special_tokens(self) -> SpecialTokens:
         """The tokens llama.cpp's special-token parsing matches by text, with their whitespace flags."""
-        attrs = [(t, llama_cpp.llama_vocab_get_attr(self.vocab, t)) for t in range(self.vocab_size)]
+        attrs = list(enumerate(self._attrs))
         parsed = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
         return SpecialTokens(
             ((self._special_text(t), t) for t, attr in attrs if attr & parsed),
@@ -169,12 +174,13 @@ class GgufModel:
             llama_cpp.llama_model_free(self.ptr)
             self.ptr = None
 
-    def _piece(self, token: int, special: bool) -> bytes:
+    def _piece(self, token: int) -> bytes:
+        """A token's text, special tokens included."""
         buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
         return buf.raw[:n]
 
     def logits_row(self, ctx: llama_cpp.llama_context_p, row: int) -> np.ndarray:
@@ -202,7 +208,7 @@ class GgufModel:
     def constraint_tokenizer(self) -> llguidance.LLTokenizer:
         """The vocabulary as llguidance sees it (about a second to build)."""
         return build_tokenizer(
-            [self._piece(t, special=True) for t in range(self.vocab_size)],
+            self._special_pieces,
             self.special_token_ids,
             self.eos_token_ids,
             self.bos_token_id,
@@ -210,17 +216,17 @@ class GgufModel:
         )
 
     def _is_special(self, token: int) -> bool:
-        attr = llama_cpp.llama_vocab_get_attr(self.vocab, token)
+        attr = self._attrs[token]
         if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
             return True
         # User-defined tokens that look like control tokens (<|...|>, <tag>) are special too.
-        text = self._piece(token, special=True)
+        text = self._special_pieces[token]
         return bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED) and text.startswith(b"<") and text.endswith(b">")
 
     def _special_text(self, token: int | None) -> str:
         if token is None or token < 0:
             return ""
-        return self._piece(token, special=True).decode("utf-8", "replace")
+        return self._special_pieces[token].decode("utf-8", "replace")
 
 
 def gguf_type(description: str) -> str:
