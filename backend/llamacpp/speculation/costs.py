@@ -82,7 +82,7 @@ class DecodeCosts:
             return
         rows_worth = self._rows_worth(rows, logit_rows)
         if self._prior is None:
-            row_s = seconds / (_PRIOR_PASS_ROWS * passes + rows_worth)
+            row_s = seconds / self.work(passes, rows, logit_rows)
             self._prior = (_PRIOR_PASS_ROWS * row_s, row_s)
             self.pass_s, self.row_s = self._prior
         if not passes == rows == 1:  # the lone row is far off the line and the commonest shape: it would bend it
@@ -96,6 +96,11 @@ class DecodeCosts:
         weights = self._shapes.get((passes, rows, logit_rows))
         correction = weights[1] / weights[0] if weights else 1.0
         return self._line(passes, rows, logit_rows) * correction
+
+    def work(self, passes: int, rows: int, logit_rows: int) -> float:
+        """A decode's size in rows with logits, by the prior's fixed measure: the time of decodes of any shape
+        (prompt chunks and decoding steps alike) over it compares the pace they ran at."""
+        return _PRIOR_PASS_ROWS * passes + self._rows_worth(rows, logit_rows)
 
     def _line(self, passes: int, rows: int, logit_rows: int) -> float:
         return passes * self.pass_s + self._rows_worth(rows, logit_rows) * self.row_s

@@ -64,12 +64,11 @@ class Speculator:
                 for feed, c, source, n in zip(feeds, candidates, sources, checked)]
 
     def learn(self, feeds: list[Feed], logit_rows: int, seconds: float, checks: list[tuple[RowsToSample, int]]) -> None:
-        """What one decode of `feeds` taught: its time (the cost model, and on decoding steps the thread
-        count), and each check's accepted proposals (`checks`: rows sampled, proposals accepted), the
-        sequence's and the engine's acceptance of their source. A sequence that ended meanwhile teaches
-        the engine only."""
+        """What one decode of `feeds` taught: its time (the cost model and the thread count), and each check's
+        accepted proposals (`checks`: rows sampled, proposals accepted), the sequence's and the engine's
+        acceptance of their source. A sequence that ended meanwhile teaches the engine only."""
         rows = [feed.count + len(feed.proposed) for feed in feeds]
-        self.tuner.record(passes_for(rows), sum(rows), logit_rows, seconds, feeds[0].prefill)
+        self.tuner.record(passes_for(rows), sum(rows), logit_rows, seconds)
         for entry, accepted in checks:
             proposed, agreed = entry.sampled(accepted)
             draft = self._drafts.get(entry.sequence)

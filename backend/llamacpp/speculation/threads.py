@@ -5,7 +5,10 @@ fastest (2 threads 1.6-1.8x faster than 1 on 2 cores); when anything else wants 
 that loses its core stalls the others, and every core becomes 10-50x slower than every core but one
 (docs/benchmarks.md). Neither count is right on a machine whose load changes, so the engine tries:
 it decodes with one count, now and then decodes a few steps with the other, and keeps whichever
-took less time per row. A probe that loses waits twice as long for the next, up to MAX_INTERVAL; one
+took less time per row (prompt chunks and decoding steps alike, each by its size: DecodeCosts.work).
+It starts on every core but one, safe on a loaded machine, and tries the other after FIRST_PROBE
+decodes, so a quiet machine's cores are all at work from the first prompts on. A probe that loses
+waits at least FIRST_INTERVAL decodes for the next, twice as long each time, up to MAX_INTERVAL; one
 whose first step is far slower ends at once, so a probe on a loaded machine costs one slow step. When
 the steps of the count in use turn far slower than they were (another process took a core), the
 other count is tried at once.
@@ -22,8 +25,10 @@ import statistics
 
 from backend.llamacpp.speculation.costs import DecodeCosts
 
+FIRST_PROBE = 2
+"""Decodes before the first probe: the incumbent's pace, roughly (the probe's own PROBE_STEPS decide)."""
 FIRST_INTERVAL = 200
-"""Decode steps before the first probe, and after a probe that wins."""
+"""Decodes before the next probe after one that wins, and at least after one that loses."""
 log = logging.getLogger(__name__)
 
 MAX_INTERVAL = 6400
@@ -41,7 +46,7 @@ class ThreadTuner:
         self.costs = {threads: DecodeCosts(plain_row_share) for threads in self.candidates}
         self.incumbent = self.candidates[-1]  # every core but one: safe on a loaded machine
         self.threads = self.incumbent
-        self._interval = FIRST_INTERVAL
+        self._interval = FIRST_PROBE
         self._since_probe = 0
         self._recent: list[float] = []  # the incumbent's time per row, its last PROBE_STEPS decodes
         self._typical: float | None = None  # ... and its moving average over many more
@@ -51,13 +56,10 @@ class ThreadTuner:
     def current_costs(self) -> DecodeCosts:
         return self.costs[self.threads]
 
-    def record(self, passes: int, rows: int, logit_rows: int, seconds: float, prefill: bool = False) -> int:
-        """Takes one decode's time; returns the thread count for the next. Prompt chunks teach the cost
-        model only: the counts are compared on decoding steps, which are alike from one to the next."""
+    def record(self, passes: int, rows: int, logit_rows: int, seconds: float) -> int:
+        """Takes one decode's time; returns the thread count for the next."""
         self.current_costs.record(passes, rows, logit_rows, seconds)
-        if prefill:
-            return self.threads
-        per_row = seconds / (passes + rows)  # crude, but probe and incumbent steps are neighbours
+        per_row = seconds / self.current_costs.work(passes, rows, logit_rows)
         if self.threads == self.incumbent:
             self._recent = [*self._recent, per_row][-PROBE_STEPS:]
             self._since_probe += 1
@@ -82,7 +84,7 @@ class ThreadTuner:
             self.incumbent, self._interval = self.threads, FIRST_INTERVAL
             self._typical = statistics.median(self._probe)  # what it proved it does
         else:  # the incumbent's pace now is the normal: a machine slow for both counts is not probed again at once
-            self._interval = min(MAX_INTERVAL, 2 * self._interval)
+            self._interval = min(MAX_INTERVAL, max(FIRST_INTERVAL, 2 * self._interval))
             self._typical = statistics.median(self._recent)
         self.threads, self._since_probe, self._recent = self.incumbent, 0, []
         return self.threads
