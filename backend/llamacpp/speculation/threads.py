@@ -25,8 +25,9 @@ import statistics
 
 from backend.llamacpp.speculation.costs import DecodeCosts
 
-FIRST_PROBE = 2
-"""Decodes before the first probe: the incumbent's pace, roughly (the probe's own PROBE_STEPS decide)."""
+FIRST_PROBE = 1
+"""Decodes before the first probe: the incumbent's pace, roughly (a cold first decode favours the probe, which its
+own PROBE_STEPS then confirm or not; on a loaded machine its first step ends it)."""
 FIRST_INTERVAL = 200
 """Decodes before the next probe after one that wins, and at least after one that loses."""
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ def test_prompt_chunks_alone_find_the_faster_count():
 def test_a_probe_on_a_loaded_machine_costs_one_slow_step_and_backs_off():
     tuner = ThreadTuner(cores=2)
     used = run(tuner, {1: 0.010, 2: 0.300}, 4 * FIRST_INTERVAL)
-    # Probes after 2 decodes, 200 more and 400 more, each cut at its first step.
+    # Probes after the first decode, 200 more and 400 more, each cut at its first step.
     assert [i for i, threads in enumerate(used) if threads == 2] == [FIRST_PROBE, FIRST_PROBE + 1 + FIRST_INTERVAL,
                                                                      FIRST_PROBE + 2 + 3 * FIRST_INTERVAL]
     assert tuner.incumbent == 1
