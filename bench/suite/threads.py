@@ -1,5 +1,6 @@
 """Which `threads` default survives a shared machine: every core, every core but one, or the engine's choice (0).
-A server per setting, in turn, after 256 tokens: tok/s at 1 and 8 streams, first token ms; quiet, then beside one busy process.
+A server per setting, in turn: its first long prompts (cold), then after 256 tokens tok/s at 1 and 8 streams and first
+token ms; quiet, then beside one busy process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from bench.harness.streams import aggregate_rate, greedy_request, timed_stream
 
 BENCHMARK = Benchmark(
     area="Threads",
-    smoke=("--settings", "0", "--reps", "1", "--tokens", "8", "--warm-tokens", "8", "--first-tokens", "2"),
+    smoke=("--settings", "0", "--reps", "1", "--tokens", "8", "--warm-tokens", "8", "--first-tokens", "2", "--cold-prompts", "1"),
     order=1,
 )
 LOADS = ("quiet", "busy")
@@ -33,6 +34,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=96, help="tokens a stream")
     parser.add_argument("--warm-tokens", type=int, default=256, help="decoded first: the adaptive setting probes")
     parser.add_argument("--first-tokens", type=int, default=8, help="first-token requests a measure")
+    parser.add_argument("--cold-prompts", type=int, default=4, help="~400-token prompts a fresh server computes first")
 
 
 def spin(stop) -> None:  # type: ignore[no-untyped-def]
@@ -55,30 +57,37 @@ def load(busy: bool) -> Iterator[None]:
             hog.join()
 
 
-def first_token_s(stub, prompt: str) -> float:  # type: ignore[no-untyped-def]
-    """Seconds to the first message of a 4-token stream, read to its end."""
+def first_token_s(stub, prompt: str, tokens: int = 4) -> float:  # type: ignore[no-untyped-def]
+    """Seconds to the first message of a `tokens`-token stream, read to its end."""
     start = time.perf_counter()
     first = None
-    for _ in stub.GenerateStream(greedy_request(prompt, 4), timeout=300):
+    for _ in stub.GenerateStream(greedy_request(prompt, tokens), timeout=300):
         first = first or time.perf_counter() - start
     assert first is not None
     return first
 
 
-def one_setting(threads: int, args: argparse.Namespace) -> tuple[float, float, float]:
-    """(1-stream tok/s, 8-stream tok/s, median first token s) of a fresh server with `threads`."""
+def cold_prompt_s(stub, index: int) -> float:  # type: ignore[no-untyped-def]
+    """Seconds to the one token answering a ~400-token prompt of its own (nothing cached)."""
+    clauses = " ".join(f"Clause {i} of contract {index}: the tenant keeps the garden tidy." for i in range(25))
+    return first_token_s(stub, clauses, tokens=1)
+
+
+def one_setting(threads: int, args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """(median cold prompt s, 1-stream tok/s, 8-stream tok/s, median first token s) of a fresh server with `threads`."""
     with Sides() as sides:
         stub = sides.tokenspout("--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS), "--threads", str(threads)).stub
+        cold = statistics.median(cold_prompt_s(stub, i) for i in range(args.cold_prompts))
         timed_stream(stub, "Warm up", args.warm_tokens)
         single = statistics.median(timed_stream(stub, "The history of the printing press", args.tokens)[1] for _ in range(2))
         eight = aggregate_rate(stub, 8, args.tokens)
         first = statistics.median(first_token_s(stub, f"Question {i}: why is the sky blue?") for i in range(args.first_tokens))
-        return single, eight, first
+        return cold, single, eight, first
 
 
 def measure(run: Run, args: argparse.Namespace) -> None:
     settings = [int(n) for n in args.settings.split(",")]
-    figures: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    figures: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
     for busy in (False, True):
         with load(busy):
             for rep in range(args.reps):
@@ -89,7 +98,20 @@ def measure(run: Run, args: argparse.Namespace) -> None:
     for threads in settings:
         row: list = [f"{threads} (adaptive)" if threads == 0 else threads]
         for kind in LOADS:
-            single, eight, first = (statistics.median(r[i] for r in figures[(kind, threads)]) for i in range(3))
-            row += [round(single, 1), round(eight, 1), round(first * 1000, 1)]
+            cold, single, eight, first = (statistics.median(r[i] for r in figures[(kind, threads)]) for i in range(4))
+            row += [round(cold * 1000), round(single, 1), round(eight, 1), round(first * 1000, 1)]
         rows.append(row)
-    run.table("", ["threads", "quiet: 1 stream", "8 streams", "first token", "busy: 1 stream", "8 streams", "first token"], rows)
+    columns = ["threads", "quiet: cold prompt", "1 stream", "8 streams", "first token",
+               "busy: cold prompt", "1 stream", "8 streams", "first token"]
+    run.table("", columns, rows)
+    if 0 in settings and len(settings) > 1:  # the adaptive default against the best fixed count, column by column
+        fixed = [row for row, threads in zip(rows, settings) if threads]
+        adaptive = rows[settings.index(0)]
+        shares = []
+        for i, name in enumerate(columns[1:], 1):
+            faster = "token/s" if "stream" in name else "time"
+            best = max(r[i] for r in fixed) if faster == "token/s" else min(r[i] for r in fixed)
+            share = adaptive[i] / best if faster == "token/s" else best / adaptive[i]
+            shares.append(f"{'quiet' if i < 5 else 'busy'} {name.split(': ')[-1]} {share:.2f}")
+        run.note("No target: each fixed count loses badly in one case. The adaptive default against the best fixed "
+                 "count of each column (1.00: as good; its speed over the best's): " + ", ".join(shares) + ".")
