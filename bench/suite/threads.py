@@ -1,6 +1,5 @@
 """Which `threads` default survives a shared machine: every core, every core but one, or the engine's choice (0).
-A server per setting, in turn: its first long prompts (cold), then after 256 tokens tok/s at 1 and 8 streams and first
-token ms; quiet, then beside one busy process.
+A server per setting, in turn: its first 400-token prompts (ms), then after 256 tokens tok/s and first token; quiet, then busy.
 """
 
 from __future__ import annotations
@@ -109,9 +108,10 @@ def measure(run: Run, args: argparse.Namespace) -> None:
         adaptive = rows[settings.index(0)]
         shares = []
         for i, name in enumerate(columns[1:], 1):
-            faster = "token/s" if "stream" in name else "time"
-            best = max(r[i] for r in fixed) if faster == "token/s" else min(r[i] for r in fixed)
-            share = adaptive[i] / best if faster == "token/s" else best / adaptive[i]
-            shares.append(f"{'quiet' if i < 5 else 'busy'} {name.split(': ')[-1]} {share:.2f}")
-        run.note("No target: each fixed count loses badly in one case. The adaptive default against the best fixed "
-                 "count of each column (1.00: as good; its speed over the best's): " + ", ".join(shares) + ".")
+            if "stream" in name:  # tokens/s: more is better
+                shares.append(adaptive[i] / max(r[i] for r in fixed))
+            else:  # milliseconds
+                shares.append(min(r[i] for r in fixed) / adaptive[i])
+        quiet, busy = (" / ".join(f"{share:.2f}" for share in half) for half in (shares[:4], shares[4:]))
+        run.note(f"No target. The adaptive default's speed over the best fixed count's (cold prompt, 1 stream, 8 streams, "
+                 f"first token): quiet {quiet}, busy {busy}.")
