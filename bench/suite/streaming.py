@@ -126,6 +126,9 @@ def measure(run: Run, args: argparse.Namespace) -> None:
               [[n, round(mine[n].aggregate, 1), round(its[n].aggregate, 1), round(mine[n].aggregate / its[n].aggregate, 2),
                 round(mine[n].prompts_s * 1000), round(its[n].prompts_s * 1000), round(mine[n].decode, 1),
                 round(its[n].decode, 1), round(mine[n].decode / its[n].decode, 2)] for n in counts])
+    ours_range = [mine[n].aggregate for n in counts]
+    run.note(f"{args.reps} reps. Ours {min(ours_range):.0f}-{max(ours_range):.0f} tokens/s from {counts[0]} to {most} streams; "
+             f"llama-server's {its[counts[0]].aggregate:.0f} at {counts[0]}, {its[most].aggregate:.0f} at {most}.")
     run.plot("aggregate tokens/s against concurrent streams", "concurrent streams", "tokens/s",
              {side: [(n, rates[side][n].aggregate) for n in counts] for side in SIDES}, log_x=True)
     speeds = {kind: firsts[(kind, "llama-server")][0] / firsts[(kind, "tokenspout")][0] for kind in KINDS}
