@@ -106,7 +106,8 @@ class LlamaCppSettings:
     # threads = 0: backend.llamacpp.speculation.threads picks the count as the machine's load changes.
     threads: int = setting(
         0, "CPU threads. `0` adapts: the engine runs every core or every core but one, whichever costs less per "
-        "row as the machine's load changes. A number fixes the count.", Group.LLAMA_CPP, values="0 or more")
+        "row as the machine's load changes (the cores its affinity and a container's CPU quota allow). A number "
+        "fixes the count.", Group.LLAMA_CPP, values="0 or more")
     batch_tokens: int = setting(
         512, "Most prompt tokens in one decode call. It bounds a prefill chunk, and so how long decoding streams "
         "wait for it.", Group.LLAMA_CPP, values="at least `max_batch_size`")

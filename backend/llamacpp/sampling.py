@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import time
 
 import llama_cpp
@@ -21,6 +20,7 @@ import llguidance
 import llguidance.numpy
 import numpy as np
 
+from backend.common.cores import usable_cores
 from backend.common.logprobs import with_logprobs
 from backend.common.output import SequenceOutput
 from backend.constraints import ConstraintState, apply_bitmask
@@ -75,7 +75,7 @@ class TokenPicker:
         self._model = model
         self._bitmask = llguidance.numpy.allocate_token_bitmask(slots, model.vocab_size)
         # Mask threads must not compete with llama.cpp's: only cores it leaves free fill in parallel.
-        spare_cores = (os.cpu_count() or 1) - compute_threads
+        spare_cores = usable_cores() - compute_threads
         self._executor = llguidance.LLExecutor(spare_cores) if spare_cores >= 2 else None
 
     def fill_masks(self, constrained: list[tuple[ConstraintState, int]]) -> None:

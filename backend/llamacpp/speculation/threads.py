@@ -20,9 +20,9 @@ the threads it will run.
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 
+from backend.common.cores import usable_cores
 from backend.llamacpp.speculation.costs import DecodeCosts
 
 FIRST_PROBE = 1
@@ -42,7 +42,7 @@ ABORT = 3.0
 
 class ThreadTuner:
     def __init__(self, fixed: int = 0, cores: int | None = None, plain_row_share: float = 0.8) -> None:
-        cores = cores or os.cpu_count() or 1
+        cores = cores or usable_cores()
         self.candidates = [fixed] if fixed else sorted({cores, max(1, cores - 1)}, reverse=True)
         self.costs = {threads: DecodeCosts(plain_row_share) for threads in self.candidates}
         self.incumbent = self.candidates[-1]  # every core but one: safe on a loaded machine
