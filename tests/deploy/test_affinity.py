@@ -37,7 +37,9 @@ def cluster(tmp_path_factory, model_path):
     session (8 running + 8 idle cache streams), the baseline."""
     tmp = tmp_path_factory.mktemp("affinity")
     replicas = start_replicas(tmp, 3)
-    alone = start_server(tmp, *REPLICA_FLAGS, "--prefix-cache-slots", "8")
+    # The lone replica computes alone (the others idle meanwhile): every core, unlike the replicas' one thread each. A
+    # cache share does not depend on the thread count.
+    alone = start_server(tmp, *REPLICA_FLAGS, "--prefix-cache-slots", "8", "--threads", "0")
     proxies = {}
     try:
         addresses = [r.address for r in replicas]
