@@ -50,6 +50,12 @@ def fresh_prompts(count: int, seed: int | None = None) -> list[str]:
     raise ValueError(f"the vocabulary has fewer than {count} words that begin a prompt with a token of their own")
 
 
+def clauses(tag: object) -> str:
+    """A prompt of about 400 tokens, 25 clauses of a contract named by `tag`: its own for each tag (no other
+    tag's is a prefix of it), so a server has none of it cached."""
+    return " ".join(f"Clause {i} of contract {tag}: the tenant keeps the garden tidy." for i in range(25))
+
+
 def extended(prompt: str, index: int) -> str:
     """The prompt and a few more words (4-6 tokens)."""
     return prompt + EXTENSIONS[index % len(EXTENSIONS)]

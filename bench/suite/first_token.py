@@ -33,11 +33,12 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2)
 
 
-def first_token_s(stub: pb_grpc.GenerationServiceStub, prompt: str) -> float:
-    """Seconds to the first message with a token, reading the stream to its end (as for llama-server)."""
+def first_token_s(stub: pb_grpc.GenerationServiceStub, prompt: str, tokens: int = TOKENS) -> float:
+    """Seconds to the first message with a token of a `tokens`-token stream, reading it to its end (as for
+    llama-server)."""
     start = time.perf_counter()
     first = None
-    for message in stub.GenerateStream(greedy_request(prompt, TOKENS), timeout=300):
+    for message in stub.GenerateStream(greedy_request(prompt, tokens), timeout=300):
         if message.generated_tokens and first is None:
             first = time.perf_counter() - start
     assert first is not None

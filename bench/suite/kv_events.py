@@ -13,6 +13,7 @@ import threading
 import time
 
 from bench.harness.pairing import alternate, span
+from bench.harness.prompt_kinds import clauses
 from bench.harness.record import Benchmark, Run
 from bench.harness.sides import Sides
 from tests.harness.kv_subscriber import GrpcFollower, ZmqFollower, random_request
@@ -26,7 +27,7 @@ EVENTS = ("--cache-events", "--cache-events-endpoint", "tcp://127.0.0.1:*", "--c
           "tcp://127.0.0.1:*")
 def decode_rate(stub, rep: int, streams: int, tokens: int) -> float:
     """Tokens/s of `streams` concurrent greedy streams whose prompts share a ~300-token prefix (fresh per rep)."""
-    shared = " ".join(f"Clause {i} of contract {rep}: the tenant keeps the garden tidy." for i in range(25))
+    shared = clauses(rep)
     requests = [pb.GenerateStreamRequest(
         prompt=f"{shared}\nQuestion {i}: what does clause {i} say?",
         sampling=pb.SamplingParams(temperature=0.0),

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from bench.harness.pairing import rotated
+from bench.harness.prompt_kinds import clauses
 from bench.harness.record import Benchmark, Run
 from bench.harness.sides import CONTEXT, SLOTS, Sides
-from bench.harness.streams import aggregate_rate, greedy_request, timed_stream
+from bench.harness.streams import aggregate_rate, timed_stream
+from bench.suite.first_token import first_token_s
 
 BENCHMARK = Benchmark(
     area="Threads",
@@ -56,31 +58,19 @@ def load(busy: bool) -> Iterator[None]:
             hog.join()
 
 
-def first_token_s(stub, prompt: str, tokens: int = 4) -> float:  # type: ignore[no-untyped-def]
-    """Seconds to the first message of a `tokens`-token stream, read to its end."""
-    start = time.perf_counter()
-    first = None
-    for _ in stub.GenerateStream(greedy_request(prompt, tokens), timeout=300):
-        first = first or time.perf_counter() - start
-    assert first is not None
-    return first
-
-
-def cold_prompt_s(stub, index: int) -> float:  # type: ignore[no-untyped-def]
-    """Seconds to the one token answering a ~400-token prompt of its own (nothing cached)."""
-    clauses = " ".join(f"Clause {i} of contract {index}: the tenant keeps the garden tidy." for i in range(25))
-    return first_token_s(stub, clauses, tokens=1)
 
 
 def one_setting(threads: int, args: argparse.Namespace) -> tuple[float, float, float, float]:
     """(median cold prompt s, 1-stream tok/s, 8-stream tok/s, median first token s) of a fresh server with `threads`."""
     with Sides() as sides:
         stub = sides.tokenspout("--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS), "--threads", str(threads)).stub
-        cold = statistics.median(cold_prompt_s(stub, i) for i in range(args.cold_prompts))
+        # A fresh server's first long prompts, each its own (nothing cached), answered with one token.
+        cold = statistics.median(first_token_s(stub, clauses(f"cold {i}"), tokens=1) for i in range(args.cold_prompts))
         timed_stream(stub, "Warm up", args.warm_tokens)
         single = statistics.median(timed_stream(stub, "The history of the printing press", args.tokens)[1] for _ in range(2))
         eight = aggregate_rate(stub, 8, args.tokens)
-        first = statistics.median(first_token_s(stub, f"Question {i}: why is the sky blue?") for i in range(args.first_tokens))
+        first = statistics.median(first_token_s(stub, f"Question {i}: why is the sky blue?", tokens=4)
+                                  for i in range(args.first_tokens))
         return cold, single, eight, first
 
 

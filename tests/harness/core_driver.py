@@ -4,7 +4,6 @@ outputs delivered), and records what each request receives: the helpers the step
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,12 +52,13 @@ def compiler_for(model):
 
 def make_core(model, **settings) -> Delivering:
     """A llama.cpp core on `model`, driven in-process, whose commands deliver their events as the worker does."""
+    from backend.common.cores import usable_cores
     from backend.config import EngineConfig
     from backend.llamacpp.core import LlamaCppCore
 
     # A core test runs alone (the suite is serial): its model work takes every core, up to 4 (a model this
     # small gains nothing beyond). Greedy output does not depend on the count: each row is one thread's.
-    config = dict(context_length=256, max_batch_size=2, batch_tokens=64, threads=min(4, os.cpu_count() or 1)) | settings
+    config = dict(context_length=256, max_batch_size=2, batch_tokens=64, threads=min(4, usable_cores())) | settings
     return Delivering(LlamaCppCore(model, EngineConfig.of(**config)))
 
 
