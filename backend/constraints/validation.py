@@ -12,14 +12,16 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterator, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import jsonschema
 import regex
-from jsonschema.protocols import Validator
 
 from backend.constraints.compiler import MAX_JSON_DEPTH, json_depth, source_text
 from backend.constraints.spec import ConstraintSpec
+
+if TYPE_CHECKING:  # jsonschema is imported when an output is first checked: it costs every process ~0.1 s at start
+    import jsonschema
+    from jsonschema.protocols import Validator
 
 
 class _Unchecked(Exception):
@@ -50,6 +52,8 @@ def _pattern(
 ) -> Iterator[jsonschema.ValidationError]:
     # is_type is jsonschema's rule for each draft; isinstance, always true with it, narrows the type.
     if validator.is_type(instance, "string") and isinstance(instance, str) and not _compiled(pattern).search(instance):
+        import jsonschema
+
         yield jsonschema.ValidationError(f"{instance[:80]!r} does not match {pattern[:80]!r}")
 
 
@@ -65,6 +69,8 @@ def _pattern_properties(
 
 
 def _validator(schema: Mapping[str, object] | bool) -> Validator:
+    import jsonschema
+
     base = jsonschema.validators.validator_for(schema)
     # types-jsonschema leaves extend() unannotated; it returns a validator class like `base`.
     extended: type[Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
@@ -82,6 +88,8 @@ def json_output_problem(spec: ConstraintSpec, text: str) -> str:
     except json.JSONDecodeError as exc:
         return f"output is not valid JSON: {exc}"
     schema = json.loads(source_text(spec)) if spec.kind == "json_schema" else {"type": "object"}
+    import jsonschema
+
     try:
         error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(document))
     except _Unchecked as exc:
