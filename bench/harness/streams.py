@@ -24,7 +24,11 @@ def cpu_seconds(pid: int) -> float:
 
 def descendants(pid: int) -> list[int]:
     children = []
-    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+    try:
+        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:  # the process ended meanwhile: its parent's reaped time holds it
+        return []
+    for task in tasks:
         try:
             children += [int(child) for child in (task / "children").read_text().split()]
         except FileNotFoundError:  # the thread ended meanwhile
@@ -75,7 +79,14 @@ def timed_request(stub, request: pb.GenerateStreamRequest) -> tuple[float, float
         first = first or last
         final = message
     assert final.generated_tokens == tokens, f"{final.generated_tokens} of {tokens} tokens: {final.finish}"
-    return first - start, (tokens - 1) / (last - first), final
+    return first - start, decode_rate(start, [first, last], tokens), final
+
+
+def decode_rate(start: float, arrivals: list[float], tokens: int) -> float:
+    """Tokens/s after a stream's first message, from its messages' arrival times; the whole call's rate when
+    it came in one message (a reader that falls behind gets every token that piled up in one)."""
+    first, last = arrivals[0], arrivals[-1]
+    return (tokens - 1) / (last - first) if last > first else tokens / (last - start)
 
 
 def aggregate_rate(

@@ -14,7 +14,7 @@ from backend import EngineConfig, GenerationRequest, SamplingParams, StopParams,
 from bench.harness.pairing import alternate, medians
 from bench.harness.record import Benchmark, Run
 from bench.harness.sides import CONTEXT, SLOTS, THREADS, Sides
-from bench.harness.streams import timed_stream
+from bench.harness.streams import decode_rate, timed_stream
 from bench.suite.first_token import first_token_s
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
@@ -48,7 +48,7 @@ def in_process(engine, prompt: str, tokens: int) -> tuple[float, float]:  # type
         stamps.append(stamp)
         if not isinstance(event, TokenEvent) or event.finish is not None:  # an error, or the last
             break
-    return stamps[0] - start, (tokens - 1) / (stamps[-1] - stamps[0])
+    return stamps[0] - start, decode_rate(start, stamps, tokens)
 
 
 def against_the_engine(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:

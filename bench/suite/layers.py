@@ -19,7 +19,7 @@ import grpc.aio
 from bench.harness.pairing import alternate, span
 from bench.harness.record import Benchmark, Run
 from bench.harness.sides import SERVER_FLAGS, Sides
-from bench.harness.streams import PROMPTS, aggregate_rate, cpu_seconds, greedy_request, timed_stream
+from bench.harness.streams import PROMPTS, aggregate_rate, cpu_seconds, decode_rate, greedy_request, timed_stream
 from tests.harness.otlp_collector import start_collector
 from tokenspout import AsyncClient, Client, Stopping
 from tokenspout import responses as rs
@@ -42,26 +42,25 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams, tracing's second figure")
 
 
-def decode_rate(arrivals: list[float], tokens: int) -> float:
-    return (tokens - 1) / (arrivals[-1] - arrivals[0])
-
-
 def through_client(client: Client, prompt: str, tokens: int) -> float:
+    start = time.perf_counter()
     with client.stream(prompt, temperature=0.0, stopping=Stopping(max_new_tokens=tokens, ignore_eos=True)) as stream:
         arrivals = [time.perf_counter() for _ in stream]
     assert stream.finish and stream.finish.usage.completion_tokens == tokens
-    return decode_rate(arrivals, tokens)
+    return decode_rate(start, arrivals, tokens)
 
 
 async def through_aio_stub(stub, prompt: str, tokens: int) -> float:
-    return decode_rate([time.perf_counter() async for _ in stub.GenerateStream(greedy_request(prompt, tokens), timeout=300)],
-                       tokens)
+    start = time.perf_counter()
+    arrivals = [time.perf_counter() async for _ in stub.GenerateStream(greedy_request(prompt, tokens), timeout=300)]
+    return decode_rate(start, arrivals, tokens)
 
 
 async def through_async_client(client: AsyncClient, prompt: str, tokens: int) -> float:
+    start = time.perf_counter()
     async with client.stream(prompt, temperature=0.0, stopping=Stopping(max_new_tokens=tokens, ignore_eos=True)) as stream:
         arrivals = [time.perf_counter() async for _ in stream]
-    return decode_rate(arrivals, tokens)
+    return decode_rate(start, arrivals, tokens)
 
 
 def conversion_us() -> float:
@@ -151,8 +150,9 @@ def measure(run: Run, args: argparse.Namespace) -> None:
 
 
 def keyed_rate(stub, prompt: str, tokens: int, metadata: tuple) -> float:
-    return decode_rate([time.perf_counter() for _ in stub.GenerateStream(greedy_request(prompt, tokens), timeout=300,
-                                                                         metadata=metadata)], tokens)
+    start = time.perf_counter()
+    arrivals = [time.perf_counter() for _ in stub.GenerateStream(greedy_request(prompt, tokens), timeout=300, metadata=metadata)]
+    return decode_rate(start, arrivals, tokens)
 
 
 def _named(layer: str, keys: int) -> str:
