@@ -46,8 +46,10 @@ def _own_and_reaped_cpu(pid: int) -> float:
 
 
 def settle(stub) -> None:
-    """Waits until the server has computed again every answer it will (it does so when idle): what runs
-    next on the machine is then not slowed by this server's leftovers."""
+    """Waits until the server has computed again every answer it will (with prefix_cache_exact it does so
+    when idle): what runs next on the machine is then not slowed by this server's leftovers."""
+    if stub.GetModelInfo(pb.GetModelInfoRequest()).prefix_reuse != pb.PREFIX_REUSE_EXACT:
+        return  # it computes no answer again
     last = -1
     while (now := stub.GetServerStatus(pb.GetServerStatusRequest()).retiled_tokens_total) != last:
         last = now
