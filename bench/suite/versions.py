@@ -1,6 +1,7 @@
 """This checkout against an older one (`--against`: a directory, or a git ref put in a temporary worktree).
 Same flags, alternating rep by rep: decode of 1 and 8 streams and the server's CPU per token, first token, requests 2-6 sharing a
-long system prompt (one after another, at once), an 8-turn chat's prompt tokens computed / sent; new/old: the reps' median ratio.
+long system prompt (one after another, at once), an 8-turn chat's prompt tokens computed / sent, and a fresh server's start
+(seconds to its serving line, its processes' CPU by then); new/old: the reps' median ratio.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from bench.harness.pairing import rotated
 from bench.harness.record import ROOT, Benchmark, Run
 from bench.harness.sides import Sides
 from bench.harness.streams import aggregate_rate, cpu_seconds, greedy_request, timed_stream
+from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
 
 BENCHMARK = Benchmark(
@@ -25,11 +27,13 @@ BENCHMARK = Benchmark(
 )
 QUESTIONS = ["Where are the hammers?", "Do you sell blue paint?", "What saw cuts timber best?", "Can I return a drill?",
              "Is there parking?", "Do you cut keys?", "When do you open?", "Do you deliver?"]
-FIGURES = {  # name: higher is better
+SERVING = {  # name: higher is better
     "decode 1 stream, tok/s": True, "decode n streams, tok/s": True, "server CPU per token, ms": False,
     "first token, ms": False, "shared prompt, one after another, ms": False, "shared prompt, at once, ms": False,
     "chat computed / sent": False,
 }
+FIGURES = SERVING | {"start, s": False, "start CPU, s": False}
+TWO_DECIMALS = ("server CPU per token, ms", "chat computed / sent", "start, s", "start CPU, s")
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,32 +119,43 @@ def figures(served, rep: int, args: argparse.Namespace) -> dict[str, float]:
         _, usage, answer = chat_stream(served.stub, system, turns, question, args.answer_tokens)
         sent, computed = sent + usage.prompt_tokens, computed + usage.prompt_tokens - usage.cached_tokens
         turns.append((question, answer))
-    return dict(zip(FIGURES, (single, many, cpu_ms, ttft * 1000,
+    return dict(zip(SERVING, (single, many, cpu_ms, ttft * 1000,
                               shared_prompt_ttft(served.stub, 1000 + 2 * rep, args.shared_tokens, False) * 1000,
                               shared_prompt_ttft(served.stub, 1001 + 2 * rep, args.shared_tokens, True) * 1000,
                               computed / sent), strict=True))
+
+
+def start(tmp: pathlib.Path, root: pathlib.Path, flags: tuple[str, ...]) -> dict[str, float]:
+    """A fresh server's start: seconds from `tokenspout serve` to its serving line, and its processes' CPU by then."""
+    began = time.perf_counter()
+    server = start_server(tmp, *flags, root=root)
+    up = time.perf_counter() - began
+    cpu = cpu_seconds(server.process.pid)
+    stop_server(server)
+    return {"start, s": up, "start CPU, s": cpu}
 
 
 def measure(run: Run, args: argparse.Namespace) -> None:
     flags = ("--context-length", "2048", "--max-batch-size", "8", "--threads", str(args.threads))
     results: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
     with Sides() as sides:
-        servers = {"old": sides.tokenspout(*flags, root=older_checkout(sides, args.against)),
+        roots = {"old": older_checkout(sides, args.against), "new": ROOT}
+        servers = {"old": sides.tokenspout(*flags, root=roots["old"]),
                    "new": sides.tokenspout(*flags, "--speculation", args.speculation)}
         for served in servers.values():  # warm both
             chat_stream(served.stub, "Warm up.", [], "Hi", 4)
         for rep in range(args.reps):
             for name in rotated(list(servers), rep):
-                results[name].append(figures(servers[name], rep, args))
+                results[name].append(figures(servers[name], rep, args) | start(sides.tmp, roots[name], flags))
     medians = {name: {f: statistics.median(r[f] for r in done) for f in FIGURES} for name, done in results.items()}
     ratios = {f: statistics.median(n[f] / o[f] for o, n in zip(results["old"], results["new"], strict=True)) for f in FIGURES}
     columns = [f"decode 1 / {args.streams} streams, tok/s", "server CPU per token, ms", "first token, ms",
-               "shared prompt, one after another / at once, ms", "chat computed / sent"]
+               "shared prompt, one after another / at once, ms", "chat computed / sent", "start: up / CPU, s"]
 
     def row(name: str, values: dict[str, float], ratio: bool = False) -> list:
-        cells = [f"{values[f]:.{2 if ratio or f in ('server CPU per token, ms', 'chat computed / sent') else 1}f}"
-                 for f in FIGURES]
-        return [name, f"{cells[0]} / {cells[1]}", cells[2], cells[3], f"{cells[4]} / {cells[5]}", cells[6]]
+        cells = [f"{values[f]:.{2 if ratio or f in TWO_DECIMALS else 1}f}" for f in FIGURES]
+        return [name, f"{cells[0]} / {cells[1]}", cells[2], cells[3], f"{cells[4]} / {cells[5]}", cells[6],
+                f"{cells[7]} / {cells[8]}"]
 
     run.table("", ["", *columns], [row(f"old ({args.against})", medians["old"]), row("new", medians["new"]),
                                    row("new / old", ratios, ratio=True)])
