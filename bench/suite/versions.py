@@ -1,7 +1,6 @@
-"""This checkout against an older one (`--against`: a directory, or a git ref put in a temporary worktree).
-Same flags, alternating rep by rep: decode of 1 and 8 streams and the server's CPU per token, first token, requests 2-6 sharing a
-long system prompt (one after another, at once), an 8-turn chat's prompt tokens computed / sent, and a fresh server's start
-(seconds to its serving line, its processes' CPU by then); new/old: the reps' median ratio.
+"""This checkout against an older one (`--against`: a directory, or a git ref in a temporary worktree).
+Same flags, alternating: decode at 1 and 8 streams, server CPU per token, first token, requests 2-6 on a shared system
+prompt (in turn, at once), a chat's computed / sent, a fresh server's start; new/old: the median ratio.
 """
 
 from __future__ import annotations
