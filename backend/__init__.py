@@ -14,79 +14,85 @@ scaffold, the door, output bookkeeping, text, logprobs, fairness, chat templates
 stats, the model fetch, the KV-cache events) are in backend.common; each engine is a package of its own (backend.llamacpp, and the
 two exllama generations backend.exllamav2 and backend.exllamav3 over the room they share,
 backend.exllama); constraints are backend.constraints; an engine in a process of its own, and the
-front ends' RemoteEngine that speaks to it, are backend.process.
+front ends' RemoteEngine that speaks to it, are backend.process. The names load when first asked
+for (backend.lazy): importing the package costs nothing.
 """
 
-from backend.common.cache_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    CacheEvent,
-    CacheEventBatch,
-    CacheEventHub,
-    CacheWatching,
-)
-from backend.common.chat import ChatTemplateError
-from backend.common.core import Output
-from backend.common.models import ModelError, default_model_path
-from backend.common.stats import CallerTally, EngineStats
-from backend.common.tokens import common_prefix
-from backend.config import (
-    MAX_DRAFT_TOKENS,
-    AttentionSetting,
-    CacheType,
-    EngineConfig,
-    EngineKind,
-    ExLlamaV2Settings,
-    ExLlamaV3Settings,
-    FairnessSettings,
-    LlamaCppSettings,
-    SchedulingPolicy,
-    SpeculationSetting,
-    TensorParallelBackend,
-)
-from backend.engine import Engine, EngineGone, EngineUnavailable, Vocabulary
-from backend.events import (
-    ErrorEvent,
-    ErrorKind,
-    Event,
-    EventBatcher,
-    EventSink,
-    Finish,
-    FinishReason,
-    GeneratedToken,
-    Timings,
-    TokenEvent,
-    TopLogprob,
-    Usage,
-)
-from backend.local_engine import WorkerEngine
-from backend.process.host import EngineHost
-from backend.process.remote import RemoteEngine
-from backend.registry import MODEL_RECIPE, EngineRecipe, build_engine
-from backend.setting import Group, SettingHelp, setting
-from backend.types import (
-    ALL_REQUEST_FEATURES,
-    COMMON_SAMPLERS,
-    CONSTRAINT_KINDS,
-    DEFAULT_DRY_BREAKERS,
-    SAMPLE_SEPARATOR,
-    ChatContext,
-    ChatMessage,
-    DryParams,
-    GenerationRequest,
-    MirostatParams,
-    ModelInfo,
-    OutputParams,
-    PrefixReuse,
-    SamplingParams,
-    Scheduling,
-    SpeculationMode,
-    SpeculationParams,
-    StopParams,
-    XtcParams,
-)
-from backend.worker import EngineCore, EngineWorker
+from typing import TYPE_CHECKING
+
+from backend.lazy import exports
+from backend.setting import Group, SettingHelp, setting  # light; and `setting` must be the function, not its module
+
+if TYPE_CHECKING:
+    from backend.common.cache_events import (
+        AllBlocksCleared,
+        BlockRemoved,
+        BlockStored,
+        CacheEvent,
+        CacheEventBatch,
+        CacheEventHub,
+        CacheWatching,
+    )
+    from backend.common.chat import ChatTemplateError
+    from backend.common.core import Output
+    from backend.common.models import ModelError, default_model_path
+    from backend.common.stats import CallerTally, EngineStats
+    from backend.common.tokens import common_prefix
+    from backend.config import (
+        MAX_DRAFT_TOKENS,
+        AttentionSetting,
+        CacheType,
+        EngineConfig,
+        EngineKind,
+        ExLlamaV2Settings,
+        ExLlamaV3Settings,
+        FairnessSettings,
+        LlamaCppSettings,
+        SchedulingPolicy,
+        SpeculationSetting,
+        TensorParallelBackend,
+    )
+    from backend.engine import Engine, EngineGone, EngineUnavailable, Vocabulary
+    from backend.events import (
+        ErrorEvent,
+        ErrorKind,
+        Event,
+        EventBatcher,
+        EventSink,
+        Finish,
+        FinishReason,
+        GeneratedToken,
+        Timings,
+        TokenEvent,
+        TopLogprob,
+        Usage,
+    )
+    from backend.local_engine import WorkerEngine
+    from backend.process.host import EngineHost
+    from backend.process.remote import RemoteEngine
+    from backend.registry import MODEL_RECIPE, EngineRecipe, build_engine
+    from backend.types import (
+        ALL_REQUEST_FEATURES,
+        COMMON_SAMPLERS,
+        CONSTRAINT_KINDS,
+        DEFAULT_DRY_BREAKERS,
+        SAMPLE_SEPARATOR,
+        ChatContext,
+        ChatMessage,
+        DryParams,
+        GenerationRequest,
+        MirostatParams,
+        ModelInfo,
+        OutputParams,
+        PrefixReuse,
+        SamplingParams,
+        Scheduling,
+        SpeculationMode,
+        SpeculationParams,
+        StopParams,
+        XtcParams,
+    )
+    from backend.worker import EngineCore, EngineWorker
 
 __all__ = [
     "ALL_REQUEST_FEATURES",
@@ -162,3 +168,6 @@ __all__ = [
     "WorkerEngine",
     "XtcParams",
 ]
+
+if not TYPE_CHECKING:  # a type checker reads the imports above, and flags a name not among them
+    __getattr__, __dir__ = exports(__name__, __file__, __all__)

@@ -10,34 +10,12 @@ proxy, since any caller can send a header.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from typing import NamedTuple
 
+from service.caller_weights import ANY_CALLER, CallerWeight
 from service.errors import FieldViolation, invalid_argument, priority_not_allowed
 
-ANY_CALLER = "*"
 MAX_KEY_LENGTH = 128
-
-
-class CallerWeight(NamedTuple):
-    name: str
-    weight: float
-
-
-def parse_weights(entries: Iterable[str], source: str) -> tuple[CallerWeight, ...]:
-    """`name=weight` entries (the name may itself hold `=`, as a certificate subject does)."""
-    weights = []
-    for entry in entries:
-        name, _, number = entry.strip().rpartition("=")
-        try:
-            weight = float(number)
-        except ValueError:
-            weight = math.nan
-        if not name or not (math.isfinite(weight) and weight > 0):
-            raise ValueError(f"{source}: expected name=weight with a positive weight, got {entry!r}")
-        weights.append(CallerWeight(name, weight))
-    return tuple(weights)
 
 
 class Callers:

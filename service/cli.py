@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import difflib
 import sys
 from typing import TYPE_CHECKING
@@ -67,19 +66,33 @@ def main(argv: list[str] | None = None, recipe: EngineRecipe | None = None) -> i
         print(f"tokenspout: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)
+    if config.engine_process:  # the engine in a process of its own, beside the front ends
+        from service import supervisor  # light: the children load gRPC and the model
+        from service.startup import StartupError
+
+        try:
+            return supervisor.supervise(config, recipe)
+        except StartupError as exc:
+            return _failed(exc)
+    return _serve_in_process(config, recipe)
+
+
+def _serve_in_process(config: ServeConfig, recipe: EngineRecipe | None) -> int:
+    import asyncio
+
     from backend import MODEL_RECIPE, EngineUnavailable, ModelError
     from service import server
+    from service.startup import StartupError
 
-    recipe = recipe or MODEL_RECIPE
     try:
-        if config.engine_process:  # the engine in a process of its own, beside the front ends
-            from service import supervisor
+        return asyncio.run(server.run_in_process(config, recipe or MODEL_RECIPE))
+    except (ModelError, EngineUnavailable, StartupError) as exc:
+        return _failed(exc)
 
-            return supervisor.supervise(config, recipe)
-        return asyncio.run(server.run_in_process(config, recipe))
-    except (ModelError, EngineUnavailable, server.StartupError) as exc:
-        print(f"tokenspout: {exc}", file=sys.stderr)
-        return 2
+
+def _failed(exc: Exception) -> int:
+    print(f"tokenspout: {exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

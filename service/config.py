@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend import EngineConfig, Group, SettingHelp, setting
 from service.cache_scope import CacheScope
-from service.callers import ANY_CALLER, CallerWeight
+from service.caller_weights import ANY_CALLER, CallerWeight
 from service.keys import ApiKey
 from service.setting_values import check_typed, coerce
 

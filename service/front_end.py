@@ -17,7 +17,8 @@ from multiprocessing.connection import Connection
 from backend import EngineRecipe, ModelError, RemoteEngine
 from service.config import ServeConfig
 from service.parent import start_child
-from service.server import StartupError, TokenspoutServer, serve_until_signal, start_with_engine
+from service.server import TokenspoutServer, serve_until_signal, start_with_engine
+from service.startup import StartupError
 
 
 def main(config: ServeConfig, recipe: EngineRecipe, run_dir: str, index: int, ready: Connection) -> None:

@@ -23,7 +23,6 @@ from service.guard import Context, Continuation, Request, Response, guarded
 from tokenspout.v1 import generation_pb2 as pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
-ENGINE_DOWN_EXIT_CODE = 3
 
 # Calls that stay open while draining: a caller may still cancel its stream and watch the load.
 _OPEN_WHILE_DRAINING = frozenset(f"/{SERVICE_NAME}/{method}" for method in ("Cancel", "GetServerStatus"))

@@ -13,12 +13,10 @@ ends the process, non-zero, for a restart.
 from __future__ import annotations
 
 import asyncio
-import errno
 import gc
 import logging
 import pathlib
 import signal
-import socket
 import time
 from collections.abc import Callable
 
@@ -35,9 +33,10 @@ from service.chat import ChatFormats
 from service.config import ServeConfig
 from service.generation import GenerationServicer
 from service.kv_publisher import ZmqCachePublisher, cache_publisher
-from service.lifecycle import ENGINE_DOWN_EXIT_CODE, SERVICE_NAME, HealthServicer, Lifecycle, RefuseWhenNotServing
+from service.lifecycle import SERVICE_NAME, HealthServicer, Lifecycle, RefuseWhenNotServing
 from service.limits import Limits
 from service.reflection import ReflectionServicer, load_descriptor_set
+from service.startup import ENGINE_DOWN_EXIT_CODE, StartupError, check_port, serving_line
 from service.telemetry import MetricsListenError, Telemetry, from_environment
 from service.validate import RequestValidator
 from tokenspout.v1 import generation_pb2 as pb
@@ -86,33 +85,6 @@ def _fresh_stats(engine: RemoteEngine) -> Callable[[], EngineStats]:
         return stats
 
     return read
-
-
-class StartupError(Exception):
-    """A start-up problem the operator fixes (a busy port, unreadable certificates): one line, exit 2."""
-
-
-def check_port(listen: str) -> None:
-    """A busy port fails here, in one line of ours, rather than in gRPC's own error log lines."""
-    host, _, port = listen.rpartition(":")
-    if port == "0" or "/" in listen or listen.startswith("unix:"):
-        return
-    try:
-        addresses = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
-                                       flags=socket.AI_PASSIVE)
-    except (socket.gaierror, ValueError) as exc:
-        raise StartupError(f"cannot listen on {listen}: {exc}") from None
-    problems = []
-    for family, kind, protocol, _, address in addresses:
-        with socket.socket(family, kind, protocol) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
-            try:
-                probe.bind(address)
-            except OSError as exc:
-                problems.append(exc)
-    busy = [p for p in problems if p.errno == errno.EADDRINUSE]
-    if busy or len(problems) == len(addresses):
-        raise StartupError(f"cannot listen on {listen}: {(busy or problems)[0].strerror}")
 
 
 def _credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
@@ -281,11 +253,6 @@ async def run_in_process(config: ServeConfig, recipe: EngineRecipe = MODEL_RECIP
         return await serve_until_signal(server, exit_on_engine_death=True)
     finally:
         engine.close()
-
-
-def serving_line(config: ServeConfig, model_id: str, port: int) -> str:
-    host = config.listen.rsplit(":", 1)[0]
-    return f"tokenspout serving {model_id} on {host}:{port}"
 
 
 async def start_with_engine(server: TokenspoutServer, engine: Engine) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from service.callers import CallerWeight, parse_weights
+from service.caller_weights import CallerWeight, parse_weights
 from service.keys import ApiKey, parse_keys
 
 _TRUE = ("true", "1", "yes")

@@ -22,6 +22,7 @@ context); each says ("ready", ...) or ("failed", why) on a pipe once it serves o
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -32,13 +33,13 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from backend import EngineRecipe
-from service import engine_process, front_end
 from service.config import ServeConfig
-from service.lifecycle import ENGINE_DOWN_EXIT_CODE
-from service.server import StartupError, check_port, serving_line
+from service.startup import ENGINE_DOWN_EXIT_CODE, StartupError, check_port, serving_line
+
+if TYPE_CHECKING:
+    from backend import EngineRecipe
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class _Child:
 
 
 class Supervisor:
-    def __init__(self, config: ServeConfig, recipe: EngineRecipe, run_dir: str) -> None:
+    def __init__(self, config: ServeConfig, recipe: EngineRecipe | None, run_dir: str) -> None:
         self.config = config
         self._recipe = recipe
         self._run_dir = run_dir
@@ -114,10 +115,10 @@ class Supervisor:
         return self._watch()
 
     def _start_engine(self) -> _Child:
-        return self._start("engine", engine_process.main, self.config, self._recipe, self._run_dir, self.engine_restarts)
+        return self._start("engine", "service.engine_process", self.config, self._recipe, self._run_dir, self.engine_restarts)
 
     def _start_front_end(self, index: int, config: ServeConfig) -> _Child:
-        child = self._start(f"front end {index}", front_end.main, config, self._recipe, self._run_dir, index)
+        child = self._start(f"front end {index}", "service.front_end", config, self._recipe, self._run_dir, index)
         if index < len(self._front_ends):
             child.deaths = self._front_ends[index].deaths
             self._front_ends[index] = child
@@ -125,9 +126,9 @@ class Supervisor:
             self._front_ends.append(child)
         return child
 
-    def _start(self, name: str, target: Any, *args: Any) -> _Child:
+    def _start(self, name: str, module: str, *args: Any) -> _Child:
         theirs, ours = self._spawn.Pipe(duplex=False)
-        process = self._spawn.Process(target=target, args=(*args, ours), name=name, daemon=False)
+        process = self._spawn.Process(target=_child_main, args=(module, *args, ours), name=name, daemon=False)
         process.start()
         ours.close()
         return _Child(name, process, theirs, time.monotonic())
@@ -285,8 +286,17 @@ class Supervisor:
                 child.process.join(5)
 
 
-def supervise(config: ServeConfig, recipe: EngineRecipe) -> int:
-    """Serves (see the module's docstring). Raises StartupError, with nothing left running."""
+def supervise(config: ServeConfig, recipe: EngineRecipe | None = None) -> int:
+    """Serves (see the module's docstring), each child on `recipe` (None: backend.MODEL_RECIPE, built there).
+    Raises StartupError, with nothing left running."""
     check_port(config.listen)  # before anything starts, so a busy port is the only line printed
     with tempfile.TemporaryDirectory(prefix="tokenspout-") as run_dir:  # the engine's and front ends' sockets
         return Supervisor(config, recipe, run_dir).run()
+
+
+def _child_main(module: str, config: ServeConfig, recipe: EngineRecipe | None, *args: Any) -> None:
+    """A child's first code: its module (service.engine_process or service.front_end) is imported here, in the
+    child, so the supervisor itself never loads gRPC, numpy or the model's libraries."""
+    from backend import MODEL_RECIPE
+
+    importlib.import_module(module).main(config, recipe or MODEL_RECIPE, *args)

@@ -6,22 +6,27 @@ the engine fills that sequence's row of one batch bitmask, masks the logits,
 samples, and feeds the sampled token back to the matcher.
 """
 
-from backend.constraints.compiler import (
-    MAX_JSON_DEPTH,
-    CompiledConstraint,
-    CompileReport,
-    ConstraintCompiler,
-    ConstraintError,
-    ConstraintLimits,
-    json_depth,
-    source_chars,
-    to_grammar,
-)
-from backend.constraints.lanes import CompileLanes, TooManyCompiles
-from backend.constraints.spec import ConstraintSpec
-from backend.constraints.state import ConstraintState, apply_bitmask
-from backend.constraints.tokenizer import build_tokenizer
-from backend.constraints.validation import json_output_problem
+from typing import TYPE_CHECKING
+
+from backend.lazy import exports
+
+if TYPE_CHECKING:
+    from backend.constraints.compiler import (
+        MAX_JSON_DEPTH,
+        CompiledConstraint,
+        CompileReport,
+        ConstraintCompiler,
+        ConstraintError,
+        json_depth,
+        source_chars,
+        to_grammar,
+    )
+    from backend.constraints.lanes import CompileLanes, TooManyCompiles
+    from backend.constraints.limits import ConstraintLimits
+    from backend.constraints.spec import ConstraintSpec
+    from backend.constraints.state import ConstraintState, apply_bitmask
+    from backend.constraints.tokenizer import build_tokenizer
+    from backend.constraints.validation import json_output_problem
 
 __all__ = [
     "apply_bitmask",
@@ -41,3 +46,6 @@ __all__ = [
     "to_grammar",
     "TooManyCompiles",
 ]
+
+if not TYPE_CHECKING:  # a type checker reads the imports above
+    __getattr__, __dir__ = exports(__name__, __file__, __all__)

@@ -20,7 +20,8 @@ from backend.events import ErrorEvent, ErrorKind
 from backend.llamacpp.scheduler import Scheduler
 from backend.llamacpp.sequence import Turn
 from backend.types import GenerationRequest, Scheduling
-from service.callers import Callers, parse_weights
+from service.caller_weights import parse_weights
+from service.callers import Callers
 from service.config import load_config
 from service.errors import ServiceError
 from service.telemetry import OTHER_CALLERS, CallerLabels

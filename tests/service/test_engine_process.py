@@ -14,7 +14,7 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.lifecycle import ENGINE_DOWN_EXIT_CODE
+from service.startup import ENGINE_DOWN_EXIT_CODE
 from tests.harness.helpers import _details, error_reason, greedy, rpc_error, wait_for
 from tests.harness.servers import RunningServer, start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
