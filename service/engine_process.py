@@ -1,8 +1,8 @@
 """The engine's process: loads the model, serves it to the front ends (backend.process.host) and
 publishes its KV-cache events, until the supervisor's SIGTERM. Nothing of gRPC runs here.
 
-Started by service.supervisor through multiprocessing's spawn: `main` is its first code. It says
-("ready", model id) or ("failed", why) on `ready` once the model is loaded or could not be.
+Started by service.supervisor through multiprocessing's spawn: the child imports this module and calls
+`main`, which says ("ready", model id) or ("failed", why) on `ready` once the model is loaded or could not be.
 """
 
 from __future__ import annotations

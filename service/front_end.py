@@ -1,8 +1,8 @@
 """A front end's process: one gRPC server (service.server.TokenspoutServer) on the engine in its own
 process (backend.process.RemoteEngine), until the supervisor's SIGTERM drains it.
 
-Started by service.supervisor through multiprocessing's spawn: `main` is its first code. It says
-("ready", port) or ("failed", why) on `ready`, once it listens and the engine has answered.
+Started by service.supervisor through multiprocessing's spawn: the child imports this module and calls
+`main`, which says ("ready", port) or ("failed", why) on `ready`, once it listens and the engine has answered.
 """
 
 from __future__ import annotations
