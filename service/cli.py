@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from service import logs, settings_help
 from service.config import ServeConfig, load_config
+from service.startup import StartupError
 
 if TYPE_CHECKING:  # the server is imported only to serve (fetch-model needs none of it)
     from backend import EngineRecipe
@@ -63,12 +64,10 @@ def main(argv: list[str] | None = None, recipe: EngineRecipe | None = None) -> i
     try:
         config: ServeConfig = load_config(vars(args), config_file=args.config)
     except (OSError, ValueError) as exc:
-        print(f"tokenspout: {exc}", file=sys.stderr)
-        return 2
+        return _failed(exc)
     logs.configure(config.log_level, config.log_format)
     if config.engine_process:  # the engine in a process of its own, beside the front ends
         from service import supervisor  # light: the children load gRPC and the model
-        from service.startup import StartupError
 
         try:
             return supervisor.supervise(config, recipe)
@@ -82,7 +81,6 @@ def _serve_in_process(config: ServeConfig, recipe: EngineRecipe | None) -> int:
 
     from backend import MODEL_RECIPE, EngineUnavailable, ModelError
     from service import server
-    from service.startup import StartupError
 
     try:
         return asyncio.run(server.run_in_process(config, recipe or MODEL_RECIPE))
