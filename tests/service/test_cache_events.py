@@ -65,7 +65,7 @@ def test_subscribers_rebuild_the_servers_index_from_events_alone(events_stub):
     assert info.cache_block_size == BLOCK_SIZE and sources.endpoint.startswith("tcp://127.0.0.1:") and sources.replay_endpoint
     assert sources.topic.startswith("kv@") and sources.topic.endswith(f"@{info.model_id}")
     rng = random.Random(1037)
-    stems = [[rng.randrange(300, 4000) for _ in range(260)] for _ in range(5)]
+    stems = [[rng.randrange(300, 4000) for _ in range(130)] for _ in range(5)]
     bos = info.special_tokens.bos_token_id
     watcher = GrpcFollower(stub, pb.WatchCacheEventsRequest(start_sequence=0))  # from the server's start
     late = None
@@ -74,7 +74,7 @@ def test_subscribers_rebuild_the_servers_index_from_events_alone(events_stub):
             if i == REQUESTS // 3:
                 late = ZmqFollower(sources.endpoint, sources.replay_endpoint, sources.topic)
             list(pool.map(lambda r: list(stub.GenerateStream(r, timeout=120)),
-                          [random_request(rng, stems, bos, 80, 5) for _ in range(rng.randrange(1, 4))]))
+                          [random_request(rng, stems, bos, 40, 5) for _ in range(rng.randrange(1, 4))]))
             if late is not None:
                 late.poll(0.01)
     last = quiet_sequence(stub)
