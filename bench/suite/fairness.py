@@ -21,7 +21,7 @@ from tokenspout.v1 import generation_pb2 as pb
 
 BENCHMARK = Benchmark(
     area="Fair sharing",
-    smoke=("--seconds", "2", "--warmup", "1", "--rounds", "1", "--questions", "2"),
+    smoke=("--seconds", "1.5", "--warmup", "0.5", "--rounds", "1", "--questions", "2"),
 )
 CALLERS = {"one": 1, "four": 4, "sixteen": 16}
 KEYS = {name: f"{name}-key" for name in [*CALLERS, "flood", "interactive", "watch"]}

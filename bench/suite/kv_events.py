@@ -19,7 +19,7 @@ from bench.harness.sides import Sides
 from tests.harness.kv_subscriber import GrpcFollower, ZmqFollower, random_request
 from tokenspout.v1 import generation_pb2 as pb
 
-BENCHMARK = Benchmark(area="KV-cache events", smoke=("--reps", "1", "--requests", "20", "--streams", "2", "--tokens", "8"),
+BENCHMARK = Benchmark(area="KV-cache events", smoke=("--reps", "1", "--requests", "10", "--streams", "2", "--tokens", "8"),
                       order=1)
 
 SETTINGS = ("--context-length", "1024", "--max-batch-size", "8", "--prefix-cache-slots", "2")
