@@ -65,13 +65,24 @@ def model(model_path: pathlib.Path):
     loaded.close()
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory, model_path: pathlib.Path) -> Iterator[RunningServer]:
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     running = start_server(
         tmp_path_factory.mktemp("server"), "--context-length", str(SERVER_CONTEXT_LENGTH), "--max-batch-size", "8"
     )
     yield running
     assert stop_server(running) == 0, running.log()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, model_path: pathlib.Path) -> Iterator[RunningServer]:
+    yield from serving(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory, model_path: pathlib.Path) -> Iterator[RunningServer]:
+    """A server like `server`, the module's own: for greedy answers that must follow from the module's requests
+    alone, not from what other tests left in a shared cache (a prefix reused to the token can tip a near tie)."""
+    yield from serving(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

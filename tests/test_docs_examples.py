@@ -347,10 +347,12 @@ def test_the_examples_are_found_as_a_reader_sees_them():
 
 
 @pytest.mark.parametrize("page", [name for name, found in ALL.items() if any(not check_for(e).not_run for e in found)])
-def test_the_pages_examples_give_what_the_page_says(page, server, model_path, tmp_path):
+def test_the_pages_examples_give_what_the_page_says(page, module_server, model_path, tmp_path):
+    """On a server of the pages' own: each answer follows from the pages' examples, run in order as a reader runs
+    them, whatever other tests left in a shared server's cache."""
     placeholders = {"~/models/my-model.gguf": str(tmp_path / "my-model.gguf")}
     (tmp_path / "my-model.gguf").symlink_to(model_path)  # a GGUF of the reader's own, by another name
-    session = PageSession(tmp_path, server.address, placeholders, free_port())
+    session = PageSession(tmp_path, module_server.address, placeholders, free_port())
     typescript = [example for example in ALL[page] if example.kind == "ts"]
     compiled = dict(zip(typescript, compile_typescript([session.localize(e.code) for e in typescript], tmp_path / "ts")
                         if typescript else []))
