@@ -115,11 +115,12 @@ client-tools:
 clients: client-tools venv $(BUF)
 	for language in go java cpp; do $(MAKE) -C clients/$$language PYTHON=$(CURDIR)/$(PY) || exit 1; done
 
-# `make test TEST_WORKERS=4` runs the test files side by side in 4 processes (pytest-xdist; each file whole in one,
-# so a module's servers start once). The tests are bound by the model's compute on 2 cores: in 4 processes they took
-# 29 minutes against 31 in one, the heaviest 2-4x their time alone; so CI and the default run one process (23 minutes).
-TEST_WORKERS ?= 0
-PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# The test files run side by side in TEST_WORKERS processes (pytest-xdist; each file whole in one, so a module's
+# servers start once; the slowest files first, tests/conftest.py), each worker and the servers it starts kept to
+# its own share of the CPUs. On 2 cores: 11m23s in two against 15m12s in one (unpinned, four took 29 minutes against
+# 31: threads spinning for each other's cores). `TEST_WORKERS=0` runs one process.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The benchmarks' smoke tests (tests/bench/test_smoke.py) run the reference, llama-server, too.
 test: check tools model deploy-tools client-tools $(LLAMA_SERVER)

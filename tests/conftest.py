@@ -34,6 +34,7 @@ MODEL_FIXTURES = frozenset({"model", "model_path", "server"})
 
 
 def pytest_configure(config) -> None:
+    pin_worker_to_its_cores()
     servers.FAST_LANE = "not model" in (config.getoption("markexpr") or "")
     if servers.FAST_LANE:
         import backend.common.models
@@ -41,10 +42,34 @@ def pytest_configure(config) -> None:
         backend.common.models.default_model_path = lambda: refuse_in_the_fast_lane("loads the embedded model")
 
 
+def pin_worker_to_its_cores() -> None:
+    """Under pytest-xdist (`make test` runs two workers), each worker keeps to its own share of the CPUs, and so do the
+    servers its tests start, which size their llama.cpp threads to it: two tests computing at once never have more
+    threads than cores (threads spinning for a core another holds made the tests slower side by side than alone)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cpus = sorted(os.sched_getaffinity(0))
+    if worker is None or count > len(cpus):
+        return
+    share = len(cpus) // count
+    index = int(worker.removeprefix("gw"))
+    os.sched_setaffinity(0, cpus[index * share : (index + 1) * share])
+
+
+SLOWEST_FIRST = (
+    "tests/bench/test_smoke.py", "tests/deploy/test_affinity.py", "tests/bench/test_gpu_check.py",
+    "tests/backend/constraints/test_constrained_generation.py", "tests/backend/llamacpp/test_speculation.py",
+    "tests/test_docs_examples.py", "tests/backend/llamacpp/test_cache_events.py", "tests/service/test_cache_events.py",
+)
+"""The files that take longest (--durations), run first: two workers then finish about together rather than one
+waiting for the other's last long file. A file missing here only costs time."""
+
+
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+    rank = {path: index for index, path in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.fixture(scope="session")

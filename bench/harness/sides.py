@@ -5,6 +5,7 @@ engine driven in-process. `with Sides() as sides:` stops every side it started, 
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 import subprocess
 import sys
@@ -16,8 +17,9 @@ from bench.harness.llama_server import LlamaServer, start_llama_server
 from tests.harness.servers import ROOT, RunningServer, start_server, stop_server
 from tokenspout.v1 import generation_pb2_grpc as pb_grpc
 
-CONTEXT, SLOTS, THREADS = 1024, 8, 2
-"""What the benchmarks give both servers unless they say otherwise: llama-server's `-np 8`, 2 threads."""
+CONTEXT, SLOTS, THREADS = 1024, 8, min(2, len(os.sched_getaffinity(0)))
+"""What the benchmarks give both servers unless they say otherwise: llama-server's `-np 8`, 2 threads (one where
+the process has one core: a test worker's share, tests/conftest.py)."""
 SERVER_FLAGS = ("--context-length", str(CONTEXT), "--max-batch-size", str(SLOTS), "--threads", str(THREADS))
 
 

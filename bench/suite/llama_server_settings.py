@@ -14,7 +14,7 @@ from backend import ChatMessage, EngineConfig, build_engine
 from bench.harness.llama_server import LlamaServer
 from bench.harness.pairing import rotated
 from bench.harness.record import Benchmark, Run
-from bench.harness.sides import CONTEXT, Sides
+from bench.harness.sides import CONTEXT, THREADS, Sides
 from bench.harness.workloads import WORKLOADS
 
 BENCHMARK = Benchmark(
@@ -40,7 +40,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", default="copy,edit,quote", help=f"of {', '.join(WORKLOADS)}")
     parser.add_argument("--candidates", default=",".join(CANDIDATES), help="settings to try, comma-separated")
     parser.add_argument("--prompts", type=int, default=5, help="prompts of each workload")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--tokens", type=int, default=120)
 
 

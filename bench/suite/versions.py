@@ -14,7 +14,7 @@ import time
 
 from bench.harness.pairing import rotated
 from bench.harness.record import ROOT, Benchmark, Run
-from bench.harness.sides import Sides
+from bench.harness.sides import THREADS, Sides
 from bench.harness.streams import aggregate_rate, cpu_seconds, greedy_request, timed_stream
 from tests.harness.servers import start_server, stop_server
 from tokenspout.v1 import generation_pb2 as pb
@@ -38,7 +38,7 @@ TWO_DECIMALS = ("server CPU per token, ms", "chat computed / sent", "start, s", 
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", default="main", help="the older checkout: a directory, or a git ref")
     parser.add_argument("--reps", type=int, default=6)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--questions", type=int, default=8, help="short questions per rep for the first token")
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams, decode's second figure")
