@@ -58,10 +58,13 @@ def pin_worker_to_its_cores() -> None:
 SLOWEST_FIRST = (
     "tests/bench/test_smoke.py", "tests/deploy/test_affinity.py", "tests/bench/test_gpu_check.py",
     "tests/backend/constraints/test_constrained_generation.py", "tests/backend/llamacpp/test_speculation.py",
-    "tests/test_docs_examples.py", "tests/backend/llamacpp/test_cache_events.py", "tests/service/test_cache_events.py",
+    "tests/test_docs_examples.py", "tests/backend/llamacpp/test_prefix_cache.py", "tests/service/test_tool_calls.py",
+    "tests/clients/test_clients_generated.py", "tests/backend/llamacpp/test_cache_events.py",
+    "tests/service/test_cache_events.py", "tests/deploy/test_deploy.py",
 )
-"""The files that take longest (--durations), run first: two workers then finish about together rather than one
-waiting for the other's last long file. A file missing here only costs time."""
+"""The files that take longest in a fresh clone (--durations; the generated clients build there, checkov starts
+cold), run first: two workers then finish about together rather than one waiting for the other's last long file. A
+file missing here only costs time."""
 
 
 def pytest_collection_modifyitems(items) -> None:
