@@ -37,9 +37,22 @@ def pytest_configure(config) -> None:
     pin_worker_to_its_cores()
     servers.FAST_LANE = "not model" in (config.getoption("markexpr") or "")
     if servers.FAST_LANE:
-        import backend.common.models
+        refuse_the_embedded_model()
 
-        backend.common.models.default_model_path = lambda: refuse_in_the_fast_lane("loads the embedded model")
+
+def refuse_the_embedded_model() -> None:
+    """Fails a test that reaches for the model in the real cache; one with a stand-in cache of its own
+    (tests/backend/test_default_model.py) fetches and hashes its stand-in."""
+    from backend.common import models
+
+    real_cache, fetch = models.cache_dir(), models.default_model_path
+
+    def default_model_path() -> pathlib.Path:
+        if models.cache_dir() == real_cache:
+            refuse_in_the_fast_lane("loads the embedded model")
+        return fetch()
+
+    models.default_model_path = default_model_path
 
 
 def pin_worker_to_its_cores() -> None:
