@@ -63,9 +63,7 @@ def pin_worker_to_its_cores() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     if worker is None or count > len(cpus):
         return
-    share = len(cpus) // count
-    index = int(worker.removeprefix("gw"))
-    os.sched_setaffinity(0, cpus[index * share : (index + 1) * share])
+    os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) :: count])  # every CPU in some worker's share
 
 
 SLOWEST_FIRST = (
