@@ -118,7 +118,7 @@ clients: client-tools venv $(BUF)
 # The test files run side by side in TEST_WORKERS processes (pytest-xdist; each file whole in one, so a module's
 # servers start once; the slowest files first, tests/conftest.py), each worker and the servers it starts kept to
 # its own share of the CPUs. On 2 cores: 11m23s in two against 15m12s in one (unpinned, four took 29 minutes against
-# 31: threads spinning for each other's cores). `TEST_WORKERS=0` runs one process.
+# 31, most likely threads spinning for each other's cores). `TEST_WORKERS=0` runs one process.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 

@@ -58,7 +58,8 @@ def refuse_the_embedded_model() -> None:
 def pin_worker_to_its_cores() -> None:
     """Under pytest-xdist (`make test` runs two workers), each worker keeps to its own share of the CPUs, and so do the
     servers its tests start, which size their llama.cpp threads to it: two tests computing at once never have more
-    threads than cores (threads spinning for a core another holds made the tests slower side by side than alone)."""
+    threads than cores (unpinned, four workers took 29 minutes against 31 in one; threads spinning for cores another
+    process held, most likely)."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     cpus = sorted(os.sched_getaffinity(0))
     if worker is None or count > len(cpus):
